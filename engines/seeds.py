@@ -1,0 +1,242 @@
+"""Seed and validation problems, offline: loading and checking only (no database, no code execution).
+
+Default set: procedural math from `reasoning-gym` generators (exact reference answers) and write-a-function
+code tasks from `reasoning-gym`'s `codeio` data (standard-library functions only). A code task's test inputs
+come from its own input generator and its expected outputs from its reference solution; both are code, so
+both run in the sandbox, never here: `code_jobs_*` below only build the sandbox jobs.
+
+User files (JSONL or Parquet) and Hugging Face datasets use one schema, one problem per row:
+
+| field | required | meaning |
+|---|---|---|
+| domain | yes | `math` or `code` |
+| question | yes | the problem text |
+| answer | math | the reference answer (LaTeX or plain) |
+| entry_point | code | name of the function to write |
+| inputs | code | list of test inputs, each a list of positional arguments |
+| outputs | code, unless `solution` is given | expected return values, one per input |
+| solution | no | reference solution source; computes `outputs` in the sandbox when they are missing |
+| split | no | `seed` (default) or `validation` |
+| source | no | free text recorded with the row |
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import importlib.util
+import json
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MATH_GENERATORS = ("gsm_symbolic", "basic_arithmetic", "simple_equations", "fraction_simplification", "gcd", "lcm")
+CODEIO_ENTRY = "main_solution"
+CODEIO_INPUTS_PER_TASK = 5
+
+
+class SeedFileError(ValueError):
+    """A problem file that cannot be loaded; the message names the file and line."""
+
+
+@dataclass
+class SeedItem:
+    domain: str
+    question: str
+    verifier: dict[str, Any]          # math: {"answer"}; code: {"entry_point", "inputs", "outputs"?}
+    source: str
+    split: str = "seed"               # seed | validation
+    solution: str | None = None       # code: reference solution (run in the sandbox for outputs)
+    input_generator: str | None = field(default=None, repr=False)  # codeio: code that makes the inputs
+
+
+# -- default set ---------------------------------------------------------------------------------------
+
+def default_math(n: int, seed: int, split: str) -> list[SeedItem]:
+    import reasoning_gym
+
+    items: list[SeedItem] = []
+    per = -(-n // len(MATH_GENERATORS)) if n else 0
+    offset = 0 if split == "seed" else 1_000_003  # disjoint generator seeds for validation
+    for k, name in enumerate(MATH_GENERATORS):
+        ds = reasoning_gym.create_dataset(name, size=per, seed=seed + offset + k)
+        for i in range(per):
+            it = ds[i]
+            items.append(SeedItem("math", it["question"].strip(), {"answer": str(it["answer"]).strip()},
+                                  f"reasoning_gym:{name}", split))
+    random.Random(seed).shuffle(items)
+    return items[:n]
+
+
+def _codeio_rows() -> list[dict]:
+    spec = importlib.util.find_spec("reasoning_gym")
+    path = Path(spec.submodule_search_locations[0]) / "data" / "codeio.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def _stdlib_only(source: str) -> bool:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        if any(n.split(".")[0] not in sys.stdlib_module_names for n in names):
+            return False
+    return True
+
+
+def function_params(source: str, name: str) -> list[str] | None:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return [a.arg for a in node.args.args]
+    return None
+
+
+def default_code(n: int, seed: int, split: str) -> list[SeedItem]:
+    """Codeio tasks that import only the standard library; seed and validation take disjoint tasks."""
+    rows = [r for r in _codeio_rows()
+            if _stdlib_only(r["code_sample"]) and _stdlib_only(r["input_generator"])
+            and function_params(r["code_sample"], CODEIO_ENTRY)]
+    random.Random(seed).shuffle(rows)
+    start = 0 if split == "seed" else len(rows) // 2
+    items = []
+    for r in rows[start:start + n]:
+        question = (f"Write a Python function `{CODEIO_ENTRY}` that solves this task.\n\n"
+                    f"{r['task_description'].strip()}\n\n{r['input_output_spec'].strip()}")
+        items.append(SeedItem("code", question, {"entry_point": CODEIO_ENTRY}, "reasoning_gym:codeio", split,
+                              solution=r["code_sample"], input_generator=r["input_generator"]))
+    return items
+
+
+INPUTS_ENTRY = "_sage_make_inputs"
+
+
+def input_generator_job_code(generator_source: str, params: list[str]) -> str:
+    """Source that, called as `_sage_make_inputs(seed, k)`, returns k positional-argument lists."""
+    return (f"{generator_source}\n\n"
+            f"def {INPUTS_ENTRY}(seed, k):\n"
+            f"    import random\n"
+            f"    out = []\n"
+            f"    for i in range(k):\n"
+            f"        kw = generate_inputs(random.Random(seed * 1000 + i))\n"
+            f"        out.append([kw[p] for p in {params!r}])\n"
+            f"    return out\n")
+
+
+# -- user files ----------------------------------------------------------------------------------------
+
+def _check_row(row: Any, where: str) -> SeedItem:
+    if not isinstance(row, dict):
+        raise SeedFileError(f"{where}: expected an object with fields domain, question, ...")
+    domain = row.get("domain")
+    if domain not in ("math", "code"):
+        raise SeedFileError(f"{where}: unknown domain {domain!r}; use 'math' or 'code'")
+    question = row.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise SeedFileError(f"{where}: missing field 'question' (non-empty text)")
+    split = row.get("split") or "seed"
+    if split not in ("seed", "validation"):
+        raise SeedFileError(f"{where}: unknown split {split!r}; use 'seed' or 'validation'")
+    source = str(row.get("source") or where)
+    if domain == "math":
+        answer = row.get("answer")
+        if answer is None or not str(answer).strip():
+            raise SeedFileError(f"{where}: math problem without 'answer'")
+        return SeedItem("math", question.strip(), {"answer": str(answer).strip()}, source, split)
+    entry = row.get("entry_point")
+    if not isinstance(entry, str) or not entry.isidentifier():
+        raise SeedFileError(f"{where}: code problem needs 'entry_point', a Python function name")
+    inputs = _as_list(row.get("inputs"), "inputs", where)
+    if not inputs or not all(isinstance(x, list) for x in inputs):
+        raise SeedFileError(f"{where}: 'inputs' must be a non-empty list of argument lists, e.g. [[1, 2], [3, 4]]")
+    verifier: dict[str, Any] = {"entry_point": entry, "inputs": inputs}
+    solution = row.get("solution")
+    if row.get("outputs") is not None:
+        outputs = _as_list(row["outputs"], "outputs", where)
+        if len(outputs) != len(inputs):
+            raise SeedFileError(f"{where}: {len(outputs)} outputs for {len(inputs)} inputs")
+        verifier["outputs"] = outputs
+    elif not isinstance(solution, str) or not solution.strip():
+        raise SeedFileError(f"{where}: code problem needs 'outputs' or a reference 'solution' to compute them")
+    if isinstance(solution, str):
+        try:
+            ast.parse(solution)
+        except SyntaxError as e:
+            raise SeedFileError(f"{where}: 'solution' does not parse: {e.msg} (line {e.lineno})") from None
+    return SeedItem("code", question.strip(), verifier, source, split, solution=solution or None)
+
+
+def _as_list(value: Any, name: str, where: str) -> list:
+    if isinstance(value, str):  # Parquet and CSV-born data often hold JSON text
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise SeedFileError(f"{where}: '{name}' is not valid JSON: {e.msg}") from None
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, list):
+        raise SeedFileError(f"{where}: '{name}' must be a list")
+    return [v.tolist() if hasattr(v, "tolist") else v for v in value]
+
+
+def load_file(path: str | Path) -> list[SeedItem]:
+    """Load and check a JSONL or Parquet problem file; any bad row fails the whole file."""
+    path = Path(path)
+    if not path.exists():
+        raise SeedFileError(f"{path}: no such file")
+    if path.suffix == ".parquet":
+        import pandas as pd
+
+        try:
+            rows = pd.read_parquet(path).to_dict("records")
+        except Exception as e:
+            raise SeedFileError(f"{path}: not a readable Parquet file: {e}") from None
+        items = [_check_row({k: v for k, v in r.items() if v is not None}, f"{path}:row {i + 1}")
+                 for i, r in enumerate(rows)]
+    elif path.suffix in (".jsonl", ".json"):
+        items = []
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = path.read_bytes()[: e.start].count(b"\n") + 1
+            raise SeedFileError(f"{path}:{line}: not UTF-8 text (byte {e.start}); re-save the file as UTF-8") from None
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SeedFileError(f"{path}:{lineno}: not valid JSON ({e.msg}); one object per line") from None
+            items.append(_check_row(row, f"{path}:{lineno}"))
+    else:
+        raise SeedFileError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl or .parquet")
+    if not items:
+        raise SeedFileError(f"{path}: no problems in the file")
+    return items
+
+
+def load_hf(name: str) -> list[SeedItem]:
+    """A Hugging Face dataset (needs the hub or a local cache) with the schema above, split `train`."""
+    import datasets
+
+    ds = datasets.load_dataset(name, split="train")
+    return [_check_row(dict(r), f"{name}:row {i + 1}") for i, r in enumerate(ds)]
+
+
+def load_source(source: str) -> list[SeedItem]:
+    """A user's problems: a JSONL/Parquet path, else a Hugging Face dataset name."""
+    if Path(source).suffix in (".jsonl", ".json", ".parquet") or Path(source).exists():
+        return load_file(source)
+    return load_hf(source)

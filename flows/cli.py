@@ -1,0 +1,162 @@
+"""The `sage` command line. Every command has --help and a line in README.md (a test keeps both true)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="SAGE: four roles (Challenger, Planner, Critic, Solver) evolve one LLM from seed problems.")
+console = Console()
+err = Console(stderr=True)
+
+ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="Profile name in configs/ (cpu, paper-7b) or a YAML path.")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override one field: section.field=value (repeatable).")]
+DirOpt = Annotated[Path, typer.Option("--dir", help="Project directory holding warehouse.duckdb.")]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _config(config: str, overrides: list[str] | None):
+    from configs import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as e:
+        _fail(str(e))
+
+
+def warehouse_path(directory: str | Path) -> Path:
+    return Path(directory).expanduser() / "warehouse.duckdb"
+
+
+def _open(path: Path, read_only: bool = False):
+    from warehouse import Warehouse, WarehouseBusy
+
+    try:
+        return Warehouse.open(path, read_only=read_only)
+    except (WarehouseBusy, FileNotFoundError) as e:
+        _fail(str(e), code=3)
+
+
+def print_rows(rows: list[dict], fmt: str = "table", title: str | None = None) -> None:
+    if fmt == "json":
+        console.print_json(json.dumps(rows, default=str)) if sys.stdout.isatty() else print(json.dumps(rows, default=str))
+        return
+    if fmt == "csv":
+        import csv
+
+        if rows:
+            w = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        return
+    table = Table(title=title, show_lines=False)
+    for name in (rows[0] if rows else []):
+        table.add_column(str(name), overflow="fold")
+    for r in rows:
+        table.add_row(*["" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v)) for v in r.values()])
+    console.print(table)
+
+
+@app.command()
+def seed(config: ConfigOpt = "cpu", set_: SetOpt = None) -> None:
+    """Load the seed pool and the held-out validation set into the warehouse (idempotent)."""
+    from engines.seeds import SeedFileError
+    from flows.record import run_recorded
+    from stages import seed as seed_stage
+    from stages.context import StageContext
+    from warehouse.queries import question_counts
+
+    cfg = _config(config, set_)
+    wh = _open(warehouse_path(cfg.run.dir))
+    ctx = StageContext(cfg=cfg, wh=wh)
+    try:
+        with console.status("loading seeds (code tasks run in the sandbox)..."):
+            report = run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
+    except SeedFileError as e:
+        _fail(f"{e}\nnothing was written")
+    finally:
+        ctx.close()
+    if report is None:
+        console.print("seeds already loaded (nothing to do)")
+    else:
+        console.print(f"seed: {report.rows_out} new question(s) of {report.rows_in} loaded")
+    print_rows(question_counts(wh), title=f"questions in {wh.path}")
+    wh.close()
+
+
+@app.command()
+def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"SELECT * FROM curriculum_drift\".")],
+        directory: DirOpt = Path("./sage-runs"),
+        fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
+        write: Annotated[bool, typer.Option("--write", help="Open the warehouse for writing (default read-only).")] = False) -> None:
+    """Run SQL against the warehouse and print the result as a table, CSV or JSON."""
+    import duckdb
+
+    if fmt not in ("table", "csv", "json"):
+        _fail(f"--format {fmt!r}: use table, csv or json")
+    wh = _open(warehouse_path(directory), read_only=not write)
+    try:
+        cur = wh.con.execute(query)
+        rows = [] if cur.description is None else [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
+    except duckdb.Error as e:
+        _fail(f"{type(e).__name__}: {e}")
+    finally:
+        wh.close()
+    print_rows(rows, fmt)
+
+
+@app.command()
+def status(directory: DirOpt = Path("./sage-runs"),
+           run: Annotated[Optional[str], typer.Option("--run", help="Show only this run.")] = None) -> None:
+    """List runs, their iterations and each stage's state."""
+    from warehouse.queries import question_counts, runs_overview, stage_states
+
+    path = warehouse_path(directory)
+    if not path.exists():
+        console.print(f"no warehouse at {path}. Start with `sage seed` (load problems) or `make run`.")
+        return
+    wh = _open(path, read_only=True)
+    runs = [r for r in runs_overview(wh) if run is None or r["run_id"] == run]
+    counts = question_counts(wh)
+    if counts:
+        print_rows(counts, title="questions")
+    if not runs:
+        console.print("no runs yet. Start one with `sage run` (or `make run`).")
+    for r in runs:
+        print_rows([r], title=f"run {r['run_id']}")
+        print_rows(stage_states(wh, r["run_id"]), title="stages")
+    wh.close()
+
+
+@app.command("config")
+def show_config(config: ConfigOpt = "cpu", set_: SetOpt = None,
+                schema: Annotated[bool, typer.Option("--schema", help="List every field with its help text.")] = False) -> None:
+    """Print the resolved configuration (profile plus --set overrides) as YAML, or every field's help."""
+    import yaml
+
+    from configs.schema import SageConfig
+
+    if schema:
+        defaults = SageConfig().model_dump(mode="json")
+        rows = [{"field": f"{section}.{name}", "default": json.dumps(defaults[section][name]), "help": f.description}
+                for section, info in SageConfig.model_fields.items()
+                for name, f in info.annotation.model_fields.items()]
+        print_rows(rows)
+        return
+    cfg = _config(config, set_)
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,74 @@
+import pytest
+
+from configs import ConfigError, config_from_dict, config_hash, load_config
+from configs.schema import SageConfig
+
+
+def test_profiles_load_with_paper_defaults():
+    cpu = load_config("cpu")
+    assert cpu.model.name == "smollm2-135m-instruct" and cpu.model.backend == "hf"
+    paper = load_config("paper-7b")
+    assert paper.model.name == "Qwen/Qwen2.5-7B-Instruct" and paper.model.backend == "vllm"
+    assert (paper.train.lora_rank, paper.train.lr) == (128, 3e-6)
+    # SAGE.md defaults, never literals in code
+    d = SageConfig()
+    assert (d.iteration.alpha, d.iteration.beta) == (0.7, 0.3)
+    assert (d.rewards.planner_critic, d.rewards.planner_format) == (0.5, 0.5)
+    assert (d.rewards.solver_plan, d.rewards.solver_gt, d.rewards.solver_format) == (0.2, 0.6, 0.2)
+    assert (d.train.clip_eps_low, d.train.clip_eps_high, d.train.kl_beta) == (0.2, 0.28, 0.0)
+    assert d.roles.solver.temperature == 1.0
+
+
+def test_every_field_has_help_text():
+    for section, info in SageConfig.model_fields.items():
+        assert info.description, section
+        for name, f in info.annotation.model_fields.items():
+            assert f.description, f"{section}.{name}"
+
+
+def test_set_overrides_one_field_with_yaml_types():
+    cfg = load_config("cpu", ["iteration.alpha=0.8", "iteration.domains=[math]", "train.isolate=true"])
+    assert cfg.iteration.alpha == 0.8
+    assert cfg.iteration.domains == ["math"]
+    assert cfg.train.isolate is True
+    assert config_hash(cfg) != config_hash(load_config("cpu"))
+
+
+@pytest.mark.parametrize("overrides, names", [
+    (["iteration.alphaa=0.8"], "iteration.alphaa: unknown key"),
+    (["nosection.x=1"], "nosection: unknown key"),
+    (["iteration.n_probe=many"], "iteration.n_probe"),
+    (["iteration.alpha=1.5"], "iteration.alpha"),
+    (["iteration.beta=-0.1"], "iteration.beta"),
+    (["rewards.solver_gt=0.7"], "solver reward weights must sum to 1"),
+    (["rewards.planner_critic=0.6"], "planner reward weights must sum to 1"),
+    (["model.backend=tgi"], "model.backend"),
+    (["model.backend=vllm", "model.max_lora_rank=8"], "model.max_lora_rank"),
+])
+def test_bad_config_names_the_field(overrides, names):
+    with pytest.raises(ConfigError) as e:
+        load_config("cpu", overrides)
+    assert names in str(e.value)
+
+
+def test_bad_override_syntax_and_profile():
+    with pytest.raises(ConfigError, match="section.field=value"):
+        load_config("cpu", ["alpha"])
+    with pytest.raises(ConfigError, match="unknown profile"):
+        load_config("nope")
+
+
+def test_yaml_file_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("iteration: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("iteration:\n  alfa: 0.5\n")
+    with pytest.raises(ConfigError, match="iteration.alfa"):
+        load_config(typo)
+
+
+def test_wrong_type_in_dict():
+    with pytest.raises(ConfigError, match="train.lora_rank"):
+        config_from_dict({"train": {"lora_rank": "big"}})

@@ -1,0 +1,122 @@
+import multiprocessing as mp
+import subprocess
+import sys
+
+import pytest
+
+from warehouse import Warehouse, WarehouseBusy, content_id, norm_hash
+from warehouse.db import migrations
+
+
+def _run_row(run_id="r1"):
+    return dict(run_id=run_id, config={"a": 1}, config_hash="h", base_model="m", seed=0)
+
+
+def test_migrations_apply_once_and_reapply_as_noop(tmp_path):
+    path = tmp_path / "w.duckdb"
+    with Warehouse.open(path, migrate=False) as wh:
+        assert wh.migrate() == [v for v, _, _ in migrations()]
+        assert wh.migrate() == []
+        assert wh.schema_version() == len(migrations())
+    with Warehouse.open(path) as wh:  # reopening applies nothing
+        assert wh.rows("SELECT count(*) AS n FROM migrations")[0]["n"] == len(migrations())
+
+
+def test_every_table_and_view_exists(tmp_path):
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        names = {r["table_name"] for r in wh.rows("SELECT table_name FROM information_schema.tables")}
+    for t in ["runs", "iterations", "stage_runs", "questions", "rollouts", "verdicts", "scores", "checkpoints",
+              "evaluations", "plans", "migrations", "pool", "curriculum_drift", "role_rewards", "gate_stats",
+              "validation_curve"]:
+        assert t in names
+
+
+def _id_in_child(q):
+    from warehouse import content_id
+
+    q.put(content_id("rollout", "run", 3, {"b": 2, "a": 1}, [1, 2]))
+
+
+def test_ids_stable_across_processes():
+    q = mp.get_context("spawn").Queue()
+    p = mp.get_context("spawn").Process(target=_id_in_child, args=(q,))
+    p.start()
+    p.join(60)
+    assert q.get(timeout=5) == content_id("rollout", "run", 3, {"a": 1, "b": 2}, [1, 2])
+    assert norm_hash("What is  2+2 ?") == norm_hash("what is 2 2")
+    assert content_id("a", 1) != content_id("a", "1")
+
+
+def test_reinsert_changes_no_row(tmp_path):
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        assert wh.insert_batch("runs", [_run_row("r1"), _run_row("r2")]) == 2
+        before = wh.rows("SELECT * FROM runs ORDER BY run_id")
+        changed = dict(_run_row("r1"), base_model="other")
+        assert wh.insert_batch("runs", [changed, _run_row("r3")]) == 1
+        after = wh.rows("SELECT * FROM runs WHERE run_id IN ('r1', 'r2') ORDER BY run_id")
+        assert after == before
+
+
+def test_batch_is_one_transaction(tmp_path):
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        bad = [_run_row("ok1"), dict(_run_row("bad"), seed="not a number")]
+        with pytest.raises(Exception):
+            wh.insert_batch("runs", bad)
+        assert wh.count("runs") == 0
+
+
+def test_json_and_list_columns_roundtrip(tmp_path):
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        wh.insert_batch("questions", [dict(question_id="q1", origin="seed", domain="code", text="t",
+                                           verifier={"entry_point": "f", "inputs": [[1]], "outputs": [2]},
+                                           norm_hash="n")])
+        got = wh.rows("SELECT verifier->>'$.entry_point' AS e, verifier->'$.outputs' AS o FROM questions")
+        assert got == [{"e": "f", "o": "[2]"}]
+
+
+def test_second_writer_gets_clear_error_and_file_untouched(tmp_path):
+    path = tmp_path / "w.duckdb"
+    wh = Warehouse.open(path)
+    wh.insert_batch("runs", [_run_row()])
+    wh.con.execute("CHECKPOINT")
+    size, mtime = path.stat().st_size, path.stat().st_mtime_ns
+    code = ("import sys\nfrom warehouse import Warehouse, WarehouseBusy\n"
+            "try:\n    Warehouse.open(sys.argv[1])\nexcept WarehouseBusy as e:\n    print(e); sys.exit(3)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3
+    import os
+
+    assert f"warehouse in use by PID {os.getpid()}" in r.stdout
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (size, mtime)
+    wh.close()
+
+
+def test_cli_second_writer_exits_nonzero(tmp_path):
+    wh = Warehouse.open(tmp_path / "warehouse.duckdb")
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "sql", "SELECT 1", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    wh.close()
+    assert r.returncode == 3 and "warehouse in use by PID" in r.stderr
+
+
+def test_views_on_hand_built_rows(tmp_path):
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        wh.insert_batch("runs", [_run_row("r")])
+        wh.insert_batch("iterations", [dict(run_id="r", iteration=1)])
+        qs = [dict(question_id="s1", origin="seed", domain="math", text="seed", verifier={"answer": "1"}, norm_hash="a")]
+        for i, (adm, reason, sq, d) in enumerate([(True, None, 0.9, 0.5), (False, "low_quality", 0.2, None),
+                                                  (False, "duplicate", 0.8, 0.0)]):
+            qs.append(dict(question_id=f"g{i}", origin="generated", domain="math", text="x" * (i + 1),
+                           verifier={"answer": "1"}, norm_hash=f"h{i}", run_id="r", iteration=1, s_q=sq,
+                           difficulty=d, admitted=adm, admitted_iteration=1 if adm else None, rejection_reason=reason))
+        wh.insert_batch("questions", qs)
+        wh.insert_batch("plans", [dict(plan_id="p1", run_id="r", iteration=1, question_id="s1", s_p=0.8, passed=True),
+                                  dict(plan_id="p2", run_id="r", iteration=1, question_id="s1", s_p=0.1, passed=False)])
+        drift = wh.rows("SELECT * FROM curriculum_drift")[0]
+        assert (drift["pool_size"], drift["generated"], drift["admitted"], drift["rejected"]) == (2, 3, 1, 2)
+        assert (drift["rejected_low_quality"], drift["rejected_duplicate"]) == (1, 1)
+        assert drift["mean_s_q"] == pytest.approx((0.9 + 0.2 + 0.8) / 3)
+        assert drift["mean_difficulty"] == pytest.approx(0.25)
+        assert wh.scalar("SELECT count(*) FROM pool WHERE run_id = 'r'") == 2
+        gate = wh.rows("SELECT plans, passed, withheld, pass_rate FROM gate_stats")[0]
+        assert gate == {"plans": 2, "passed": 1, "withheld": 1, "pass_rate": 0.5}

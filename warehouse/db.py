@@ -1,0 +1,160 @@
+"""The DuckDB warehouse: one file per project directory, numbered migrations, batched idempotent writes.
+
+DuckDB allows one writing process. `Warehouse.open` turns DuckDB's lock conflict into
+`WarehouseBusy("warehouse in use by PID N")` without touching the file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+import pyarrow as pa
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+_MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+_LOCK_PID = re.compile(r"\(PID (\d+)\)")
+
+
+class WarehouseBusy(RuntimeError):
+    """Another process holds the warehouse file."""
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) for every file in migrations/, in order; numbering must be contiguous."""
+    found = []
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        m = _MIGRATION_NAME.match(path.name)
+        if not m:
+            raise RuntimeError(f"migration file {path.name} must be named NNN_name.sql")
+        found.append((int(m.group(1)), m.group(2), path.read_text(encoding="utf-8")))
+    for expected, (version, name, _) in enumerate(found, start=1):
+        if version != expected:
+            raise RuntimeError(f"migrations must be numbered 001, 002, ... without gaps; found {version:03d}_{name}")
+    return found
+
+
+class Warehouse:
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: str):
+        self.con = con
+        self.path = path
+        self._schemas: dict[str, dict[str, pa.DataType]] = {}
+
+    @classmethod
+    def open(cls, path: str | Path, read_only: bool = False, migrate: bool = True) -> "Warehouse":
+        path = str(path)
+        if path != ":memory:":
+            if read_only and not Path(path).exists():
+                raise FileNotFoundError(f"no warehouse at {path}; run `sage seed` or `sage run` first")
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            con = duckdb.connect(path, read_only=read_only)
+        except duckdb.IOException as e:
+            m = _LOCK_PID.search(str(e))
+            if "lock" in str(e).lower():
+                who = f"PID {m.group(1)}" if m else "another process"
+                raise WarehouseBusy(f"warehouse in use by {who}: {path}. DuckDB allows one writer; wait for "
+                                    f"that process to finish (or stop it) and try again") from None
+            raise
+        wh = cls(con, path)
+        if migrate and not read_only:
+            wh.migrate()
+        return wh
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> "Warehouse":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- schema ---------------------------------------------------------------------------------------
+    def migrate(self) -> list[int]:
+        """Apply the migrations not yet recorded; each in its own transaction. Returns versions applied."""
+        self.con.execute("CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
+                         " applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)")
+        done = {v for (v,) in self.con.execute("SELECT version FROM migrations").fetchall()}
+        applied = []
+        for version, name, sql in migrations():
+            if version in done:
+                continue
+            with self.transaction():
+                self.con.execute(sql)
+                self.con.execute("INSERT INTO migrations (version, name) VALUES (?, ?)", [version, name])
+            applied.append(version)
+        return applied
+
+    def schema_version(self) -> int:
+        return self.con.execute("SELECT coalesce(max(version), 0) FROM migrations").fetchall()[0][0]
+
+    # -- writes ---------------------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            yield
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        self.con.execute("COMMIT")
+
+    def insert(self, table: str, rows: list[dict]) -> int:
+        """Insert rows (dicts keyed by column) with ON CONFLICT DO NOTHING; returns rows actually added.
+        Runs inside the caller's transaction if there is one."""
+        if not rows:
+            return 0
+        columns = list(dict.fromkeys(k for r in rows for k in r))  # union of keys; missing ones are NULL
+        schema = self._arrow_schema(table, columns)
+        text_cols = [c for c in columns if pa.types.is_string(schema.field(c).type)]
+        if text_cols:  # JSON columns arrive as dicts/lists: store their canonical JSON text
+            rows = [{**r, **{c: json.dumps(r[c], sort_keys=True, default=str) for c in text_cols
+                             if r.get(c) is not None and not isinstance(r[c], str)}} for r in rows]
+        arrow = pa.Table.from_pylist(rows, schema=schema)
+        cols = ", ".join(columns)
+        before = self.count(table)
+        self.con.register("_incoming", arrow)
+        try:
+            self.con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _incoming ON CONFLICT DO NOTHING")
+        finally:
+            self.con.unregister("_incoming")
+        return self.count(table) - before
+
+    def insert_batch(self, table: str, rows: list[dict]) -> int:
+        """`insert` in its own transaction: the batch lands whole or not at all."""
+        with self.transaction():
+            return self.insert(table, rows)
+
+    def count(self, table: str) -> int:
+        return self.con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+
+    def _arrow_schema(self, table: str, columns: list[str]) -> pa.Schema:
+        # Arrow types from the table's DuckDB types, so JSON, lists and NULL-only columns convert exactly.
+        types = self._schemas.get(table)
+        if types is None:
+            empty = self.con.sql(f"SELECT * FROM {table} LIMIT 0").to_arrow_table()
+            types = {f.name: f.type for f in empty.schema}
+            self._schemas[table] = types
+        unknown = [c for c in columns if c not in types]
+        if unknown:
+            raise KeyError(f"table {table} has no column(s) {unknown}")
+        return pa.schema([(c, types[c]) for c in columns])
+
+    # -- reads ----------------------------------------------------------------------------------------
+    def query(self, sql: str, params: list | None = None):
+        """Run SQL and return a pandas DataFrame."""
+        return self.con.execute(sql, params or []).df()
+
+    def rows(self, sql: str, params: list | None = None) -> list[dict]:
+        cur = self.con.execute(sql, params or [])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    def scalar(self, sql: str, params: list | None = None):
+        row = self.con.execute(sql, params or []).fetchall()
+        return row[0][0] if row else None
