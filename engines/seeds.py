@@ -28,6 +28,7 @@ import importlib.util
 import json
 import random
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,10 +78,18 @@ def _codeio_rows() -> list[dict]:
         return [json.loads(line) for line in fh]
 
 
+def _parse(source: str) -> ast.Module | None:
+    with warnings.catch_warnings():  # old escape sequences in the data set's code
+        warnings.simplefilter("ignore")
+        try:
+            return ast.parse(source)
+        except SyntaxError:
+            return None
+
+
 def _stdlib_only(source: str) -> bool:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
+    tree = _parse(source)
+    if tree is None:
         return False
     for node in ast.walk(tree):
         names = []
@@ -94,11 +103,8 @@ def _stdlib_only(source: str) -> bool:
 
 
 def function_params(source: str, name: str) -> list[str] | None:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    for node in tree.body:
+    tree = _parse(source)
+    for node in tree.body if tree else []:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return [a.arg for a in node.args.args]
     return None

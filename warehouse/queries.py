@@ -48,13 +48,13 @@ def mark_stage_running(wh: Warehouse, run_id: str, iteration: int, stage: str) -
     wh.con.execute("""
         INSERT INTO stage_runs (run_id, iteration, stage, status) VALUES (?, ?, ?, 'running')
         ON CONFLICT DO UPDATE SET status = 'running', attempts = stage_runs.attempts + 1, error = NULL,
-            started_at = current_timestamp, finished_at = NULL""", [run_id, iteration, stage])
+            started_at = now(), finished_at = NULL""", [run_id, iteration, stage])
 
 
 def mark_stage_finished(wh: Warehouse, run_id: str, iteration: int, stage: str, status: str,
                         rows_in: int | None, rows_out: int | None, seconds: float, error: str | None) -> None:
     wh.con.execute("""
         UPDATE stage_runs SET status = ?, rows_in = ?, rows_out = ?, seconds = ?, error = ?,
-            finished_at = current_timestamp
+            finished_at = now()
         WHERE run_id = ? AND iteration = ? AND stage = ?""",
                    [status, rows_in, rows_out, seconds, error, run_id, iteration, stage])
