@@ -98,6 +98,8 @@ class RewardsConfig(_Section):
 
 
 class TrainConfig(_Section):
+    enabled: bool = Field(True, description="Run the train stage; false collects rollouts, verdicts and rewards "
+                          "without updating the adapter (every iteration then generates with the base model).")
     lora_rank: int = Field(128, ge=1, description="LoRA rank (paper: 128).")
     lora_alpha: int = Field(256, ge=1, description="LoRA alpha (scaling = alpha / rank).")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")

@@ -139,6 +139,77 @@ def status(directory: DirOpt = Path("./sage-runs"),
     wh.close()
 
 
+def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
+    from warehouse.queries import iteration_summary
+
+    for name, rows in iteration_summary(wh, run_id, iteration).items():
+        if rows:
+            print_rows(rows, title=f"iteration {iteration}: {name}")
+    console.print(f"warehouse: {warehouse_path(directory)}\n"
+                  f"try: sage sql \"SELECT * FROM curriculum_drift WHERE run_id = '{run_id}'\" --dir {directory}")
+
+
+def _run_flow(fn, *args, **kwargs):
+    import os
+
+    from flows import iteration as iteration_mod
+    from flows import session
+    from flows.progress import StageProgress
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    with StageProgress(err) as progress:
+        iteration_mod._PROGRESS["fn"] = progress
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            iteration_mod._PROGRESS.clear()
+            session.close_all()
+
+
+@app.command()
+def run(config: ConfigOpt = "cpu", set_: SetOpt = None,
+        iterations: Annotated[Optional[int], typer.Option("--iterations", "-n", help="Iterations to run (default: run.iterations).")] = None,
+        run_id: Annotated[Optional[str], typer.Option("--run", help="Run name (default: run-<config hash>, so the same config resumes).")] = None) -> None:
+    """Seed if needed, then run SAGE iterations as Prefect flows; resumes a run where it stopped."""
+    from flows import session
+    from flows.evolve import evolve_flow
+    from warehouse import WarehouseBusy
+
+    cfg = _config(config, set_)
+    n = iterations or cfg.run.iterations
+    directory = str(Path(cfg.run.dir).expanduser())
+    try:
+        rid = session.create_run(cfg, run_id)
+    except (session.RunConfigMismatch, WarehouseBusy) as e:
+        _fail(str(e), code=3 if isinstance(e, WarehouseBusy) else 2)
+    console.print(f"run {rid}: {n} iteration(s) of {cfg.model.name} ({cfg.model.backend}); warehouse {warehouse_path(directory)}")
+    _run_flow(evolve_flow, directory, rid, n)
+    wh = _open(warehouse_path(directory), read_only=True)
+    for k in range(1, n + 1):
+        _summary(wh, rid, k, directory)
+    wh.close()
+
+
+@app.command()
+def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (see `sage status` for names).")],
+          run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage status`).")],
+          iteration: Annotated[int, typer.Option("--iteration", "-i", help="Iteration number.")],
+          directory: DirOpt = Path("./sage-runs"),
+          force: Annotated[bool, typer.Option("--force", help="Redo the stage even if it is done.")] = False) -> None:
+    """Re-run exactly one stage of one iteration (skipped if done, unless --force)."""
+    from flows.iteration import STAGE_NAMES, stage_flow
+
+    if name not in STAGE_NAMES:
+        _fail(f"unknown stage {name!r}; one of: {', '.join(STAGE_NAMES)}")
+    if not warehouse_path(directory).exists():
+        _fail(f"no warehouse at {warehouse_path(directory)}")
+    try:
+        result = _run_flow(stage_flow, str(directory), run_id, iteration, name, force)
+    except KeyError as e:
+        _fail(str(e.args[0]))
+    console.print(f"{name}: already done (use --force to redo)" if result is None else f"{name}: {result}")
+
+
 @app.command("config")
 def show_config(config: ConfigOpt = "cpu", set_: SetOpt = None,
                 schema: Annotated[bool, typer.Option("--schema", help="List every field with its help text.")] = False) -> None:

@@ -58,3 +58,196 @@ def mark_stage_finished(wh: Warehouse, run_id: str, iteration: int, stage: str, 
             finished_at = now()
         WHERE run_id = ? AND iteration = ? AND stage = ?""",
                    [status, rows_in, rows_out, seconds, error, run_id, iteration, stage])
+
+
+# -- generic update ----------------------------------------------------------------------------------------
+
+def update_rows(wh: Warehouse, table: str, key: str, rows: list[dict]) -> None:
+    """Set the given columns of `table` for each row (matched on `key`), in one statement."""
+    if not rows:
+        return
+    columns = [c for c in rows[0] if c != key]
+    schema = wh._arrow_schema(table, [key, *columns])
+    data = pa.Table.from_pylist([{c: r.get(c) for c in [key, *columns]} for r in rows], schema=schema)
+    sets = ", ".join(f"{c} = u.{c}" for c in columns)
+    wh.con.register("_upd", data)
+    try:
+        wh.con.execute(f"UPDATE {table} SET {sets} FROM _upd u WHERE {table}.{key} = u.{key}")
+    finally:
+        wh.con.unregister("_upd")
+
+
+# -- the pool and the iteration's questions ------------------------------------------------------------------
+
+def pool_questions(wh: Warehouse, run_id: str, upto_iteration: int, domains: list[str]) -> list[dict]:
+    """Seeds plus this run's questions admitted at or before `upto_iteration`, in a stable order."""
+    return wh.rows("""
+        SELECT question_id, domain, text, verifier FROM questions
+        WHERE domain IN (SELECT unnest(?::VARCHAR[]))
+          AND (origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted AND admitted_iteration <= ?))
+        ORDER BY question_id""", [domains, run_id, upto_iteration])
+
+
+def pool_norm_hashes(wh: Warehouse, run_id: str) -> set[str]:
+    return {h for (h,) in wh.con.execute("""
+        SELECT norm_hash FROM questions
+        WHERE origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted)""", [run_id]).fetchall()}
+
+
+def generated_questions(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
+    return wh.rows("""
+        SELECT question_id, domain, text, verifier, rollout_id, s_q, difficulty, verifier_valid, verifier_error,
+               admitted, rejection_reason, norm_hash
+        FROM questions WHERE origin = 'generated' AND run_id = ? AND iteration = ? ORDER BY question_id""",
+                   [run_id, iteration])
+
+
+def questions_by_id(wh: Warehouse, ids: list[str]) -> dict[str, dict]:
+    if not ids:
+        return {}
+    wh.con.register("_ids", pa.table({"id": list(set(ids))}))
+    try:
+        rows = wh.rows("SELECT question_id, domain, text, verifier FROM questions "
+                       "WHERE question_id IN (SELECT id FROM _ids)")
+    finally:
+        wh.con.unregister("_ids")
+    return {r["question_id"]: r for r in rows}
+
+
+def rollouts_for(wh: Warehouse, run_id: str, iteration: int, purpose: str) -> list[dict]:
+    return wh.rows("""
+        SELECT rollout_id, question_id, plan_id, role, sample_index, completion_text, parsed, format_reward,
+               format_reason, finish_reason
+        FROM rollouts WHERE run_id = ? AND iteration = ? AND purpose = ? ORDER BY rollout_id""",
+                   [run_id, iteration, purpose])
+
+
+def unverified_rollouts(wh: Warehouse, run_id: str, iteration: int, purpose: str) -> list[dict]:
+    """Solver rollouts of `purpose` without a verdict, with their question's domain and verifier."""
+    return wh.rows("""
+        SELECT r.rollout_id, r.parsed, q.domain, q.verifier
+        FROM rollouts r JOIN questions q ON q.question_id = r.question_id
+        LEFT JOIN verdicts v ON v.rollout_id = r.rollout_id
+        WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = ? AND v.rollout_id IS NULL
+        ORDER BY r.rollout_id""", [run_id, iteration, purpose])
+
+
+def set_difficulty_from_probes(wh: Warehouse, run_id: str, iteration: int) -> None:
+    """r_d = 1 - mean s_gt of the question's probe answers."""
+    wh.con.execute("""
+        UPDATE questions SET difficulty = p.r_d
+        FROM (SELECT r.question_id, 1 - avg(v.s_gt) AS r_d
+              FROM rollouts r JOIN verdicts v USING (rollout_id)
+              WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'probe'
+              GROUP BY r.question_id) p
+        WHERE questions.question_id = p.question_id""", [run_id, iteration])
+
+
+def plans_for(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
+    return wh.rows("""
+        SELECT p.plan_id, p.question_id, p.s_p, p.passed, r.parsed
+        FROM plans p JOIN rollouts r ON r.rollout_id = p.plan_id
+        WHERE p.run_id = ? AND p.iteration = ? ORDER BY p.plan_id""", [run_id, iteration])
+
+
+# -- what the score stage needs, one query per role ------------------------------------------------------------
+
+def scoring_inputs(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
+    """Every trainable rollout of the iteration with what its reward needs (NULL where not applicable)."""
+    return wh.rows("""
+        SELECT r.rollout_id, r.role, r.purpose, q.domain, r.format_reward,
+               g.s_q, g.difficulty, g.verifier_valid,       -- challenger: the question it wrote
+               pl.s_p AS plan_s_p, pl.passed AS plan_passed, -- planner: its own plan; solver: the plan it got
+               v.s_gt
+        FROM rollouts r
+        JOIN questions q ON q.question_id = r.question_id
+        LEFT JOIN questions g ON r.purpose = 'challenge' AND g.rollout_id = r.rollout_id
+        LEFT JOIN plans pl ON pl.plan_id = CASE WHEN r.purpose = 'plan' THEN r.rollout_id ELSE r.plan_id END
+        LEFT JOIN verdicts v ON v.rollout_id = r.rollout_id
+        WHERE r.run_id = ? AND r.iteration = ?
+          AND r.purpose IN ('challenge', 'critique_question', 'critique_plan', 'plan', 'solve')
+        ORDER BY r.rollout_id""", [run_id, iteration])
+
+
+# -- runs and iterations ---------------------------------------------------------------------------------------
+
+def run_config(wh: Warehouse, run_id: str) -> tuple[str, str] | None:
+    """(config JSON, config hash) of a run, or None when there is no such run."""
+    rows = wh.con.execute("SELECT config, config_hash FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    return rows[0] if rows else None
+
+
+def set_run_status(wh: Warehouse, run_id: str, status: str) -> None:
+    wh.con.execute("UPDATE runs SET status = ?, finished_at = CASE WHEN ? = 'running' THEN NULL ELSE now() END "
+                   "WHERE run_id = ?", [status, status, run_id])
+
+
+def start_iteration(wh: Warehouse, run_id: str, iteration: int, adapter_in: str | None) -> None:
+    wh.con.execute("""INSERT INTO iterations (run_id, iteration, adapter_in) VALUES (?, ?, ?)
+                      ON CONFLICT DO UPDATE SET status = 'running', finished_at = NULL""",
+                   [run_id, iteration, adapter_in])
+
+
+def finish_iteration(wh: Warehouse, run_id: str, iteration: int, status: str) -> None:
+    wh.con.execute("UPDATE iterations SET status = ?, finished_at = now() WHERE run_id = ? AND iteration = ?",
+                   [status, run_id, iteration])
+
+
+def iteration_adapter(wh: Warehouse, run_id: str, iteration: int) -> str | None:
+    """The adapter iteration `iteration` produced (its train stage), or None."""
+    return wh.scalar("SELECT adapter_out FROM iterations WHERE run_id = ? AND iteration = ?", [run_id, iteration])
+
+
+def set_iteration_adapter(wh: Warehouse, run_id: str, iteration: int, adapter_out: str) -> None:
+    wh.con.execute("UPDATE iterations SET adapter_out = ? WHERE run_id = ? AND iteration = ?",
+                   [adapter_out, run_id, iteration])
+
+
+# -- summaries -------------------------------------------------------------------------------------------------
+
+def iteration_summary(wh: Warehouse, run_id: str, iteration: int) -> dict[str, list[dict]]:
+    """The numbers a user wants after an iteration, as small tables."""
+    p = [run_id, iteration]
+    return {
+        "questions": wh.rows("""
+            SELECT generated, admitted, rejected, rejected_low_quality, rejected_invalid_verifier,
+                   rejected_duplicate, count_unparseable AS rejected_unparseable, pool_size,
+                   round(mean_s_q, 3) AS mean_s_q, round(mean_difficulty, 3) AS mean_difficulty
+            FROM curriculum_drift d,
+                 (SELECT count(*) AS count_unparseable FROM questions
+                  WHERE run_id = ? AND iteration = ? AND rejection_reason = 'unparseable')
+            WHERE d.run_id = ? AND d.iteration = ?""", p + p),
+        "plans": wh.rows("SELECT plans, passed, withheld, round(mean_s_p, 3) AS mean_s_p FROM gate_stats "
+                         "WHERE run_id = ? AND iteration = ?", p),
+        "solver": wh.rows("""
+            SELECT CASE WHEN pl.passed THEN 'with plan' ELSE 'without plan' END AS solver,
+                   count(*) AS answers, round(avg(v.s_gt), 3) AS accuracy
+            FROM rollouts r JOIN verdicts v USING (rollout_id) JOIN plans pl ON pl.plan_id = r.plan_id
+            WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'solve'
+            GROUP BY ALL ORDER BY ALL""", p),
+        "roles": wh.rows("""
+            SELECT role, rollouts, round(mean_reward, 3) AS mean_reward, round(mean_advantage, 3) AS mean_advantage,
+                   round(format_rate, 3) AS format_rate
+            FROM role_rewards WHERE run_id = ? AND iteration = ? ORDER BY role""", p),
+    }
+
+
+# -- training ----------------------------------------------------------------------------------------------
+
+def training_rows(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
+    """Every scored rollout of the iteration with its token ids, sampling log-probs and TRR++ advantage."""
+    return wh.rows("""
+        SELECT r.rollout_id, r.role, r.prompt_ids, r.completion_ids, r.logprobs, s.advantage
+        FROM scores s JOIN rollouts r USING (rollout_id)
+        WHERE s.run_id = ? AND s.iteration = ? ORDER BY r.rollout_id""", [run_id, iteration])
+
+
+def record_checkpoint(wh: Warehouse, run_id: str, iteration: int, adapter_path: str, metrics: dict) -> None:
+    """The checkpoints row and the iteration's adapter_out, together."""
+    with wh.transaction():
+        wh.insert("checkpoints", [dict(run_id=run_id, iteration=iteration, adapter_path=adapter_path, metrics=metrics)])
+        set_iteration_adapter(wh, run_id, iteration, adapter_path)
+
+
+def checkpoint_path(wh: Warehouse, run_id: str, iteration: int) -> str | None:
+    return wh.scalar("SELECT adapter_path FROM checkpoints WHERE run_id = ? AND iteration = ?", [run_id, iteration])

@@ -1,0 +1,97 @@
+"""One SAGE iteration as a Prefect flow: the stages in SAGE.md's order, one task each.
+
+The flow holds the control flow; stages compute. Idempotency lives in the warehouse: a stage recorded
+`done` in `stage_runs` is skipped, so re-running the flow after a crash or a failure redoes only what is
+missing, and re-running it after success changes no row. `stage_flow` re-runs exactly one stage.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prefect import flow, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NONE
+
+from flows import session
+from flows.record import run_recorded
+from stages import admit, challenge, critique, plan, score, solve, train, verify
+from stages.context import StageContext, StageReport
+from warehouse.queries import finish_iteration, iteration_summary, start_iteration
+
+# (stage name in stage_runs, function). Order is SAGE.md's: challenge, critique questions, probe, verify,
+# admit (the filter), plan, critique plans + gate, solve, verify, score, train.
+STAGES: tuple[tuple[str, Callable[[StageContext], StageReport]], ...] = (
+    ("challenge", challenge.run),
+    ("critique_questions", critique.run_questions),
+    ("probe", solve.run_probe),
+    ("verify_probe", verify.run_probe),
+    ("admit", admit.run),
+    ("plan", plan.run),
+    ("critique_plans", critique.run_plans),
+    ("solve", solve.run_solve),
+    ("verify", verify.run_solve),
+    ("score", score.run),
+    ("train", train.run),
+)
+STAGE_NAMES = tuple(name for name, _ in STAGES)
+
+_TRANSIENT = (ConnectionError, TimeoutError, BrokenPipeError, MemoryError)
+
+
+def _transient(task, task_run, state) -> bool:
+    """Retry engine hiccups (lost workers, timeouts, out of memory), not bugs or bad data."""
+    try:
+        state.result()
+    except _TRANSIENT:
+        return True
+    except RuntimeError as e:
+        return "out of memory" in str(e).lower()
+    except BaseException:
+        return False
+    return False
+
+
+@task(task_run_name="{name}", retries=2, retry_delay_seconds=5, retry_condition_fn=_transient, cache_policy=NONE)
+def stage_task(ctx: StageContext, name: str, force: bool = False) -> dict | None:
+    fn = dict(STAGES)[name]
+    report = run_recorded(ctx, name, fn, run_id=ctx.run_id, iteration=ctx.iteration, force=force)
+    return None if report is None else {"rows_in": report.rows_in, "rows_out": report.rows_out, **report.info}
+
+
+@flow(name="sage-iteration", flow_run_name="{run_id}-iteration-{iteration}")
+def iteration_flow(directory: str, run_id: str, iteration: int) -> dict:
+    """Run every stage of one iteration that is not done yet; publish its numbers as a table artifact."""
+    ctx = session.context(directory, run_id, iteration, progress=_PROGRESS.get("fn"))
+    start_iteration(ctx.wh, run_id, iteration, ctx.adapter)
+    try:
+        for name in STAGE_NAMES:
+            stage_task(ctx, name)
+    except BaseException:
+        finish_iteration(ctx.wh, run_id, iteration, "failed")
+        raise
+    finish_iteration(ctx.wh, run_id, iteration, "done")
+    summary = iteration_summary(ctx.wh, run_id, iteration)
+    _publish(run_id, iteration, summary)
+    return summary
+
+
+@flow(name="sage-stage", flow_run_name="{run_id}-iteration-{iteration}-{stage}")
+def stage_flow(directory: str, run_id: str, iteration: int, stage: str, force: bool = False) -> dict | None:
+    """Re-run exactly one stage of one iteration (`force` redoes a finished one)."""
+    if stage not in STAGE_NAMES:
+        raise ValueError(f"unknown stage {stage!r}; one of {', '.join(STAGE_NAMES)}")
+    ctx = session.context(directory, run_id, iteration, progress=_PROGRESS.get("fn"))
+    start_iteration(ctx.wh, run_id, iteration, ctx.adapter)
+    return stage_task(ctx, stage, force=force)
+
+
+def _publish(run_id: str, iteration: int, summary: dict[str, list[dict]]) -> None:
+    rows = [{"table": name, **{k: (None if v is None else str(v)) for k, v in r.items()}}
+            for name, table in summary.items() for r in table]
+    key = f"{run_id}-iteration-{iteration}".lower().replace("_", "-")
+    create_table_artifact(table=rows, key=key, description=f"SAGE run {run_id}, iteration {iteration}")
+
+
+# The CLI installs a progress callback here (the flow's parameters must stay JSON-serialisable).
+_PROGRESS: dict[str, Callable] = {}

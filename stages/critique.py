@@ -1,0 +1,58 @@
+"""critique: the Critic scores new questions (s_q) and plans (s_p); the plan gate is decided here.
+
+Questions (`run_questions`): reads this iteration's generated questions that have text; writes one Critic
+rollout each (purpose `critique_question`), then `questions.s_q` from its parsed score (normalised
+s = (N - 1) / 9; unparseable or out of range gives the neutral 0.5).
+Plans (`run_plans`): reads this iteration's plans; writes one Critic rollout each (purpose `critique_plan`),
+then a `plans` row: s_p and whether it passed the gate (s_p >= beta: the Solver sees the plan).
+Idempotency key: rollout id; `plans.plan_id` = the Planner rollout; s_q is only set where it is NULL.
+Fails: engine errors propagate; model output never fails the stage.
+"""
+
+from __future__ import annotations
+
+import json
+
+from stages.context import StageContext, StageReport
+from stages.rollouts import Unit, generate
+from stages.score import gate
+from warehouse.queries import generated_questions, questions_by_id, rollouts_for, update_rows
+
+NEUTRAL = 0.5
+
+
+def _score(parsed: str | None) -> float:
+    value = json.loads(parsed or "{}").get("score")
+    return NEUTRAL if value is None else float(value)
+
+
+def run_questions(ctx: StageContext) -> StageReport:
+    stage = "critique_questions"
+    questions = [q for q in generated_questions(ctx.wh, ctx.run_id, ctx.iteration) if q["text"]]
+    units = [Unit("critic_question", q["question_id"], q["domain"], {"question": q["text"]}) for q in questions]
+    _, written = generate(ctx, stage, "critique_question", units)
+    critiques = {r["question_id"]: r for r in rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, "critique_question")}
+    updates = [{"question_id": q["question_id"], "s_q": _score(critiques[q["question_id"]]["parsed"])}
+               for q in questions if q["s_q"] is None and q["question_id"] in critiques]
+    with ctx.wh.transaction():
+        update_rows(ctx.wh, "questions", "question_id", updates)
+    return StageReport(stage, rows_in=len(questions), rows_out=written, info={"scored": len(updates)})
+
+
+def run_plans(ctx: StageContext) -> StageReport:
+    stage = "critique_plans"
+    plans = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, "plan")
+    qs = questions_by_id(ctx.wh, [p["question_id"] for p in plans])
+    units = [Unit("critic_plan", p["question_id"], qs[p["question_id"]]["domain"],
+                  {"question": qs[p["question_id"]]["text"], "plan": json.loads(p["parsed"] or "{}").get("plan") or ""},
+                  plan_id=p["rollout_id"]) for p in plans]
+    _, written = generate(ctx, stage, "critique_plan", units)
+    critiques = {r["plan_id"]: r for r in rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, "critique_plan")}
+    rows = []
+    for p in plans:
+        s_p = _score(critiques[p["rollout_id"]]["parsed"])
+        rows.append(dict(plan_id=p["rollout_id"], run_id=ctx.run_id, iteration=ctx.iteration,
+                         question_id=p["question_id"], s_p=s_p, passed=gate(s_p, ctx.cfg.iteration.beta)))
+    added = ctx.wh.insert_batch("plans", rows)
+    return StageReport(stage, rows_in=len(plans), rows_out=written + added,
+                       info={"passed": sum(r["passed"] for r in rows), "withheld": sum(not r["passed"] for r in rows)})

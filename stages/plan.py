@@ -1,0 +1,31 @@
+"""plan: the Planner writes a numbered plan for questions sampled from the pool.
+
+Reads: the pool (seeds + questions admitted up to and including this iteration: admission runs first).
+Samples `iteration.n_plan` questions with a seed derived from (run seed, iteration).
+Writes: one Planner rollout per question (purpose `plan`).
+Idempotency key: rollout id. Fails: engine errors propagate; model output never fails the stage.
+"""
+
+from __future__ import annotations
+
+import random
+
+from stages.context import StageContext, StageReport
+from stages.rollouts import Unit, generate
+from warehouse import content_id
+from warehouse.queries import pool_questions
+
+STAGE = "plan"
+
+
+def sample(ctx: StageContext) -> list[dict]:
+    pool = pool_questions(ctx.wh, ctx.run_id, ctx.iteration, ctx.cfg.iteration.domains)
+    rng = random.Random(content_id("plan-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration))
+    return rng.sample(pool, min(ctx.cfg.iteration.n_plan, len(pool)))
+
+
+def run(ctx: StageContext) -> StageReport:
+    questions = sample(ctx)
+    units = [Unit("planner", q["question_id"], q["domain"], {"question": q["text"]}) for q in questions]
+    _, written = generate(ctx, STAGE, "plan", units)
+    return StageReport(STAGE, rows_in=len(questions), rows_out=written)

@@ -1,0 +1,101 @@
+"""Generation shared by the role stages: build requests, skip what exists, generate in committed batches.
+
+A *unit* is one prompt for one role about one question (and plan); it yields `n` rollouts. Rollout ids hash
+(run, iteration, purpose, question, plan, template version, sample index), and the request seed derives from
+the unit's id, so a re-run regenerates exactly the missing rollouts with the samples they would have had.
+Each batch of `run.batch_rows` units is generated in one engine call and committed in one transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines import tags
+from engines.llm.base import GenRequest
+from stages.context import StageContext
+from stages.prompts import TEMPLATE_VERSION, render
+from warehouse import content_id, seed_from_id
+from warehouse.queries import existing_ids
+
+ROLE_OF_KIND = {"challenger_math": "challenger", "challenger_code": "challenger", "planner": "planner",
+                "critic_question": "critic", "critic_plan": "critic", "solver_math": "solver",
+                "solver_code": "solver", "solver_math_plan": "solver", "solver_code_plan": "solver"}
+
+
+@dataclass
+class Unit:
+    kind: str                      # prompt template kind (stages/prompts)
+    question_id: str
+    domain: str
+    fields: dict[str, Any]         # template fields
+    n: int = 1
+    plan_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)   # kept for the caller, not stored
+
+    @property
+    def role(self) -> str:
+        return ROLE_OF_KIND[self.kind]
+
+    def unit_id(self, ctx: StageContext, purpose: str) -> str:
+        return content_id("unit", ctx.run_id, ctx.iteration, purpose, self.question_id, self.plan_id,
+                          TEMPLATE_VERSION[self.kind])
+
+    def rollout_id(self, ctx: StageContext, purpose: str, sample: int) -> str:
+        return content_id("rollout", self.unit_id(ctx, purpose), sample)
+
+
+def parse(role: str, domain: str, text: str) -> tags.Parsed:
+    if role == "challenger":
+        return tags.parse_challenger(text, domain)
+    if role == "planner":
+        return tags.parse_planner(text)
+    if role == "critic":
+        return tags.parse_critic(text)
+    return tags.parse_solver(text, domain)
+
+
+def _request(ctx: StageContext, unit: Unit, purpose: str, greedy: bool = False) -> GenRequest:
+    role_cfg = getattr(ctx.cfg.roles, unit.role)
+    regex = None
+    if role_cfg.constrain:
+        key = tags.role_key(unit.role, unit.domain if unit.role in ("challenger", "solver") else None)
+        regex = tags.role_regex(key, role_cfg.max_new_tokens)
+    seed = seed_from_id(content_id(ctx.cfg.run.seed, unit.unit_id(ctx, purpose)))
+    return GenRequest(messages=render(unit.kind, **unit.fields), n=unit.n,
+                      max_new_tokens=role_cfg.max_new_tokens, temperature=0.0 if greedy else role_cfg.temperature,
+                      top_p=role_cfg.top_p, seed=seed, regex=regex)
+
+
+def generate(ctx: StageContext, stage: str, purpose: str, units: list[Unit], greedy: bool = False) -> tuple[int, int]:
+    """Generate every missing rollout of `units`; returns (units processed, rollouts written)."""
+    ids = {id(u): [u.rollout_id(ctx, purpose, j) for j in range(u.n)] for u in units}
+    have = existing_ids(ctx.wh, "rollouts", "rollout_id", [r for rs in ids.values() for r in rs])
+    pending = [u for u in units if not all(r in have for r in ids[id(u)])]
+    step = ctx.cfg.run.batch_rows
+    written, tokens = 0, 0
+    ctx.report(stage, 0, len(pending), 0)
+    for start in range(0, len(pending), step):
+        batch = pending[start:start + step]
+        requests = [_request(ctx, u, purpose, greedy) for u in batch]
+        results = ctx.llm.generate(requests)
+        rows = []
+        for unit, req, res in zip(batch, requests, results):
+            for j, comp in enumerate(res.completions):
+                rid = ids[id(unit)][j]
+                if rid in have:
+                    continue
+                text = comp.text.encode("utf-8", "replace").decode("utf-8")  # storable whatever came back
+                p = parse(unit.role, unit.domain, text)
+                rows.append(dict(
+                    rollout_id=rid, run_id=ctx.run_id, iteration=ctx.iteration, stage=stage, role=unit.role,
+                    purpose=purpose, question_id=unit.question_id, plan_id=unit.plan_id,
+                    template=TEMPLATE_VERSION[unit.kind], prompt_text=res.prompt_text, completion_text=text,
+                    prompt_ids=res.prompt_ids, completion_ids=comp.token_ids, logprobs=comp.logprobs,
+                    adapter=ctx.adapter, sample_index=j, seed=req.seed, finish_reason=comp.finish_reason,
+                    prompt_tokens=len(res.prompt_ids), completion_tokens=len(comp.token_ids),
+                    parsed=p.fields, format_reward=p.format_reward, format_reason=p.reason))
+                tokens += len(comp.token_ids)
+        written += ctx.wh.insert_batch("rollouts", rows)
+        ctx.report(stage, start + len(batch), len(pending), tokens)
+    return len(pending), written

@@ -1,0 +1,80 @@
+"""train: one TRR++ policy-gradient update of the shared LoRA adapter on all roles' rollouts together.
+
+Reads: this iteration's scored rollouts (prompt and completion token ids, sampling log-probs, advantage) and
+the adapter the iteration generated with (none in iteration 1: a fresh LoRA). Trains through
+`engines.trainer` (a TRL GRPOTrainer subclass fed stored rows), in this process or, with `train.isolate`
+(the GPU default), in its own process that exchanges Parquet files with the flow, so generation and training
+never hold GPU memory at once; with `train.accelerate_config` under `accelerate launch`.
+Writes: the adapter to `<run.dir>/adapters/<run>/iteration-<k>` (atomically), then a `checkpoints` row with
+the metrics and `iterations.adapter_out`, in one transaction.
+Idempotency: a recorded checkpoint is never retrained; a crash mid-training leaves no checkpoint row, so a
+re-run trains that iteration again (and only that). Fails: trainer errors propagate.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from stages.context import StageContext, StageReport
+from warehouse.queries import checkpoint_path, record_checkpoint, training_rows
+
+STAGE = "train"
+
+
+def adapter_dir(ctx: StageContext) -> Path:
+    return Path(ctx.cfg.run.dir).expanduser().resolve() / "adapters" / ctx.run_id / f"iteration-{ctx.iteration}"
+
+
+def _train_isolated(ctx: StageContext, model_path: str, rows, out: Path) -> dict:
+    from engines.trainer import write_rows
+
+    with tempfile.TemporaryDirectory(prefix="sage-train-") as tmp:
+        rows_file, metrics_file = Path(tmp) / "rows.parquet", Path(tmp) / "metrics.json"
+        write_rows(rows, rows_file)
+        args = ["--in", str(rows_file), "--out", str(out), "--model", model_path,
+                "--config", ctx.cfg.train.model_dump_json(), "--metrics", str(metrics_file),
+                "--seed", str(ctx.cfg.run.seed + ctx.iteration), "--dtype", ctx.cfg.model.dtype]
+        if ctx.adapter:
+            args += ["--adapter-in", ctx.adapter]
+        if ctx.cfg.train.accelerate_config:
+            cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                   ctx.cfg.train.accelerate_config, "-m", "engines.trainer", *args]
+        else:
+            cmd = [sys.executable, "-m", "engines.trainer", *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"training process failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        return json.loads(metrics_file.read_text())
+
+
+def run(ctx: StageContext) -> StageReport:
+    from engines.llm.models import resolve_model
+    from engines.trainer import TrainRow, train_step
+
+    if not ctx.cfg.train.enabled:
+        return StageReport(STAGE, info={"skipped": "train.enabled is false"})
+    if checkpoint_path(ctx.wh, ctx.run_id, ctx.iteration):
+        return StageReport(STAGE, info={"skipped": "checkpoint exists"})
+    stored = training_rows(ctx.wh, ctx.run_id, ctx.iteration)
+    rows = [TrainRow(prompt_ids=list(r["prompt_ids"]), completion_ids=list(r["completion_ids"]),
+                     advantage=float(r["advantage"]), logprobs=None if r["logprobs"] is None else list(r["logprobs"]),
+                     role=r["role"]) for r in stored]
+    out = adapter_dir(ctx)
+    if out.exists():  # left by a run killed between saving and recording: train again
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model_path = str(resolve_model(ctx.cfg.model.name, ctx.cfg.model.cache_dir))
+    if ctx.cfg.train.isolate or ctx.cfg.train.accelerate_config:
+        metrics = _train_isolated(ctx, model_path, rows, out)
+    else:
+        metrics = train_step(model_path, ctx.adapter, str(out), rows, ctx.cfg.train,
+                             seed=ctx.cfg.run.seed + ctx.iteration, dtype=ctx.cfg.model.dtype)
+    metrics.pop("steps", None)
+    record_checkpoint(ctx.wh, ctx.run_id, ctx.iteration, str(out), metrics)
+    return StageReport(STAGE, rows_in=len(rows), rows_out=1,
+                       info={k: metrics.get(k) for k in ("loss", "grad_norm", "tokens_per_s")})

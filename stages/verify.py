@@ -1,0 +1,80 @@
+"""verify: the external verifier scores Solver answers; nothing here trusts the model.
+
+Reads: Solver rollouts of one purpose (`probe` or `solve`) of this iteration without a verdict, with their
+question's verifier. Math: the final answer (last \\boxed{}, the <answer> tag, "the answer is ...") is
+checked against the reference with math-verify in killable worker processes (s_gt 0 or 1). Code: the
+answer's code runs in the sandbox on the question's test inputs; the parent compares the returned values
+with the expected outputs (s_gt = fraction of tests passed). Writes: one `verdicts` row per rollout,
+committed per batch; after the probe, `questions.difficulty` = 1 - mean probe s_gt.
+Idempotency key: verdict id = rollout id. Fails: engine errors propagate; bad answers score 0.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from stages.context import StageContext, StageReport
+from warehouse.queries import set_difficulty_from_probes, unverified_rollouts
+
+
+def _math_verdicts(ctx: StageContext, rows: list[dict]) -> list[dict]:
+    from engines.mathcheck import extract_answer
+
+    preds = []
+    for r in rows:
+        answer = json.loads(r["parsed"] or "{}").get("answer") or ""
+        preds.append(extract_answer(answer) or answer.strip())
+    golds = [str(json.loads(r["verifier"])["answer"]) for r in rows]
+    start = time.perf_counter()
+    scores = ctx.mathcheck.check_many(list(zip(golds, preds)))
+    each = (time.perf_counter() - start) / max(1, len(rows))
+    return [dict(rollout_id=r["rollout_id"], kind="math", s_gt=float(s), tests={"gold": g, "pred": p[:500]},
+                 duration_s=each, backend="math-verify", error=None if p else "no answer")
+            for r, g, p, s in zip(rows, golds, preds, scores)]
+
+
+def _code_verdicts(ctx: StageContext, rows: list[dict]) -> list[dict]:
+    from engines.sandbox import Job, score_outputs
+
+    jobs, verdicts = [], []
+    for r in rows:
+        v = json.loads(r["verifier"])
+        code = json.loads(r["parsed"] or "{}").get("answer") or ""
+        jobs.append(Job(code, v.get("entry_point") or "", v.get("inputs") or []))
+    for r, job, res in zip(rows, jobs, ctx.sandbox.execute(jobs)):
+        expected = json.loads(r["verifier"]).get("outputs") or []
+        s_gt, passed = score_outputs(expected, res) if job.code.strip() and expected else (0.0, [])
+        error = None if job.code.strip() else "no code"
+        verdicts.append(dict(rollout_id=r["rollout_id"], kind="code", s_gt=float(s_gt),
+                             tests={"passed": passed, "errors": [e for e in res.errors][:16], "status": res.status},
+                             duration_s=res.duration_s, backend=res.backend, error=error or (
+                                 None if res.status == "ok" else res.status)))
+    return verdicts
+
+
+def _run(ctx: StageContext, purpose: str, stage: str) -> StageReport:
+    pending = unverified_rollouts(ctx.wh, ctx.run_id, ctx.iteration, purpose)
+    step = ctx.cfg.run.batch_rows
+    written = 0
+    ctx.report(stage, 0, len(pending))
+    for start in range(0, len(pending), step):
+        batch = pending[start:start + step]
+        verdicts = (_math_verdicts(ctx, [r for r in batch if r["domain"] == "math"])
+                    + _code_verdicts(ctx, [r for r in batch if r["domain"] == "code"]))
+        for v in verdicts:
+            v.update(run_id=ctx.run_id, iteration=ctx.iteration)
+        written += ctx.wh.insert_batch("verdicts", verdicts)
+        ctx.report(stage, start + len(batch), len(pending))
+    if purpose == "probe":
+        with ctx.wh.transaction():
+            set_difficulty_from_probes(ctx.wh, ctx.run_id, ctx.iteration)
+    return StageReport(stage, rows_in=len(pending), rows_out=written)
+
+
+def run_probe(ctx: StageContext) -> StageReport:
+    return _run(ctx, "probe", "verify_probe")
+
+
+def run_solve(ctx: StageContext) -> StageReport:
+    return _run(ctx, "solve", "verify")

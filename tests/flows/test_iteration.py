@@ -1,0 +1,146 @@
+"""One SAGE iteration through the real Prefect flow, the real warehouse, sandbox and math checker, with the
+ScriptedLLM choosing every completion so admission, gating and every reward path run on known values."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.flows import scripted_run
+from warehouse import Warehouse
+
+TABLES = {"questions": "question_id", "rollouts": "rollout_id", "verdicts": "rollout_id", "plans": "plan_id",
+          "scores": "rollout_id"}
+
+
+def dump(directory) -> dict[str, list[dict]]:
+    with Warehouse.open(directory / "warehouse.duckdb", read_only=True) as wh:
+        out = {}
+        for table, key in TABLES.items():
+            rows = wh.rows(f"SELECT * EXCLUDE (created_at) FROM {table} ORDER BY {key}")
+            for r in rows:
+                r.pop("duration_s", None)  # wall time of a verdict
+            out[table] = rows
+        return out
+
+
+@pytest.fixture(scope="module")
+def one_iteration(prefect_api, tmp_path_factory):
+    d = tmp_path_factory.mktemp("scripted")
+    scripted_run.run(d)
+    return d
+
+
+def test_admission_gating_and_rewards(one_iteration):
+    with Warehouse.open(one_iteration / "warehouse.duckdb", read_only=True) as wh:
+        count = lambda purpose: wh.scalar("SELECT count(*) FROM rollouts WHERE purpose = ?", [purpose])  # noqa: E731
+        assert count("challenge") == 5 and count("critique_question") == 5
+        qs = wh.rows("SELECT domain, text, s_q, difficulty, verifier_valid, admitted, rejection_reason, verifier "
+                     "FROM questions WHERE origin = 'generated' ORDER BY question_id")
+        assert all(q["s_q"] == pytest.approx(8 / 9) for q in qs)
+        assert all(q["verifier_valid"] for q in qs)
+        math_q = [q for q in qs if q["domain"] == "math"]
+        code_q = [q for q in qs if q["domain"] == "code"]
+        # four references produced the same math question: one admitted, three duplicates
+        assert sorted(str(q["rejection_reason"]) for q in math_q) == ["None", "duplicate", "duplicate", "duplicate"]
+        assert all(q["difficulty"] == pytest.approx(0.5) for q in math_q)  # probe answers: one right, one wrong
+        assert code_q[0]["admitted"] and code_q[0]["difficulty"] == 0.0
+        assert json.loads(code_q[0]["verifier"])["outputs"] == [6, 20]  # computed by the reference in the sandbox
+        assert count("probe") == 2 * 5
+        assert wh.scalar("SELECT count(*) FROM pool WHERE run_id = 'scripted'") == 5 + 2
+
+        # gate: plans about 10-3 score 2 -> s_p = 1/9 < beta, withheld; others 8 -> 7/9, shown
+        plans = wh.rows("SELECT p.s_p, p.passed, q.text FROM plans p JOIN questions q USING (question_id)")
+        assert len(plans) == 5
+        for p in plans:
+            assert p["passed"] == ("10-3" not in p["text"])
+            assert p["s_p"] == pytest.approx(1 / 9 if "10-3" in p["text"] else 7 / 9)
+        shown = wh.rows("SELECT r.template, pl.passed FROM rollouts r JOIN plans pl ON pl.plan_id = r.plan_id "
+                        "WHERE r.purpose = 'solve'")
+        assert shown and all(r["template"].endswith("_plan@1") == r["passed"] for r in shown)
+
+        # every reward path against its formula
+        scores = wh.rows("SELECT s.role, r.purpose, s.reward, s.components, s.advantage, s.group_key "
+                         "FROM scores s JOIN rollouts r USING (rollout_id)")
+        assert {s["purpose"] for s in scores} == {"challenge", "critique_question", "critique_plan", "plan", "solve"}
+        for s in scores:
+            c = json.loads(s["components"])
+            if s["purpose"] == "challenge":
+                assert not c["suppressed"] and s["reward"] == pytest.approx((c["s_q"] + c["r_d"] + c["r_f"]) / 3)
+            elif s["role"] == "critic":
+                assert s["reward"] == c["r_f"] == 1.0
+            elif s["purpose"] == "plan":
+                assert s["reward"] == pytest.approx(0.5 * c["s_p"] + 0.5 * c["r_f"])
+            else:
+                assert s["reward"] == pytest.approx(0.2 * c["s_p_tilde"] + 0.6 * c["s_gt"] + 0.2 * c["r_f"])
+                assert c["s_p_tilde"] in (0.0, pytest.approx(7 / 9))
+        for role in ("challenger", "planner", "critic", "solver"):
+            adv = [s["advantage"] for s in scores if s["role"] == role]
+            assert sum(adv) == pytest.approx(0.0, abs=1e-6)
+        assert wh.scalar("SELECT count(*) FROM stage_runs WHERE run_id = 'scripted' AND status = 'done'") == 11
+
+
+def test_rerun_after_success_changes_no_row(one_iteration):
+    before = dump(one_iteration)
+    scripted_run.run(one_iteration)
+    assert dump(one_iteration) == before
+
+
+def test_stage_cli_reruns_one_stage(one_iteration):
+    before = dump(one_iteration)
+    cmd = [sys.executable, "-m", "flows.cli", "stage", "verify", "--run", "scripted", "--iteration", "1",
+           "--dir", str(one_iteration)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "already done" in r.stdout, r.stderr[-2000:]
+    r = subprocess.run(cmd + ["--force"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert dump(one_iteration) == before
+    with Warehouse.open(one_iteration / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT attempts FROM stage_runs WHERE stage = 'verify'") == 2
+    r = subprocess.run(cmd[:4] + ["nonsense"] + cmd[5:], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "unknown stage" in r.stderr
+
+
+def test_sigkill_mid_stage_then_rerun_equals_uninterrupted(prefect_api, one_iteration, tmp_path):
+    marker = tmp_path / "paused"
+    killed = tmp_path / "killed"
+    # calls: challenge 1-3, critique 4-6, probe 7-9; call 8 is the second probe batch: earlier stages and one probe batch are committed
+    p = subprocess.Popen([sys.executable, "-m", "tests.flows.scripted_run", str(killed), "--pause-at-call", "8",
+                          "--marker", str(marker)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    deadline = time.time() + 240
+    while not marker.exists() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), "the scripted run never reached the pause"
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait(30)
+    with Warehouse.open(killed / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT count(*) FROM rollouts WHERE purpose = 'probe'") == 4  # 2 probe units, 2 samples
+        assert wh.scalar("SELECT status FROM stage_runs WHERE stage = 'probe'") == "running"
+    r = subprocess.run([sys.executable, "-m", "tests.flows.scripted_run", str(killed)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert dump(killed) == dump(one_iteration)
+
+
+def test_garbage_output_never_fails_a_stage(prefect_api, tmp_path):
+    from flows import session
+    from flows.evolve import evolve_flow
+    from tests.scripted import ScriptedLLM
+
+    garbage = ["", "x" * 10_000, "<question><question>\u202e\ud800 \x00</answer>", "<answer>```python\ndef (:\n```",
+               "<score>11</score><score>", "\u0000" * 50 + "<plan></plan>", "🙂" * 500]
+    rid = scripted_run.prepare(tmp_path, "garbage")
+    session._ENGINES.setdefault(rid, {})["llm"] = ScriptedLLM(lambda req: garbage[req.seed % len(garbage)])
+    try:
+        evolve_flow(str(tmp_path), rid, 1)
+    finally:
+        session.close_all()
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT count(*) FROM stage_runs WHERE run_id = 'garbage' AND status = 'done'") == 11
+        assert wh.scalar("SELECT count(*) FROM questions WHERE origin = 'generated' AND admitted") == 0
+        assert wh.scalar("SELECT count(*) FROM scores WHERE run_id = 'garbage'") > 0
