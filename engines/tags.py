@@ -1,0 +1,505 @@
+"""Parsing of each role's output, the strict format reward, and each role's output regex.
+
+Two jobs, kept apart on purpose (SAGE.md, "Format reward"; DESIGN.md, "Structured output per role"):
+
+- `fields` is *lenient*: take what the model meant even when its tags are broken (last complete pair of a
+  tag, else an unclosed one, else a bare closing tag; the Critic's last integer 1..10 when `<score>` is
+  missing, as MAE does; the last fenced block or `\\boxed{}` when `<answer>` is missing).
+- `format_reward` is *strict*: 1.0 when exactly the role's required tags appear, each once, not nested,
+  balanced and non-empty (the Critic's must also hold an integer 1..10, since format is the Critic's whole
+  reward); 0.5 when they are balanced but repeated; 0.0 otherwise. An empty completion scores 0.5 [MAE].
+  Text outside the tags (reasoning) is allowed; another SAGE tag (say `<plan>` in a Solver answer) is not.
+
+Tags are `<name>` / `</name>` exactly, matched case-insensitively. Parsers never raise on model output:
+anything unexpected ends as a 0.0 format reward with the reason stored.
+
+`ROLE_REGEX` is the same format as a regular expression in the dialect shared by Python `re` and xgrammar,
+for constrained decoding. Every string it matches parses with format reward 1.0. Content may hold `<`
+except where it could start a SAGE tag (`<` followed by `/`, `<`, or the first letter of a tag name), and
+every part has a bounded length so the closing tag comes within a small token budget.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+TAG_NAMES = ("question", "answer", "signature", "solution", "inputs", "plan", "score")
+
+REQUIRED_TAGS: dict[str, tuple[str, ...]] = {
+    "challenger_math": ("question", "answer"),
+    "challenger_code": ("question", "signature", "solution", "inputs"),
+    "planner": ("plan",),
+    "critic": ("score",),
+    "solver_math": ("answer",),
+    "solver_code": ("answer",),
+}
+
+MAX_INPUTS = 64          # test inputs kept from one Challenger output
+MAX_INPUT_LINE = 4000    # characters; longer lines are recorded as errors, never parsed
+DOMAINS = ("math", "code")
+
+_TAG_RX = re.compile(r"<(/?)(" + "|".join(TAG_NAMES) + r")>", re.IGNORECASE | re.ASCII)
+_FENCE_RX = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*\r?\n(.*?)```", re.DOTALL)
+_FENCE_OPEN_RX = re.compile(r"```[ \t]*[A-Za-z0-9_+.-]*[ \t]*\r?\n")
+_DEF_RX = re.compile(r"\bdef\s+([A-Za-z_]\w*)\s*\(")
+_TOP_DEF_RX = re.compile(r"^(?:async\s+)?def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
+# An integer 1..10 that is not part of a decimal, nor the "10" of "8/10" or "8 out of 10".
+_CRITIC_INT_RX = re.compile(r"(?<!\d)(?<!\d\.)(?<!/)(?<!/ )(?<!out of )(10|[1-9])(?!\d|\.\d)")
+_NUMBER_RX = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
+_SCORE_CONTENT_RX = re.compile(r"\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?:/\s*10)?\s*")
+
+
+@dataclass
+class Parsed:
+    fields: dict[str, Any]
+    format_reward: float
+    reason: str | None = None       # why the format reward is not 1.0 ("missing <answer>", ...)
+
+
+# ---------------------------------------------------------------------------------------------- regexes
+# `<` is allowed in content unless it could open a SAGE tag or close any tag.
+_TAG_INITIALS = "".join(sorted({n[0] for n in TAG_NAMES}))
+_NOT_TAG = "</" + _TAG_INITIALS + _TAG_INITIALS.upper()
+_TEXT = rf"(?:[^<]|<[^{_NOT_TAG}])"
+_CODE = rf"(?:[^<`]|<[^{_NOT_TAG}`])"       # no backticks: the fence closes the block
+_FIRST = r"[!-;=-~]"                      # printable ASCII, not a space and not `<`: content is non-empty
+
+
+CHARS_PER_TOKEN = 3.0   # rough average over prose, code and tags; the budget keeps a fifth in reserve
+# Token budgets ROLE_REGEX is sized for; `role_regex(key, max_new_tokens)` sizes for any other budget.
+DEFAULT_TOKENS = {"challenger_math": 256, "challenger_code": 640, "planner": 256, "critic": 128,
+                  "solver_math": 256, "solver_code": 512}
+
+
+def _clamp(x: float, lo: int, hi: int) -> int:
+    return int(max(lo, min(hi, x)))
+
+
+def role_bounds(key: str, max_new_tokens: int | None = None,
+                chars_per_token: float = CHARS_PER_TOKEN) -> dict[str, int]:
+    """Most characters (content units) each free part of a role's output may take, so that the whole output,
+    tags included, fits in about 80% of `max_new_tokens` at `chars_per_token`."""
+    if key not in REQUIRED_TAGS:
+        raise ValueError(f"unknown role key {key!r}; expected one of {sorted(REQUIRED_TAGS)}")
+    chars = int((max_new_tokens or DEFAULT_TOKENS[key]) * chars_per_token * 0.8)
+    if key == "critic":
+        return {"reasoning": max(0, chars - 16)}
+    if key == "planner":
+        return {"plan": max(1, chars - 14)}
+    if key == "solver_math":
+        answer = _clamp(chars // 5, 8, 120)
+        return {"reasoning": max(0, chars - answer - 18), "answer": answer}
+    if key == "solver_code":
+        code = max(20, int((chars - 40) * 0.8))
+        return {"reasoning": max(0, chars - 40 - code), "code": code}
+    if key == "challenger_math":
+        answer = _clamp(chars // 6, 8, 80)
+        return {"question": max(10, chars - answer - 45), "answer": answer}
+    avail = chars - 170                   # tags, fences, `def `, name (<= 30) and return type (<= 30)
+    line = 40
+    return {"question": max(10, int(avail * 0.3)), "params": _clamp(avail * 0.08, 10, 150),
+            "code": max(20, int(avail * 0.44)), "input_line": line,
+            "input_lines": _clamp(avail * 0.18 // (line + 3), 1, 10)}
+
+
+def _text(n: int) -> str:
+    return f"{_FIRST}{_TEXT}{{0,{max(0, n - 1)}}}"
+
+
+def _py_block(n: int) -> str:
+    return rf"```python\n{_CODE}{{1,{n}}}```"
+
+
+def role_regex(key: str, max_new_tokens: int | None = None, chars_per_token: float = CHARS_PER_TOKEN) -> str:
+    """The role's output format as a regex (Python `re` and xgrammar dialect), sized for the token budget.
+    Lower `chars_per_token` for tokenizers with short tokens (the tests' tiny one averages about 1.4)."""
+    b = role_bounds(key, max_new_tokens, chars_per_token)
+    if key == "critic":
+        return rf"{_TEXT}{{0,{b['reasoning']}}}<score>(?:10|[1-9])</score>"
+    if key == "planner":
+        return rf"<plan>\n?{_text(b['plan'])}</plan>"
+    if key == "solver_math":
+        return rf"{_TEXT}{{0,{b['reasoning']}}}<answer>{_text(b['answer'])}</answer>"
+    if key == "solver_code":
+        return rf"{_TEXT}{{0,{b['reasoning']}}}<answer>\n{_py_block(b['code'])}\n</answer>"
+    if key == "challenger_math":
+        return rf"<question>{_text(b['question'])}</question>\n<answer>{_text(b['answer'])}</answer>"
+    return (rf"<question>{_text(b['question'])}</question>\n"
+            rf"<signature>def [A-Za-z_][A-Za-z0-9_]{{0,29}}\([^\n<()]{{0,{b['params']}}}\)"
+            r"(?: -> [^\n<:]{1,26})?</signature>\n"
+            rf"<solution>\n{_py_block(b['code'])}\n</solution>\n"
+            rf"<inputs>\n(?:\[[^\n<]{{0,{b['input_line'] - 2}}}\]\n){{1,{b['input_lines']}}}</inputs>")
+
+
+ROLE_REGEX: dict[str, str] = {key: role_regex(key) for key in REQUIRED_TAGS}
+
+
+def role_key(role: str, domain: str | None = None) -> str:
+    """The key of `ROLE_REGEX` / `REQUIRED_TAGS` for a role: challenger and solver depend on the domain."""
+    if role in ("challenger", "solver"):
+        if domain not in DOMAINS:
+            raise ValueError(f"role {role!r} needs domain 'math' or 'code', got {domain!r}")
+        return f"{role}_{domain}"
+    if role not in ("planner", "critic"):
+        raise ValueError(f"unknown role {role!r}; expected challenger, planner, critic or solver")
+    return role
+
+
+# ---------------------------------------------------------------------------------------------- tags
+@dataclass
+class _Tok:
+    start: int
+    end: int
+    close: bool
+    name: str
+
+
+def _tokens(text: str) -> list[_Tok]:
+    return [_Tok(m.start(), m.end(), bool(m.group(1)), m.group(2).lower()) for m in _TAG_RX.finditer(text)]
+
+
+def _extract(text: str, toks: list[_Tok], name: str) -> str | None:
+    """Lenient content of `name`: the last complete pair, else after the last opening tag up to the next
+    tag, else before a bare closing tag back to the previous tag. Stripped; None when the tag is absent."""
+    pair = last_open = last_close = None
+    for i, t in enumerate(toks):
+        if t.name != name:
+            continue
+        if not t.close:
+            last_open = i
+        else:
+            last_close = i
+            if last_open is not None and (pair is None or last_open > pair[0]):
+                pair = (last_open, i)
+    if pair is not None:
+        return text[toks[pair[0]].end:toks[pair[1]].start].strip()
+    if last_open is not None:
+        stop = toks[last_open + 1].start if last_open + 1 < len(toks) else len(text)
+        return text[toks[last_open].end:stop].strip()
+    if last_close is not None:
+        begin = toks[last_close - 1].end if last_close > 0 else 0
+        return text[begin:toks[last_close].start].strip()
+    return None
+
+
+def _format(text: str, toks: list[_Tok], required: tuple[str, ...]) -> tuple[float, list[str], dict[str, list[str]]]:
+    """Strict check: returns (reward, problems, contents of each complete pair by tag)."""
+    problems: list[str] = []
+    for name in required:
+        if not any(t.name == name for t in toks):
+            problems.append(f"missing <{name}>")
+    unexpected = sorted({t.name for t in toks if t.name not in required}, key=TAG_NAMES.index)
+    problems += [f"unexpected <{name}>" for name in unexpected]
+
+    pairs: dict[str, list[str]] = {name: [] for name in required}
+    current: _Tok | None = None
+    for t in toks:
+        if t.name not in required:
+            continue
+        if not t.close:
+            if current is not None:
+                problems.append(f"<{t.name}> inside <{current.name}>")
+            current = t
+        elif current is None:
+            problems.append(f"unbalanced </{t.name}> without <{t.name}>")
+        elif current.name != t.name:
+            problems.append(f"</{t.name}> closes <{current.name}>")
+            current = None
+        else:
+            pairs[t.name].append(text[current.end:t.start])
+            current = None
+    if current is not None:
+        problems.append(f"unclosed <{current.name}>")
+    if problems:
+        return 0.0, _dedup(problems), pairs
+
+    empty = [f"empty <{n}>" for n in required if any(not c.strip() for c in pairs[n])]
+    if empty:
+        return 0.0, empty, pairs
+    repeated = [f"repeated <{n}>" for n in required if len(pairs[n]) > 1]
+    if repeated:
+        return 0.5, repeated, pairs
+    return 1.0, [], pairs
+
+
+def _dedup(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _never_raises(empty_fields: Callable[..., dict[str, Any]]):
+    """Last line of defence: a parser bug on strange output becomes a 0.0 with the error as the reason.
+    A bad `domain` is the caller's bug and raises before any parsing."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(text: str, *domain: str) -> Parsed:
+            if domain:
+                _check_domain(domain[0])
+            if not isinstance(text, str):
+                text = "" if text is None else str(text)
+            try:
+                return fn(text, *domain)
+            except Exception as e:  # noqa: BLE001 - model output must never fail a stage
+                return Parsed(empty_fields(*domain), 0.0, f"parser error: {type(e).__name__}: {e}")
+        return inner
+    return wrap
+
+
+def _check_domain(domain: str) -> None:
+    if domain not in DOMAINS:
+        raise ValueError(f"domain must be 'math' or 'code', got {domain!r}")
+
+
+def _is_empty(text: str) -> bool:
+    return not text.strip()
+
+
+def _reason(problems: list[str]) -> str | None:
+    return "; ".join(problems) if problems else None
+
+
+# ---------------------------------------------------------------------------------------------- code
+def code_from(text: str | None, which: str = "last") -> str | None:
+    """Python source from `text`: the first/last fenced block, an unclosed fence's rest, else the text
+    itself with stray fence lines removed. None for None or blank."""
+    if text is None:
+        return None
+    blocks = [m.group(2) for m in _FENCE_RX.finditer(text)]
+    if blocks:
+        code = blocks[0] if which == "first" else blocks[-1]
+    else:
+        m = _FENCE_OPEN_RX.search(text)
+        code = text[m.end():] if m else text
+        code = code.replace("```", "")
+    code = code.strip("\n").rstrip()
+    return code if code.strip() else None
+
+
+def _last_fenced(text: str) -> str | None:
+    blocks = [m.group(2) for m in _FENCE_RX.finditer(text)]
+    if not blocks:
+        return None
+    code = blocks[-1].strip("\n").rstrip()
+    return code or None
+
+
+def _syntax_error(code: str | None) -> str | None:
+    if code is None:
+        return "no code"
+    try:
+        ast.parse(code)
+    except SyntaxError as e:
+        return f"SyntaxError: {e.msg} (line {e.lineno})"
+    except Exception as e:  # noqa: BLE001 - ValueError (null bytes), RecursionError, MemoryError
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def entry_point(signature: str | None, solution: str | None) -> str | None:
+    """Function name from the signature, else the solution's first top-level def."""
+    if signature:
+        m = _DEF_RX.search(signature)
+        if m:
+            return m.group(1)
+    if not solution:
+        return None
+    try:
+        for node in ast.parse(solution).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return node.name
+    except Exception:  # noqa: BLE001 - unparseable code: fall back to the text
+        pass
+    m = _TOP_DEF_RX.search(solution)
+    return m.group(1) if m else None
+
+
+def _json_value(s: str) -> Any:
+    """JSON, else a Python literal turned into JSON data (tuples become lists); raises when neither."""
+    try:
+        return json.loads(s)
+    except ValueError:
+        pass
+    value = ast.literal_eval(s)
+    return json.loads(json.dumps(value))
+
+
+def parse_inputs(content: str | None) -> tuple[list[list[Any]], list[str]]:
+    """Test inputs as lists of positional arguments, plus the errors of lines that did not parse.
+
+    Preferred form: one JSON array of arguments per line (`[1, 2]` is f(1, 2)). Also read: one JSON array
+    of such arrays spread over several lines, a bare value on a line (one argument), Python literals."""
+    if content is None:
+        return [], []
+    body = code_from(content, "first") or ""
+    lines = [ln.strip() for ln in body.splitlines() if ln.strip()]
+    if len(lines) > 1:
+        try:
+            whole = json.loads(body)
+        except ValueError:
+            whole = None
+        if isinstance(whole, list) and whole and all(isinstance(a, list) for a in whole):
+            if not all(_is_json_list(ln) for ln in lines):
+                lines = [json.dumps(a) for a in whole]
+    inputs: list[list[Any]] = []
+    errors: list[str] = []
+    for n, line in enumerate(lines, 1):
+        if len(inputs) >= MAX_INPUTS:
+            errors.append(f"more than {MAX_INPUTS} inputs; kept the first {MAX_INPUTS}")
+            break
+        if len(line) > MAX_INPUT_LINE:
+            errors.append(f"line {n}: longer than {MAX_INPUT_LINE} characters")
+            continue
+        try:
+            value = _json_value(line)
+        except Exception:  # noqa: BLE001 - not JSON nor a literal: try it as an argument list
+            try:
+                value = _json_value(f"[{line}]")
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"line {n}: not a JSON array ({type(e).__name__}): {line[:80]}")
+                continue
+        inputs.append(value if isinstance(value, list) else [value])
+    return inputs, errors
+
+
+def _is_json_list(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), list)
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- parsers
+def _challenger_empty(domain: str) -> dict[str, Any]:
+    if domain == "math":
+        return {"question": None, "answer": None}
+    return {"question": None, "signature": None, "solution": None, "entry_point": None, "inputs": [],
+            "input_errors": [], "syntax_error": "no code"}
+
+
+@_never_raises(_challenger_empty)
+def parse_challenger(text: str, domain: str) -> Parsed:
+    """Challenger: math -> question, answer; code -> question, signature, solution, entry_point, inputs
+    (plus input_errors and syntax_error, for the verifier's validity)."""
+    if _is_empty(text):
+        return Parsed(_challenger_empty(domain), 0.5, "empty completion")
+    toks = _tokens(text)
+    reward, problems, _ = _format(text, toks, REQUIRED_TAGS[f"challenger_{domain}"])
+    question = _extract(text, toks, "question") or None
+    if domain == "math":
+        return Parsed({"question": question, "answer": _extract(text, toks, "answer") or None},
+                      reward, _reason(problems))
+    signature = _extract(text, toks, "signature") or ""
+    signature = signature.replace("```python", "").replace("```", "").strip().rstrip(":").strip() or None
+    solution = code_from(_extract(text, toks, "solution"), "first")
+    inputs, input_errors = parse_inputs(_extract(text, toks, "inputs"))
+    return Parsed({"question": question, "signature": signature, "solution": solution,
+                   "entry_point": entry_point(signature, solution), "inputs": inputs,
+                   "input_errors": input_errors, "syntax_error": _syntax_error(solution)},
+                  reward, _reason(problems))
+
+
+@_never_raises(lambda: {"plan": None})
+def parse_planner(text: str) -> Parsed:
+    """Planner: plan = the text inside <plan>."""
+    if _is_empty(text):
+        return Parsed({"plan": None}, 0.5, "empty completion")
+    toks = _tokens(text)
+    reward, problems, _ = _format(text, toks, REQUIRED_TAGS["planner"])
+    return Parsed({"plan": _extract(text, toks, "plan") or None}, reward, _reason(problems))
+
+
+def normalise_score(value: float | int | None) -> float:
+    """SAGE.md: N in 1..10 -> (N - 1) / 9; a value already in [0, 1] is kept; anything else -> 0.5 [MAE]."""
+    if value is None:
+        return 0.5
+    if isinstance(value, int) and 1 <= value <= 10:
+        return (value - 1) / 9
+    if 0.0 <= value <= 1.0:
+        return float(value)
+    return 0.5
+
+
+def _read_score(content: str) -> tuple[int | None, float]:
+    m = _SCORE_CONTENT_RX.fullmatch(content)
+    token = m.group(1) if m else None
+    if token is None:
+        nums = _NUMBER_RX.findall(content)
+        token = nums[-1] if nums else None
+    if token is None:
+        return None, 0.5
+    try:
+        if "." not in token:
+            n = int(token)
+            return n, normalise_score(n)
+        x = float(token)
+    except (ValueError, OverflowError):
+        return None, 0.5
+    if 0.0 <= x <= 1.0:
+        return None, x
+    if x.is_integer() and 1 <= x <= 10:
+        return int(x), normalise_score(int(x))
+    return None, 0.5
+
+
+@_never_raises(lambda: {"raw": None, "score": 0.5})
+def parse_critic(text: str) -> Parsed:
+    """Critic: raw (the integer read, or None) and score (normalised, 0.5 when unreadable or out of
+    range). Reads <score>, else the last integer 1..10 in the text (as MAE does)."""
+    if _is_empty(text):
+        return Parsed({"raw": None, "score": 0.5}, 0.5, "empty completion")
+    toks = _tokens(text)
+    reward, problems, pairs = _format(text, toks, REQUIRED_TAGS["critic"])
+    content = _extract(text, toks, "score")
+    if content is not None:
+        raw, score = _read_score(content[:200])
+    else:
+        found = _CRITIC_INT_RX.findall(text)
+        raw = int(found[-1]) if found else None
+        score = normalise_score(raw)
+    if reward > 0 and not all(re.fullmatch(r"\s*(10|[1-9])\s*", c) for c in pairs["score"]):
+        reward, problems = 0.0, ["<score> is not an integer 1..10"]
+    return Parsed({"raw": raw, "score": score}, reward, _reason(problems))
+
+
+_BOXED = "\\boxed{"
+
+
+def last_boxed(text: str) -> str | None:
+    """The last `\\boxed{...}` with balanced braces, as written (None when there is none). One pass."""
+    stack: list[int] = []                  # start of each open brace: a \boxed start, or -1 for a plain brace
+    best = None
+    i = 0
+    while i < len(text):
+        if text.startswith(_BOXED, i):
+            stack.append(i)
+            i += len(_BOXED)
+            continue
+        c = text[i]
+        if c == "{":
+            stack.append(-1)
+        elif c == "}" and stack:
+            begin = stack.pop()
+            if begin >= 0 and (best is None or begin > best[0]):
+                best = (begin, i + 1)
+        i += 1
+    return text[best[0]:best[1]] if best else None
+
+
+@_never_raises(lambda domain: {"answer": None})
+def parse_solver(text: str, domain: str) -> Parsed:
+    """Solver: math -> the content of <answer> (any \\boxed{} kept; else the last \\boxed{} anywhere);
+    code -> Python source from the fenced block in <answer> (else the last fenced block anywhere)."""
+    if _is_empty(text):
+        return Parsed({"answer": None}, 0.5, "empty completion")
+    toks = _tokens(text)
+    reward, problems, _ = _format(text, toks, REQUIRED_TAGS[f"solver_{domain}"])
+    content = _extract(text, toks, "answer")
+    if domain == "math":
+        answer = content or last_boxed(text)
+    else:
+        answer = code_from(content, "last") if content else _last_fenced(text)
+    return Parsed({"answer": answer or None}, reward, _reason(problems))

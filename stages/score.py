@@ -1,0 +1,125 @@
+"""Score: every rollout's reward (SAGE.md, "Score" and "Roles") and its TRR++ advantage.
+
+The formulas are pure functions at the top of this module so they can be read against SAGE.md and tested
+on hand-computed values. Each reward function returns `(reward, components)`; the components are what the
+`scores` table stores as JSON, so a reward can always be explained from its row.
+
+The stage (`run`, at the bottom): reads every trainable rollout of the iteration (challenge, both critiques,
+plan, solve) with what its reward needs; writes one `scores` row each (reward, components, TRR++ group and
+advantage) in one transaction. Idempotency key: rollout id; a re-run computes the same values and inserts
+nothing new. Fails: a Challenger question that earns the difficulty term but was never probed raises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Iterable
+
+from configs.schema import RewardsConfig
+from stages.context import StageContext, StageReport
+from warehouse.queries import scoring_inputs
+
+
+def challenger_reward(s_q: float, r_d: float | None, r_f: float, valid: bool,
+                      alpha: float) -> tuple[float, dict[str, Any]]:
+    """r_c = (s_q + r_d + r_f) / 3 when s_q >= alpha and the verifier is valid, else (s_q + r_f) / 2
+    (quality suppression: a poor or unverifiable question earns nothing for being hard)."""
+    earns_difficulty = bool(valid) and s_q >= alpha
+    if earns_difficulty:
+        if r_d is None:
+            raise ValueError("challenger_reward: r_d (difficulty) is needed when s_q >= alpha and the "
+                             "verifier is valid; run the difficulty probe first")
+        reward = (s_q + r_d + r_f) / 3
+    else:
+        reward = (s_q + r_f) / 2
+    return reward, {"s_q": s_q, "r_d": r_d, "r_f": r_f, "valid": bool(valid), "alpha": alpha,
+                    "suppressed": not earns_difficulty}
+
+
+def planner_reward(s_p: float, r_f: float, w: RewardsConfig) -> tuple[float, dict[str, Any]]:
+    """r_p = w_critic * s_p + w_format * r_f (0.5 / 0.5 by default)."""
+    reward = w.planner_critic * s_p + w.planner_format * r_f
+    return reward, {"s_p": s_p, "r_f": r_f}
+
+
+def solver_reward(s_p_tilde: float, s_gt: float, r_f: float, w: RewardsConfig) -> tuple[float, dict[str, Any]]:
+    """r_s = w_plan * s~_p + w_gt * s_gt + w_format * r_f (0.2 / 0.6 / 0.2). s~_p is the plan's score when
+    the plan passed the gate and was shown, 0 when it was withheld (and for probe answers, which get none)."""
+    reward = w.solver_plan * s_p_tilde + w.solver_gt * s_gt + w.solver_format * r_f
+    return reward, {"s_p_tilde": s_p_tilde, "s_gt": s_gt, "r_f": r_f}
+
+
+def critic_reward(r_f: float) -> tuple[float, dict[str, Any]]:
+    """The Critic is rewarded for format only."""
+    return r_f, {"r_f": r_f}
+
+
+def gate(s_p: float, beta: float) -> bool:
+    """True when the Solver may see the plan: s_p >= beta."""
+    return s_p >= beta
+
+
+def difficulty(s_gt_values: Iterable[float]) -> float:
+    """r_d = 1 - mean(s_gt) over the difficulty-probe answers of one question."""
+    values = list(s_gt_values)
+    if not values:
+        raise ValueError("difficulty needs at least one probe verdict (s_gt); got none")
+    return 1.0 - sum(values) / len(values)
+
+
+def trr_group(role: str, domain: str | None, group_by: str) -> str:
+    """The TRR++ group of a rollout: its role, or role x domain when `rewards.group_by` is role_domain."""
+    if group_by == "role":
+        return role
+    if group_by == "role_domain":
+        return f"{role}/{domain}"
+    raise ValueError(f"group_by must be 'role' or 'role_domain', got {group_by!r}")
+
+
+def trr_advantages(rewards: list[float], groups: list[str], eps: float) -> list[float]:
+    """Task-Relative REINFORCE++: A = (r - mean_g) / (std_g + eps) inside each group (population std).
+
+    A group of one, or one whose rewards are all equal, gets 0.0 for every member (no signal to learn)."""
+    if len(rewards) != len(groups):
+        raise ValueError(f"trr_advantages: {len(rewards)} rewards but {len(groups)} groups; give one group "
+                         "label per reward")
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, g in enumerate(groups):
+        members[g].append(i)
+    advantages = [0.0] * len(rewards)
+    for idx in members.values():
+        values = [float(rewards[i]) for i in idx]
+        if len(values) < 2 or max(values) == min(values):
+            continue
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        for i, v in zip(idx, values):
+            advantages[i] = (v - mean) / (std + eps)
+    return advantages
+
+
+# ------------------------------------------------------------------------------------------ the stage
+def _reward(row: dict, ctx: StageContext) -> tuple[float, dict[str, Any]]:
+    w, r_f = ctx.cfg.rewards, float(row["format_reward"] or 0.0)
+    if row["purpose"] == "challenge":
+        return challenger_reward(float(row["s_q"] or 0.0), row["difficulty"], r_f, bool(row["verifier_valid"]),
+                                 ctx.cfg.iteration.alpha)
+    if row["role"] == "critic":
+        return critic_reward(r_f)
+    if row["purpose"] == "plan":
+        return planner_reward(float(row["plan_s_p"] if row["plan_s_p"] is not None else 0.0), r_f, w)
+    s_p_tilde = float(row["plan_s_p"]) if row["plan_passed"] else 0.0
+    return solver_reward(s_p_tilde, float(row["s_gt"] or 0.0), r_f, w)
+
+
+def run(ctx: StageContext) -> StageReport:
+    rows = scoring_inputs(ctx.wh, ctx.run_id, ctx.iteration)
+    scored = [_reward(r, ctx) for r in rows]
+    groups = [trr_group(r["role"], r["domain"], ctx.cfg.rewards.group_by) for r in rows]
+    advantages = trr_advantages([s[0] for s in scored], groups, ctx.cfg.rewards.eps)
+    out = [dict(rollout_id=r["rollout_id"], run_id=ctx.run_id, iteration=ctx.iteration, role=r["role"],
+                domain=r["domain"], reward=reward, components=components, group_key=g, advantage=a)
+           for r, (reward, components), g, a in zip(rows, scored, groups, advantages)]
+    added = ctx.wh.insert_batch("scores", out)
+    return StageReport("score", rows_in=len(rows), rows_out=added)

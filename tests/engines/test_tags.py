@@ -1,0 +1,346 @@
+"""Role output parsers, the strict format reward, and the per-role regexes (compiled with xgrammar)."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from engines.tags import (
+    REQUIRED_TAGS,
+    ROLE_REGEX,
+    Parsed,
+    entry_point,
+    last_boxed,
+    normalise_score,
+    parse_challenger,
+    parse_critic,
+    parse_inputs,
+    parse_planner,
+    parse_solver,
+    role_bounds,
+    role_key,
+    role_regex,
+)
+
+CODE_OK = """<question>Add two integers.</question>
+<signature>def add(a: int, b: int) -> int</signature>
+<solution>
+```python
+def add(a: int, b: int) -> int:
+    return a + b
+```
+</solution>
+<inputs>
+[1, 2]
+[-3, 4]
+</inputs>"""
+
+# key -> (parser, well-formed example)
+PARSERS = {
+    "challenger_math": lambda s: parse_challenger(s, "math"),
+    "challenger_code": lambda s: parse_challenger(s, "code"),
+    "planner": parse_planner,
+    "critic": parse_critic,
+    "solver_math": lambda s: parse_solver(s, "math"),
+    "solver_code": lambda s: parse_solver(s, "code"),
+}
+EXAMPLES = {
+    "challenger_math": "<question>What is 6 * 7?</question>\n<answer>42</answer>",
+    "challenger_code": CODE_OK,
+    "planner": "<plan>\n1. Multiply 6 by 7.\n2. Check: 42 / 7 = 6.</plan>",
+    "critic": "Clear and solvable, if easy; x<y holds. <score>7</score>",
+    "solver_math": "6 * 7 = 42, and 3 < 4. <answer>\\boxed{42}</answer>",
+    "solver_code": "Add them.\n<answer>\n```python\ndef add(a, b):\n    return a + b if a<3 else b\n```\n</answer>",
+}
+
+
+# ---------------------------------------------------------------------------------------------- well formed
+def test_challenger_math_well_formed():
+    p = parse_challenger(EXAMPLES["challenger_math"], "math")
+    assert p == Parsed({"question": "What is 6 * 7?", "answer": "42"}, 1.0, None)
+
+
+def test_challenger_code_well_formed():
+    p = parse_challenger(CODE_OK, "code")
+    assert p.format_reward == 1.0 and p.reason is None
+    assert p.fields["question"] == "Add two integers."
+    assert p.fields["signature"] == "def add(a: int, b: int) -> int"
+    assert p.fields["solution"] == "def add(a: int, b: int) -> int:\n    return a + b"
+    assert p.fields["entry_point"] == "add"
+    assert p.fields["inputs"] == [[1, 2], [-3, 4]]
+    assert p.fields["input_errors"] == [] and p.fields["syntax_error"] is None
+
+
+def test_planner_critic_solver_well_formed():
+    assert parse_planner(EXAMPLES["planner"]) == Parsed({"plan": "1. Multiply 6 by 7.\n2. Check: 42 / 7 = 6."}, 1.0)
+    assert parse_critic(EXAMPLES["critic"]) == Parsed({"raw": 7, "score": 6 / 9}, 1.0)
+    assert parse_solver(EXAMPLES["solver_math"], "math") == Parsed({"answer": "\\boxed{42}"}, 1.0)
+    p = parse_solver(EXAMPLES["solver_code"], "code")
+    assert p == Parsed({"answer": "def add(a, b):\n    return a + b if a<3 else b"}, 1.0)
+
+
+def test_tags_are_case_insensitive_ascii_only():
+    assert parse_solver("<ANSWER>5</Answer>", "math").format_reward == 1.0
+    # U+017F (long s) folds to "s" under Unicode case-insensitivity; it must not make a <score> tag.
+    assert parse_critic("<\u017fcore>3</score>").reason == "unbalanced </score> without <score>"
+
+
+# ---------------------------------------------------------------------------------------------- format reward
+@pytest.mark.parametrize("key", list(PARSERS))
+def test_empty_completion_scores_half(key):
+    for text in ("", "   \n\t "):
+        p = PARSERS[key](text)
+        assert p.format_reward == 0.5 and p.reason == "empty completion"
+    assert parse_critic("").fields == {"raw": None, "score": 0.5}
+
+
+@pytest.mark.parametrize("key", list(PARSERS))
+def test_missing_each_required_tag_scores_zero(key):
+    for tag in REQUIRED_TAGS[key]:
+        text = re.sub(rf"</?{tag}>", "", EXAMPLES[key])
+        p = PARSERS[key](text)
+        assert p.format_reward == 0.0 and p.reason == f"missing <{tag}>", (tag, p)
+
+
+@pytest.mark.parametrize("key", list(PARSERS))
+def test_repeated_balanced_tags_score_half(key):
+    tag = REQUIRED_TAGS[key][0]
+    m = re.search(rf"<{tag}>.*?</{tag}>", EXAMPLES[key], re.S)
+    text = EXAMPLES[key] + "\n" + m.group(0)
+    p = PARSERS[key](text)
+    assert p.format_reward == 0.5 and p.reason == f"repeated <{tag}>"
+
+
+@pytest.mark.parametrize("key", list(PARSERS))
+def test_empty_tag_content_scores_zero(key):
+    tag = REQUIRED_TAGS[key][-1]
+    text = re.sub(rf"<{tag}>.*?</{tag}>", f"<{tag}> \n </{tag}>", EXAMPLES[key], flags=re.S)
+    p = PARSERS[key](text)
+    assert p.format_reward == 0.0 and p.reason == f"empty <{tag}>"
+
+
+def test_unbalanced_nested_and_unexpected_tags_score_zero():
+    assert parse_solver("x <answer>42", "math").reason == "unclosed <answer>"
+    assert parse_solver("x <answer>42", "math").fields["answer"] == "42"        # lenient content
+    assert parse_solver("42</answer>", "math").fields["answer"] == "42"
+    p = parse_challenger("<question>Q<answer>1</answer></question>", "math")
+    assert p.format_reward == 0.0 and "<answer> inside <question>" in p.reason
+    p = parse_planner("<plan>1. do it</plan><answer>3</answer>")
+    assert (p.format_reward, p.reason, p.fields["plan"]) == (0.0, "unexpected <answer>", "1. do it")
+    assert parse_planner("<plan>a</plan></plan>").format_reward == 0.0
+
+
+def test_repeated_with_an_empty_copy_scores_zero():
+    assert parse_planner("<plan>1. a</plan><plan></plan>").format_reward == 0.0
+
+
+# ---------------------------------------------------------------------------------------------- critic
+@pytest.mark.parametrize("text,raw,score", [
+    ("<score>1</score>", 1, 0.0),
+    ("<score>10</score>", 10, 1.0),
+    ("<score> 4 </score>", 4, 3 / 9),
+    ("<score>0.25</score>", None, 0.25),           # already in [0, 1]: kept
+    ("<score>11</score>", 11, 0.5),                # out of range: neutral
+    ("<score>-3</score>", -3, 0.5),
+    ("<score>great</score>", None, 0.5),           # unparseable: neutral
+    ("I would say 3, no, 10.", 10, 1.0),           # no tag: the last integer 1..10 (MAE)
+    ("3, no: 8 out of 10.", 8, 7 / 9),             # ... not the "10" of "out of 10"
+    ("I rate it 5/10", 5, 4 / 9),
+    ("Maybe 8. Or 12, or 3.5.", 8, 7 / 9),
+    ("no number at all", None, 0.5),
+])
+def test_critic_scores(text, raw, score):
+    p = parse_critic(text)
+    assert p.fields["raw"] == raw and p.fields["score"] == pytest.approx(score)
+
+
+def test_critic_format_needs_an_integer_score():
+    assert parse_critic("<score>0.7</score>").format_reward == 0.0
+    assert parse_critic("<score>great</score>").reason == "<score> is not an integer 1..10"
+    p = parse_critic("<score>3</score> then <score>9</score>")
+    assert (p.format_reward, p.fields["raw"]) == (0.5, 9)
+
+
+def test_normalise_score():
+    assert [normalise_score(n) for n in (1, 10, 4)] == [0.0, 1.0, pytest.approx(1 / 3)]
+    assert normalise_score(0.3) == 0.3 and normalise_score(None) == 0.5 and normalise_score(12) == 0.5
+
+
+# ---------------------------------------------------------------------------------------------- solver / code
+def test_solver_math_lenient_boxed_and_nested_braces():
+    assert parse_solver("so \\boxed{\\frac{1}{2}} and", "math").fields["answer"] == "\\boxed{\\frac{1}{2}}"
+    assert last_boxed("\\boxed{1} then \\boxed{2") == "\\boxed{1}"
+    assert parse_solver("no answer here", "math").fields["answer"] is None
+
+
+def test_solver_code_fallbacks():
+    assert parse_solver("```python\ndef f():\n    return 1\n```", "code").fields["answer"] == "def f():\n    return 1"
+    assert parse_solver("<answer>def f(): return 2</answer>", "code").fields["answer"] == "def f(): return 2"
+    assert parse_solver("<answer>\n```python\ndef f(): return 3", "code").fields["answer"] == "def f(): return 3"
+    assert parse_solver("just words", "code").fields["answer"] is None
+
+
+def test_code_that_does_not_parse_is_kept_and_flagged():
+    text = CODE_OK.replace("return a + b", "return a +* (b")
+    p = parse_challenger(text, "code")
+    assert p.format_reward == 1.0 and p.fields["syntax_error"].startswith("SyntaxError")
+    assert p.fields["entry_point"] == "add" and "a +* (b" in p.fields["solution"]
+    assert parse_solver("<answer>```python\ndef (((:\n```</answer>", "code").fields["answer"] == "def (((:"
+
+
+def test_entry_point_and_inputs():
+    assert entry_point(None, "import os\nx = 1\ndef first(a):\n    pass\ndef second(): pass") == "first"
+    assert entry_point(None, "def broken(:\n  pass") == "broken"
+    assert entry_point("add(a, b)", None) is None
+    inputs, errors = parse_inputs("[1, 2]\nnot json\n[\"a\", [3]]\n5\n(1, 'x')")
+    assert inputs == [[1, 2], ["a", [3]], [5], [1, "x"]]
+    assert len(errors) == 1 and errors[0].startswith("line 2")
+    assert parse_inputs("[[1, 2],\n [3, 4]]") == ([[1, 2], [3, 4]], [])     # one array of arrays
+    assert parse_inputs("```json\n[1]\n[2]\n```") == ([[1], [2]], [])
+    assert parse_inputs(None) == ([], [])
+    many, errors = parse_inputs("\n".join("[1]" for _ in range(100)))
+    assert len(many) == 64 and errors
+
+
+def test_domain_is_checked():
+    with pytest.raises(ValueError, match="domain"):
+        parse_solver("x", "poetry")
+    assert role_key("solver", "code") == "solver_code" and role_key("critic") == "critic"
+    with pytest.raises(ValueError):
+        role_key("challenger")
+
+
+# ---------------------------------------------------------------------------------------------- garbage
+def _garbage(rng: random.Random) -> list[str]:
+    odd = "\u0000\u200b\u202e\ufeff\U0001F600\ud800\u00e9\u4e2d\u0301\r\n\t`\\{}[]<>/"
+    tags = [f"<{c}{t}>" for t in ("question", "answer", "signature", "solution", "inputs", "plan", "score")
+            for c in ("", "/")]
+    soup = "".join(rng.choice(tags + ["```python\n", "```", "7", " x ", "def f(:"]) for _ in range(2000))
+    return [
+        "a" * 10_000,
+        "".join(rng.choice(odd) for _ in range(10_000)),
+        "".join(chr(rng.randrange(0x20, 0x10FFFF)) for _ in range(10_000)).encode("utf-8", "replace").decode(),
+        soup,
+        "<answer>" * 3000 + "</answer>" * 2000,
+        "[" * 5000 + "]" * 10,
+        "<inputs>\n" + "[" * 3000 + "\n" + "(" * 3000 + "\n</inputs>",
+        "<solution>\n```python\n" + "(" * 5000 + "\n```\n</solution>",
+        "\\boxed{" * 3000,
+    ]
+
+
+def test_garbage_never_raises():
+    rng = random.Random(0)
+    for text in _garbage(rng):
+        for key, parse in PARSERS.items():
+            p = parse(text)
+            assert p.format_reward in (0.0, 0.5, 1.0), key
+            assert (p.format_reward == 1.0) == (p.reason is None), (key, p.reason)
+            assert set(p.fields) == set(PARSERS[key]("").fields), key
+    assert parse_critic("a" * 10_000).fields["score"] == 0.5
+
+
+def test_garbage_gives_zero_with_reason():
+    p = parse_challenger("\U0001F600" * 5000, "code")
+    assert p.format_reward == 0.0 and p.reason.startswith("missing <question>")
+    assert p.fields["inputs"] == [] and p.fields["entry_point"] is None
+
+
+# ---------------------------------------------------------------------------------------------- regexes
+_POOL = list("abcxyzABC0123456789 .,;:!?+-*/=()[]{}'\"\\_^%$#@&|~\n\t") + ["\u00e9", "\u4e2d", "\u2211",
+                                                                              "\U0001F600", "<=", "< ", "<3",
+                                                                              "<b", "<x", ">"]
+_CODE_POOL = [c for c in _POOL if c != "`"] + [" ", "\n"]
+
+
+def _chunk(rng, n, pool=_POOL, first=True):
+    """Up to n units of content from pool; a non-space printable-ASCII first character when `first`."""
+    k = rng.randint(0, n - 1 if first else n)
+    head = rng.choice("abcXYZ0123(+-*") if first else ""
+    return head + "".join(rng.choice(pool) for _ in range(k))
+
+
+def _example(key: str, rng: random.Random, budget: int | None = None, fill: bool = False) -> str:
+    b = role_bounds(key, budget)
+    chunk = (lambda n, **kw: "a" * n) if fill else (lambda n, **kw: _chunk(rng, n, **kw))
+    if key == "critic":
+        return chunk(b["reasoning"], first=False) + f"<score>{rng.randint(1, 10)}</score>"
+    if key == "planner":
+        return "<plan>\n" + chunk(b["plan"]) + "</plan>"
+    if key == "solver_math":
+        return chunk(b["reasoning"], first=False) + "<answer>" + chunk(b["answer"]) + "</answer>"
+    if key == "solver_code":
+        code = chunk(b["code"], pool=_CODE_POOL)
+        return chunk(b["reasoning"], first=False) + "<answer>\n```python\n" + code + "```\n</answer>"
+    if key == "challenger_math":
+        return "<question>" + chunk(b["question"]) + "</question>\n<answer>" + chunk(b["answer"]) + "</answer>"
+    lines = "".join("[" + str(rng.randint(-9, 99)) + ", \"s\"]\n" for _ in range(rng.randint(1, b["input_lines"])))
+    code = chunk(b["code"], pool=_CODE_POOL)
+    params = "a: int, b: list[int]"[:b["params"]] if fill else rng.choice(["", "x", "a: int, b: list[int]"])
+    params = params if len(params) <= b["params"] else "x"
+    return ("<question>" + chunk(b["question"]) + "</question>\n"
+            "<signature>def f_1(" + params + ") -> dict[str, int]</signature>\n"
+            "<solution>\n```python\n" + code + "```\n</solution>\n<inputs>\n" + lines + "</inputs>")
+
+
+@pytest.mark.parametrize("key", list(ROLE_REGEX))
+def test_strings_matching_role_regex_parse_with_full_format_reward(key):
+    rng = random.Random(key)
+    samples = [(None, EXAMPLES[key]), (None, _example(key, rng, fill=True))]
+    samples += [(budget, _example(key, rng, budget)) for budget in (None, 64, 96, 192, 1024) for _ in range(40)]
+    for budget, s in samples:
+        assert re.fullmatch(role_regex(key, budget), s), (key, budget, s)
+        p = PARSERS[key](s)
+        assert p.format_reward == 1.0 and p.reason is None, (key, p.reason, s)
+
+
+@pytest.mark.parametrize("key", list(ROLE_REGEX))
+@pytest.mark.parametrize("budget", [None, 64, 96, 192, 1024])
+def test_role_regex_is_bounded_by_the_token_budget(key, budget):
+    rng = random.Random(0)
+    longest = _example(key, rng, budget, fill=True)
+    rx = re.compile(role_regex(key, budget))
+    assert rx.fullmatch(longest)
+    assert not rx.fullmatch(longest.replace("a", "aa", 1))   # one more character is too many
+    if budget and budget >= 96:
+        assert len(longest) <= budget * 3                    # about CHARS_PER_TOKEN characters per token
+    for _ in range(30):
+        s = _example(key, rng, budget)
+        assert rx.fullmatch(s) and PARSERS[key](s).format_reward == 1.0
+
+
+@pytest.fixture(scope="module")
+def xgr_compiler():
+    xgr = pytest.importorskip("xgrammar")
+    from tests.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    return xgr, xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok)))
+
+
+def _accepts(xgr, compiled, s: str) -> bool:
+    m = xgr.GrammarMatcher(compiled)
+    return m.accept_string(s) and m.is_completed()
+
+
+@pytest.mark.parametrize("key", list(ROLE_REGEX))
+def test_role_regex_compiles_in_xgrammar_and_agrees_with_re(key, xgr_compiler):
+    xgr, compiler = xgr_compiler
+    compiled = compiler.compile_regex(ROLE_REGEX[key])
+    rng = random.Random(1)
+    for s in [EXAMPLES[key], _example(key, rng, fill=True)] + [_example(key, rng) for _ in range(15)]:
+        assert _accepts(xgr, compiled, s), (key, s)
+    bad = [EXAMPLES[key][:-3], EXAMPLES[key] + "x", "", "<score>11</score>", "hello"]
+    for s in bad:
+        assert not _accepts(xgr, compiled, s) and not re.fullmatch(ROLE_REGEX[key], s), (key, s)
+    tight = compiler.compile_regex(role_regex(key, 96))
+    assert _accepts(xgr, tight, _example(key, rng, 96, fill=True))
+
+
+def test_regex_content_cannot_open_a_tag():
+    rx = re.compile(ROLE_REGEX["solver_math"])
+    assert not rx.fullmatch("<plan>x</plan><answer>1</answer>")
+    assert not rx.fullmatch("a <Score> <answer>1</answer>")
+    assert rx.fullmatch("a <b and a<=3 <answer>1</answer>")
