@@ -137,7 +137,7 @@ class SandboxConfig(_Section):
     max_output_bytes: int = Field(1_000_000, ge=1024, description="Most bytes read from the child's "
                                   "stdout/stderr/result pipes.")
     max_procs: int = Field(32, ge=1, description="RLIMIT_NPROC inside the sandbox.")
-    workers: int = Field(0, ge=0, description="Parallel executions; 0 = number of CPU cores.")
+    workers: int = Field(0, ge=0, description="Parallel executions; 0 = twice the number of CPU cores.")
 
 
 class MathCheckConfig(_Section):

@@ -131,7 +131,9 @@ INPUTS_ENTRY = "_sage_make_inputs"
 
 def input_generator_job_code(generator_source: str, params: list[str]) -> str:
     """Source that, called as `_sage_make_inputs(seed, k)`, returns k positional-argument lists."""
-    return (f"{generator_source}\n\n"
+    # codeio generators are written against `from random import Random` and a few common modules
+    return ("import math\nimport random\nimport string\nfrom random import Random\n\n"
+            f"{generator_source}\n\n"
             f"def {INPUTS_ENTRY}(seed, k):\n"
             f"    import random\n"
             f"    out = []\n"

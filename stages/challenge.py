@@ -17,6 +17,7 @@ import random
 
 from stages.context import StageContext, StageReport
 from stages.rollouts import Unit, generate
+from stages.seed import storable
 from warehouse import content_id, norm_hash
 from warehouse.queries import existing_ids, pool_questions, questions_by_id, rollouts_for
 
@@ -40,8 +41,9 @@ def _check_math(ctx: StageContext, items: list[dict]) -> None:
 
 
 def _check_code(ctx: StageContext, items: list[dict]) -> None:
-    """Run each code question's reference solution twice; set verifier outputs or the error."""
-    from engines.sandbox import Job, outputs_equal
+    """Run each code question's reference solution twice in the sandbox; agreeing, error-free outputs that
+    survive storage as JSON become the expected outputs."""
+    from engines.sandbox import Job, reference_outputs
 
     runnable = [it for it in items if it["fields"].get("solution") and it["fields"].get("inputs")]
     for it in items:
@@ -49,18 +51,11 @@ def _check_code(ctx: StageContext, items: list[dict]) -> None:
             it["valid"], it["error"] = False, "no reference solution or no test inputs"
     jobs = [Job(it["fields"]["solution"], it["fields"].get("entry_point") or "", it["fields"]["inputs"])
             for it in runnable]
-    results = ctx.sandbox.execute(jobs + jobs)
-    for it, a, b in zip(runnable, results[:len(jobs)], results[len(jobs):]):
-        errors = [e for e in a.errors + b.errors if e]
-        if errors:
-            it["valid"], it["error"] = False, f"reference solution failed: {errors[0]}"[:500]
-        elif not outputs_equal(a.outputs, b.outputs):
-            it["valid"], it["error"] = False, "reference solution is nondeterministic"
-        else:
-            stored = json.loads(json.dumps(a.outputs, default=repr))
-            ok = outputs_equal(a.outputs, stored)
-            it["valid"], it["error"] = ok, None if ok else "outputs are not JSON-storable"
-            it["outputs"] = stored
+    for it, outputs in zip(runnable, reference_outputs(ctx.sandbox, jobs)):
+        stored = storable(outputs)
+        it["valid"], it["outputs"] = stored is not None, stored
+        it["error"] = None if stored is not None else (
+            "reference solution failed or was nondeterministic" if outputs is None else "outputs are not JSON-storable")
 
 
 def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:

