@@ -1,0 +1,92 @@
+"""Where an iteration's wall time goes: model calls and the sandbox versus everything else.
+
+    .venv/bin/python -m bench.iteration [--model tiny|smollm2] [--set section.field=value ...]
+
+Runs one full iteration (seeds, every stage, training) through the real flow, timing each engine call
+(generation, code sandbox, math checks, the train stage) with a thin proxy. "Glue" is the rest: Prefect,
+DuckDB, parsing, Python. Prints the split and the glue share of wall time (goal: 5% or less with SmolLM2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+
+class Timed:
+    """Delegates to an engine, adding the seconds spent in the named methods to `totals[label]`."""
+
+    def __init__(self, engine, label: str, methods: tuple[str, ...], totals: dict[str, float]):
+        self._engine, self._label, self._methods, self._totals = engine, label, methods, totals
+
+    def __getattr__(self, name):
+        attr = getattr(self._engine, name)
+        if name not in self._methods:
+            return attr
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self._totals[self._label] = self._totals.get(self._label, 0.0) + time.perf_counter() - start
+        return timed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    args = ap.parse_args()
+
+    from configs import load_config
+    from engines.llm import load_llm
+    from engines.mathcheck import MathChecker
+    from engines.sandbox import Sandbox
+    from flows import session
+    from flows.evolve import evolve_flow
+    from flows.record import run_recorded
+    from stages import seed as seed_stage
+    from tests.tiny import build_tiny_model
+    from warehouse.queries import stage_states
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        overrides = [f"run.dir={tmp / 'run'}", "seeds.n_math=40", "seeds.n_code=40", "validate.n_math=4",
+                     "validate.n_code=4"]
+        if args.model == "tiny":
+            overrides.append(f"model.name={build_tiny_model(tmp / 'tiny')}")
+        cfg = load_config("cpu", overrides + args.overrides)
+        run_id = session.create_run(cfg, "bench")
+        totals: dict[str, float] = {}
+        start = time.perf_counter()
+        engines = session._ENGINES.setdefault(run_id, {})
+        engines["llm"] = Timed(load_llm(cfg.model), "generation", ("generate",), totals)
+        load_s = time.perf_counter() - start
+        engines["sandbox"] = Timed(Sandbox(cfg.sandbox), "sandbox", ("execute",), totals)
+        engines["mathcheck"] = Timed(MathChecker(cfg.mathcheck), "math checks", ("check_many",), totals)
+        wh = session.warehouse(cfg.run.dir)
+        ctx = session.context(cfg.run.dir, run_id, 0)
+        run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)  # not timed
+        totals.clear()
+        start = time.perf_counter()
+        evolve_flow(str(cfg.run.dir), run_id, 1)
+        wall = time.perf_counter() - start
+        stages = {r["stage"]: r["seconds"] for r in stage_states(wh, run_id)}
+        totals["training (train stage)"] = stages.get("train", 0.0)
+        session.close_all()
+
+    print(f"\none iteration, model {args.model} (load {load_s:.1f} s, not counted)")
+    print(f"{'part':<28}{'seconds':>10}{'share':>9}")
+    for label, secs in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"{label:<28}{secs:>10.2f}{secs / wall:>9.1%}")
+    glue = wall - sum(totals.values())
+    print(f"{'glue (Prefect, DuckDB, Python)':<28}{glue:>10.2f}{glue / wall:>9.1%}")
+    print(f"{'wall':<28}{wall:>10.2f}{1:>9.1%}")
+    print("\nper stage (s): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
+
+
+if __name__ == "__main__":
+    main()

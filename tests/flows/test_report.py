@@ -1,0 +1,136 @@
+"""`write_report` and `report_artifacts` on a warehouse built by hand: three iterations with known numbers,
+every PNG written and readable, the HTML showing each plot and the views' numbers; empty plots skipped."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+from matplotlib.image import imread
+
+from flows.report import PLOTS, artifact_key, report_artifacts, write_report
+from warehouse import Warehouse
+
+RUN = "run-A1"
+# iteration -> generated questions: (admitted, rejection reason, s_q, difficulty)
+GENERATED = {
+    1: [(True, None, 0.8, 0.5), (False, "low_quality", 0.2, 0.9)],                   # mean s_q .5, diff .7
+    2: [(True, None, 0.9, 0.25), (True, None, 0.7, 0.5), (False, "invalid_verifier", 0.6, None),
+        (False, "duplicate", 0.3, 0.75)],                                              # mean s_q .625, diff .5
+    3: [(False, "duplicate", 0.4, 0.1), (False, "low_quality", 0.1, 0.2)],            # mean s_q .25, diff .15
+}
+REWARDS = {  # (iteration, role) -> rewards of its rollouts
+    (1, "solver"): [0.25, 0.75], (2, "solver"): [1.0, 0.5], (3, "solver"): [0.75, 0.875],   # .5 .75 .8125
+    (1, "challenger"): [0.3], (2, "challenger"): [0.4375], (3, "challenger"): [0.6],
+}
+PLANS = {1: [True, True, False], 2: [True, False, False, False], 3: [True, True]}    # 2/3, 1/4, 2/2
+VALIDATION = {1: (0.3125, 0.25, 0.375, False), 2: (0.5625, 0.5, 0.625, True), 3: (0.4375, 0.375, 0.5, False)}
+
+
+def build(wh: Warehouse, run_id: str = RUN, iterations=(1, 2, 3), full: bool = True) -> None:
+    wh.insert_batch("runs", [{"run_id": run_id, "config": {"profile": "test"}, "config_hash": "h",
+                              "base_model": "tiny", "seed": 7}])
+    wh.insert_batch("iterations", [{"run_id": run_id, "iteration": k, "status": "done"} for k in iterations])
+    wh.insert_batch("questions", [{"question_id": f"seed{i}", "origin": "seed", "domain": "math", "text": f"seed {i}",
+                                   "verifier": {"answer": str(i)}, "norm_hash": f"s{i}"} for i in range(4)])
+    if not full:
+        return
+    questions, rollouts, scores, plans, checkpoints = [], [], [], [], []
+    for k, rows in GENERATED.items():
+        for j, (admitted, reason, s_q, diff) in enumerate(rows):
+            questions.append({"question_id": f"{run_id}-q{k}{j}", "origin": "generated", "domain": "code" if j else "math",
+                              "text": f"question {k}.{j}", "verifier": {"answer": "1"}, "norm_hash": f"{run_id}{k}{j}",
+                              "run_id": run_id, "iteration": k, "s_q": s_q, "difficulty": diff,
+                              "admitted": admitted, "admitted_iteration": k if admitted else None,
+                              "rejection_reason": reason})
+    for (k, role), rewards in REWARDS.items():
+        for j, reward in enumerate(rewards):
+            rid = f"{run_id}-r{k}{role}{j}"
+            rollouts.append({"rollout_id": rid, "run_id": run_id, "iteration": k, "stage": "score", "role": role,
+                             "purpose": "solve", "question_id": "seed0", "template": "v1", "prompt_text": "p",
+                             "completion_text": "c", "prompt_ids": [1, 2], "completion_ids": [3], "sample_index": j,
+                             "seed": j, "format_reward": 1.0})
+            scores.append({"rollout_id": rid, "run_id": run_id, "iteration": k, "role": role, "reward": reward,
+                           "components": {"s_gt": reward}, "group_key": f"{k}{role}", "advantage": 0.0})
+    for k, passed in PLANS.items():
+        plans += [{"plan_id": f"{run_id}-p{k}{j}", "run_id": run_id, "iteration": k, "question_id": "seed0",
+                   "s_p": 0.9 if ok else 0.1, "passed": ok} for j, ok in enumerate(passed)]
+    for k, (acc, vm, vc, best) in VALIDATION.items():
+        checkpoints.append({"run_id": run_id, "iteration": k, "adapter_path": f"/adapters/{k}", "val_accuracy": acc,
+                            "val_math": vm, "val_code": vc, "is_best": best})
+    for table, rows in [("questions", questions), ("rollouts", rollouts), ("scores", scores), ("plans", plans),
+                        ("checkpoints", checkpoints)]:
+        assert wh.insert_batch(table, rows) == len(rows)
+
+
+@pytest.fixture
+def wh(tmp_path):
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        build(wh)
+        yield wh
+
+
+def cells(page: str, table: str) -> list[list[str]]:
+    """Rows of cell texts of the HTML table under the <h2> named `table`."""
+    section = page.split(f"<h2>{table}</h2>", 1)[1].split("</table>", 1)[0]
+    return [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", section) if "<td>" in row]
+
+
+def test_write_report_plots_and_tables(wh, tmp_path):
+    index = write_report(wh, RUN, tmp_path / "report")
+    assert index == tmp_path / "report" / "index.html"
+    page = index.read_text(encoding="utf-8")
+    for stem, *_ in PLOTS:
+        png = tmp_path / "report" / f"{stem}.png"
+        image = imread(png)
+        assert image.shape[0] >= 300 and image.shape[1] >= 500 and image.std() > 0.01  # not a blank canvas
+        assert f'src="{stem}.png"' in page
+    assert "skipped" not in page
+
+    drift = cells(page, "curriculum_drift")  # iteration, pool_size, generated, admitted, rejected, by reason, ...
+    assert [r[:8] for r in drift] == [["1", "5", "2", "1", "1", "1", "0", "0"],
+                                      ["2", "7", "4", "2", "2", "0", "1", "1"],
+                                      ["3", "7", "2", "0", "2", "1", "0", "1"]]
+    assert [r[8:10] for r in drift] == [["0.5", "0.7"], ["0.625", "0.5"], ["0.25", "0.15"]]  # mean s_q, difficulty
+    rewards = {(r[0], r[1]): r[3] for r in cells(page, "role_rewards")}  # iteration, role, rollouts, mean_reward
+    assert rewards == {("1", "challenger"): "0.3", ("1", "solver"): "0.5", ("2", "challenger"): "0.4375",
+                       ("2", "solver"): "0.75", ("3", "challenger"): "0.6", ("3", "solver"): "0.8125"}
+    gate = cells(page, "gate_stats")  # iteration, plans, passed, withheld, pass_rate, mean_s_p
+    assert [r[:5] for r in gate] == [["1", "3", "2", "1", "0.6667"], ["2", "4", "1", "3", "0.25"],
+                                     ["3", "2", "2", "0", "1"]]
+    val = cells(page, "validation_curve")  # iteration, val_accuracy, val_math, val_code, is_best, adapter
+    assert [r[:5] for r in val] == [["1", "0.3125", "0.25", "0.375", "no"], ["2", "0.5625", "0.5", "0.625", "yes"],
+                                    ["3", "0.4375", "0.375", "0.5", "no"]]
+    assert "tiny" in page and RUN in page
+
+
+def test_empty_plots_are_skipped_with_a_note(tmp_path):
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        build(wh, "bare", iterations=(1,), full=False)
+        out = tmp_path / "bare"
+        out.mkdir()
+        (out / "validation.png").write_bytes(b"stale")
+        page = write_report(wh, "bare", out).read_text(encoding="utf-8")
+    assert imread(out / "pool_size.png").shape[0] >= 300  # one iteration, 4 seeds: still a pool
+    for stem in ("admission", "quality", "role_rewards", "gate", "validation"):
+        assert not (out / f"{stem}.png").exists() and f'src="{stem}.png"' not in page
+    assert page.count("skipped:") == 5 and "no validated checkpoints" in page
+    assert cells(page, "curriculum_drift")[0][:2] == ["1", "4"]
+
+
+def test_unknown_run(wh, tmp_path):
+    with pytest.raises(ValueError, match="no run 'nope'"):
+        write_report(wh, "nope", tmp_path)
+
+
+def test_report_artifacts(wh):
+    arts = dict(report_artifacts(wh, RUN))
+    keys = [artifact_key(RUN, n) for n in ("curriculum_drift", "role_rewards", "gate_stats", "validation_curve", "plots")]
+    assert list(arts) == keys and keys[0] == "sage-run-a1-curriculum-drift"
+    assert all(re.fullmatch(r"[a-z0-9-]+", k) for k in keys)
+    assert "| 2 | 7 | 4 | 2 | 2 | 0 | 1 | 1 | 0.625 | 0.5 |" in arts[keys[0]]
+    assert "0.8125" in arts[keys[1]] and "0.6667" in arts[keys[2]] and "0.5625" in arts[keys[3]]
+    uris = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", arts[keys[4]])
+    assert len(uris) == len(PLOTS) and all(base64.b64decode(u).startswith(b"\x89PNG") for u in uris)
+    assert [k for k, _ in report_artifacts(wh, RUN, images=False)] == keys[:4]
