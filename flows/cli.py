@@ -210,6 +210,23 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
     console.print(f"{name}: already done (use --force to redo)" if result is None else f"{name}: {result}")
 
 
+@app.command()
+def report(run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage status`).")],
+           directory: DirOpt = Path("./sage-runs"),
+           out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: <dir>/reports/<run>).")] = None) -> None:
+    """Write PNG plots and an HTML page of a run's curriculum, rewards, gate and validation curve."""
+    from flows.report import write_report
+
+    wh = _open(warehouse_path(directory), read_only=True)
+    try:
+        html = write_report(wh, run_id, out or Path(directory) / "reports" / run_id)
+    except ValueError as e:
+        _fail(str(e))
+    finally:
+        wh.close()
+    console.print(f"report: {html}")
+
+
 @app.command("config")
 def show_config(config: ConfigOpt = "cpu", set_: SetOpt = None,
                 schema: Annotated[bool, typer.Option("--schema", help="List every field with its help text.")] = False) -> None:

@@ -28,7 +28,7 @@ from warehouse.db import Warehouse
 from warehouse.report_queries import report_tables, run_summary
 
 Tables = dict[str, list[dict]]
-REJECTION_REASONS = ("low_quality", "invalid_verifier", "duplicate")
+REJECTION_REASONS = ("low_quality", "invalid_verifier", "duplicate", "unparseable")
 
 
 def _figure(title: str) -> tuple[Figure, object]:

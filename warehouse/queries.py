@@ -211,12 +211,9 @@ def iteration_summary(wh: Warehouse, run_id: str, iteration: int) -> dict[str, l
     return {
         "questions": wh.rows("""
             SELECT generated, admitted, rejected, rejected_low_quality, rejected_invalid_verifier,
-                   rejected_duplicate, count_unparseable AS rejected_unparseable, pool_size,
+                   rejected_duplicate, rejected_unparseable, pool_size,
                    round(mean_s_q, 3) AS mean_s_q, round(mean_difficulty, 3) AS mean_difficulty
-            FROM curriculum_drift d,
-                 (SELECT count(*) AS count_unparseable FROM questions
-                  WHERE run_id = ? AND iteration = ? AND rejection_reason = 'unparseable')
-            WHERE d.run_id = ? AND d.iteration = ?""", p + p),
+            FROM curriculum_drift WHERE run_id = ? AND iteration = ?""", p),
         "plans": wh.rows("SELECT plans, passed, withheld, round(mean_s_p, 3) AS mean_s_p FROM gate_stats "
                          "WHERE run_id = ? AND iteration = ?", p),
         "solver": wh.rows("""

@@ -16,6 +16,7 @@ WITH gen AS (
            count(*) FILTER (WHERE rejection_reason = 'low_quality')      AS rejected_low_quality,
            count(*) FILTER (WHERE rejection_reason = 'invalid_verifier') AS rejected_invalid_verifier,
            count(*) FILTER (WHERE rejection_reason = 'duplicate')        AS rejected_duplicate,
+           count(*) FILTER (WHERE rejection_reason = 'unparseable')      AS rejected_unparseable,
            avg(s_q)                                              AS mean_s_q,
            avg(difficulty)                                       AS mean_difficulty,
            avg(CASE WHEN domain = 'code' THEN 1.0 ELSE 0.0 END) FILTER (WHERE admitted) AS admitted_code_share,
@@ -34,7 +35,8 @@ SELECT i.run_id, i.iteration,
        coalesce(g.rejected_low_quality, 0) AS rejected_low_quality,
        coalesce(g.rejected_invalid_verifier, 0) AS rejected_invalid_verifier,
        coalesce(g.rejected_duplicate, 0) AS rejected_duplicate,
-       g.mean_s_q, g.mean_difficulty, g.admitted_code_share, g.mean_question_chars, g.mean_admitted_chars
+       g.mean_s_q, g.mean_difficulty, g.admitted_code_share, g.mean_question_chars, g.mean_admitted_chars,
+       coalesce(g.rejected_unparseable, 0) AS rejected_unparseable
 FROM iterations i LEFT JOIN gen g USING (run_id, iteration);
 
 CREATE VIEW role_rewards AS
