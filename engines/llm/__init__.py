@@ -1,0 +1,27 @@
+"""LLM backends behind one interface (`engines/llm/base.py`): `hf` (transformers) and `vllm`.
+
+`load_llm(cfg)` picks the backend named by `cfg.backend`; vLLM is imported only when asked for, since it
+exists only on CUDA machines.
+"""
+
+from __future__ import annotations
+
+from configs.schema import ModelConfig
+from engines.llm.base import LLM, Completion, GenRequest, GenResult, ProgressFn, sample_seed
+from engines.llm.models import ModelNotFoundError, resolve_model
+
+__all__ = ["LLM", "Completion", "GenRequest", "GenResult", "ModelNotFoundError", "ProgressFn", "load_llm",
+           "resolve_model", "sample_seed"]
+
+
+def load_llm(cfg: ModelConfig) -> LLM:
+    """Build the backend `cfg.backend` for the model `cfg.name`."""
+    if cfg.backend == "hf":
+        from engines.llm.hf import HFLLM
+
+        return HFLLM(cfg)
+    if cfg.backend == "vllm":
+        from engines.llm.vllm import VLLMLLM
+
+        return VLLMLLM(cfg)
+    raise ValueError(f"unknown model.backend {cfg.backend!r}; use 'hf' or 'vllm'")

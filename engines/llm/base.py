@@ -1,0 +1,82 @@
+"""The one interface every LLM backend speaks: a batch of chat requests in, completions out.
+
+A stage builds all its `GenRequest`s and hands them to `LLM.generate` in one call; the backend decides how
+to batch. Results come back in request order, one `GenResult` per request with `n` completions each.
+
+Log-probs (`Completion.logprobs`): for each sampled token, its log-probability under the *policy* at that
+position, i.e. `log_softmax(raw_logits)[token]` with the model's raw logits (temperature 1), before
+temperature scaling, top-p truncation or the grammar mask. That is what a teacher-forced forward pass of the
+same model (and adapter) gives for the same tokens, so a trainer can use it as the behaviour policy's
+log-prob for off-policy clipping. vLLM returns the same quantity (`logprobs_mode="raw_logprobs"`, its
+default). The list has one entry per entry of `token_ids`, the final EOS included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+ProgressFn = Callable[[int, int, int], None]  # (done_requests, total_requests, new_tokens_so_far)
+
+
+@dataclass
+class GenRequest:
+    messages: list[dict]          # chat messages [{"role": "system"|"user"|"assistant", "content": str}]
+    n: int = 1
+    max_new_tokens: int = 256
+    temperature: float = 1.0      # 0 => greedy
+    top_p: float = 1.0
+    seed: int = 0                 # completion j of this request uses a seed derived from (seed, j)
+    regex: str | None = None      # constrain the completion to this regex (xgrammar) when set
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"GenRequest needs n >= 1 and max_new_tokens >= 1 (got n={self.n}, "
+                             f"max_new_tokens={self.max_new_tokens})")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"GenRequest needs temperature >= 0 and 0 < top_p <= 1 (got temperature="
+                             f"{self.temperature}, top_p={self.top_p})")
+
+
+@dataclass
+class Completion:
+    text: str                     # decoded completion, special tokens (the final EOS) left out
+    token_ids: list[int]          # sampled tokens, the final EOS included when finish_reason == "stop"
+    logprobs: list[float] | None  # per token of token_ids: log_softmax(raw logits)[token]; see module doc
+    finish_reason: str            # "stop" (EOS, or the regex completed) | "length" (max_new_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class GenResult:
+    prompt_text: str
+    prompt_ids: list[int]
+    completions: list[Completion] = field(default_factory=list)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+
+class LLM(Protocol):
+    model_name: str
+    adapter: str | None
+
+    def generate(self, requests: list[GenRequest], progress: ProgressFn | None = None) -> list[GenResult]:
+        """Complete every request (n samples each); results in request order."""
+
+    def use_adapter(self, path: str | None) -> None:
+        """Generate with the LoRA adapter saved at `path` from now on; None returns to the base model."""
+
+    def close(self) -> None:
+        """Free the model (and the GPU memory it holds)."""
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The 63-bit seed of completion `index` of a request with seed `seed` (stable across processes)."""
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)

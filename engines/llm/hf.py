@@ -1,0 +1,348 @@
+"""transformers backend: our own batched decode loop over a transformers model (CPU or one GPU).
+
+Why not `model.generate`: it cannot give each row its own seed (sampling would depend on what else is in
+the batch) and on a CPU it spends most of its time outside the matmuls (mask building, cache `cat`s).
+This loop keeps what matters of it and adds what the pipeline needs:
+
+- Requests are expanded to one row per sample, sorted by length (longest first) and packed into batches of
+  at most `model.token_budget` padded tokens (rows x (prompt + max new tokens)); prompts are left-padded
+  and rendered with the tokenizer's chat template.
+- Llama-style decoders (llama, qwen2, qwen3, mistral without a sliding window) run a fast path: the model's
+  own modules (so PEFT adapters apply) with a preallocated KV cache written in place and attention over
+  the filled part only; rows that finished are dropped from the batch when a quarter of it is done. Any
+  other architecture runs the model's `forward` with a `DynamicCache`, same sampling.
+- Sampling is per row and independent of the batch: completion j of a request draws, at step t, one
+  uniform from a hash of (sample_seed(seed, j), t) and takes the inverse CDF of the (top-p truncated,
+  grammar masked, temperature scaled) distribution. That is an exact sample, like Gumbel-max, but needs
+  one random number per step instead of one per vocabulary entry (24 ms per step at batch 64 for the
+  Gumbel noise of SmolLM2's 49k vocabulary). Temperature 0 is argmax. Same request + seed => same tokens,
+  whatever else is in the batch, up to float rounding in batched matmuls (exact in practice in fp32).
+- `regex` requests are constrained with xgrammar: one `GrammarMatcher` per row, token bitmasks applied to
+  the logits; compiled grammars are cached by regex.
+- Log-probs: `log_softmax(raw logits)[token]`, see `engines/llm/base.py`.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from configs.schema import ModelConfig
+from engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
+from engines.llm.models import resolve_model
+
+FAST_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
+_MASK64 = 2**64 - 1
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto`: bf16 on GPUs and on CPUs with native bf16 (AVX512-BF16 / AMX), else fp32."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return torch.float32
+    return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+
+
+def uniform(seed: int, step: int) -> float:
+    """A uniform in [0, 1) from (seed, step): splitmix64, so no generator state depends on the batch."""
+    z = (seed + (step + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+
+@dataclass
+class _Row:
+    request: int
+    index: int
+    prompt_ids: list[int]
+    max_new: int
+    temperature: float
+    top_p: float
+    seed: int
+    regex: str | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+    matcher: object = None
+
+
+class HFLLM:
+    """The `hf` backend; see the module docstring."""
+
+    def __init__(self, cfg: ModelConfig, device: str | None = None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg
+        self.model_name = cfg.name
+        self.adapter: str | None = None
+        self.path = resolve_model(cfg.name, cfg.cache_dir)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = pick_dtype(cfg.dtype, self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"the tokenizer of {cfg.name!r} has no chat template; use an instruct/chat model")
+        self.base = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).to(self.device).eval()
+        self._peft = None
+        config = self.base.config
+        eos = self.base.generation_config.eos_token_id
+        eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            eos.append(self.tokenizer.eos_token_id)
+        if not eos:
+            raise ValueError(f"{cfg.name!r} defines no EOS token; generation could not stop")
+        self.eos_ids = sorted(set(eos))
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.vocab_size = config.vocab_size
+        self.fast = config.model_type in FAST_MODEL_TYPES and not self._sliding(config)
+        self._cache_kw = "cache" if "cache" in inspect.signature(self.base.forward).parameters else "past_key_values"
+        self._compiler = None
+        self._grammars: dict[str, object] = {}
+        self._layer_fn = self._layer
+        if cfg.compile:
+            self._layer_fn = torch.compile(self._layer, dynamic=True)
+
+    @staticmethod
+    def _sliding(config) -> bool:
+        window = getattr(config, "sliding_window", None)
+        return bool(window) and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings
+
+    # ---- public API -------------------------------------------------------------------------------------
+
+    def generate(self, requests: list[GenRequest], progress: ProgressFn | None = None) -> list[GenResult]:
+        results, rows = [], []
+        for i, req in enumerate(requests):
+            text = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            room = self.cfg.max_model_len - len(ids)
+            if room < 1:
+                raise ValueError(f"request {i}: prompt has {len(ids)} tokens, model.max_model_len is "
+                                 f"{self.cfg.max_model_len}; raise model.max_model_len or shorten the prompt")
+            results.append(GenResult(prompt_text=text, prompt_ids=list(ids), completions=[None] * req.n))
+            for j in range(req.n):
+                rows.append(_Row(i, j, list(ids), min(req.max_new_tokens, room), req.temperature, req.top_p,
+                                 sample_seed(req.seed, j), req.regex))
+        left = [req.n for req in requests]
+        done, new_tokens = 0, 0
+        for batch in self._batches(rows):
+            for row in batch:
+                if row.regex is not None:
+                    row.matcher = self._matcher(row.regex)
+            new_tokens += self._run_batch(batch)
+            for row in batch:
+                results[row.request].completions[row.index] = self._completion(row)
+                left[row.request] -= 1
+                done += left[row.request] == 0
+            if progress is not None:
+                progress(done, len(requests), new_tokens)
+        return results
+
+    def use_adapter(self, path: str | None) -> None:
+        """Load the PEFT adapter at `path` onto the base model (replacing any other); None: base model."""
+        if self._peft is not None:
+            self.base = self._peft.unload()  # removes the LoRA layers without merging: base weights untouched
+            self._peft = None
+            self.adapter = None
+        if path is not None:
+            from peft import PeftModel
+
+            self._peft = PeftModel.from_pretrained(self.base, str(path), is_trainable=False).eval()
+            self.adapter = str(path)
+
+    def close(self) -> None:
+        self._peft = self.base = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # ---- batching -----------------------------------------------------------------------------------
+
+    def _batches(self, rows: list[_Row]):
+        rows = sorted(rows, key=lambda r: (-(len(r.prompt_ids) + r.max_new), r.request, r.index))
+        batch, width = [], 0
+        for row in rows:
+            w = max(width, len(row.prompt_ids) + row.max_new)
+            if batch and (len(batch) + 1) * w > self.cfg.token_budget:
+                yield batch
+                batch, w = [], len(row.prompt_ids) + row.max_new
+            batch.append(row)
+            width = w
+        if batch:
+            yield batch
+
+    def _completion(self, row: _Row) -> Completion:
+        body = row.tokens[:-1] if row.finish == "stop" and row.tokens and row.tokens[-1] in self.eos_ids \
+            else row.tokens
+        text = self.tokenizer.decode(body, skip_special_tokens=True)
+        return Completion(text=text, token_ids=list(row.tokens), logprobs=list(row.logprobs),
+                          finish_reason=row.finish or "length")
+
+    # ---- grammar --------------------------------------------------------------------------------------
+
+    def _matcher(self, regex: str):
+        import xgrammar as xgr
+
+        if regex not in self._grammars:
+            if self._compiler is None:
+                info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                          stop_token_ids=self.eos_ids)
+                self._compiler = xgr.GrammarCompiler(info)
+            self._grammars[regex] = self._compiler.compile_regex(regex)
+        return xgr.GrammarMatcher(self._grammars[regex])
+
+    # ---- decode loop ----------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _run_batch(self, rows: list[_Row]) -> int:
+        dev = self.device
+        B, P = len(rows), max(len(r.prompt_ids) for r in rows)
+        N = max(r.max_new for r in rows)
+        ids = torch.full((B, P), self.pad_id, dtype=torch.long)
+        keymask = torch.zeros((B, P + N), dtype=torch.bool)
+        for b, r in enumerate(rows):
+            ids[b, P - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            keymask[b, P - len(r.prompt_ids):] = True
+        keymask[:, P:] = True
+        ids, keymask = ids.to(dev), keymask.to(dev)
+        lens = keymask[:, :P].sum(-1)
+        live = list(range(B))  # rows[live[k]] is batch row k
+        state = self._new_state(B, P + N)
+        logits = self._forward(ids, (keymask[:, :P].cumsum(-1) - 1).clamp(min=0), keymask, state, 0, P)
+        produced = 0
+        for t in range(N):
+            tokens, logprobs = self._sample(logits, [rows[b] for b in live], t)
+            produced += len(live)
+            for k, b in enumerate(live):
+                self._accept(rows[b], tokens[k], logprobs[k])
+            keep = [k for k, b in enumerate(live) if rows[b].finish is None]
+            if not keep:
+                break
+            if self.fast and len(keep) <= 0.75 * len(live):
+                idx = torch.tensor(keep, device=dev)
+                state = [(kc.index_select(0, idx), vc.index_select(0, idx)) for kc, vc in state]
+                keymask, lens, tokens = keymask[idx], lens[idx], [tokens[k] for k in keep]
+                live = [live[k] for k in keep]
+            step_ids = torch.tensor(tokens, device=dev).view(-1, 1)
+            logits = self._forward(step_ids, (lens + t).view(-1, 1), keymask, state, P + t, P + t + 1)
+        return produced
+
+    def _accept(self, row: _Row, token: int, logprob: float) -> None:
+        if row.finish is not None:
+            return
+        row.tokens.append(token)
+        row.logprobs.append(logprob)
+        if row.matcher is not None and (not row.matcher.accept_token(token) or row.matcher.is_terminated()):
+            row.finish = "stop"
+        elif token in self.eos_ids:
+            row.finish = "stop"
+        elif len(row.tokens) >= row.max_new:
+            row.finish = "length"
+
+    def _sample(self, logits: torch.Tensor, rows: list[_Row], step: int) -> tuple[list[int], list[float]]:
+        """Next token of every row, and its log-prob under the raw logits."""
+        scores = logits.clone()
+        constrained = [k for k, r in enumerate(rows) if r.matcher is not None and r.finish is None]
+        if constrained:
+            import xgrammar as xgr
+
+            bitmask = xgr.allocate_token_bitmask(len(rows), self.vocab_size)
+            for k in constrained:
+                rows[k].matcher.fill_next_token_bitmask(bitmask, k)
+            xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device), indices=constrained)
+        out = scores.argmax(-1)
+        sampled = [k for k, r in enumerate(rows) if r.temperature > 0 and r.finish is None]
+        if sampled:
+            out[torch.tensor(sampled, device=out.device)] = self._draw(scores, rows, sampled, step)
+        logprobs = logits.gather(-1, out.view(-1, 1)).view(-1) - torch.logsumexp(logits, -1)
+        return out.tolist(), logprobs.tolist()
+
+    @staticmethod
+    def _draw(scores: torch.Tensor, rows: list[_Row], sampled: list[int], step: int) -> torch.Tensor:
+        """Inverse-CDF sample for rows `sampled`: temperature, then top-p, then one uniform per row."""
+        idx = torch.tensor(sampled, device=scores.device)
+        s = scores[idx] / torch.tensor([rows[k].temperature for k in sampled], device=scores.device).view(-1, 1)
+        top_p = torch.tensor([rows[k].top_p for k in sampled], device=scores.device, dtype=torch.float64)
+        probs = torch.softmax(s, -1).double()
+        if bool((top_p < 1).any()):
+            sorted_p, order = probs.sort(-1, descending=True)
+            drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p.view(-1, 1)  # mass before it already >= top_p
+            probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+        cdf = probs.cumsum(-1)
+        u = torch.tensor([uniform(rows[k].seed, step) for k in sampled], dtype=torch.float64, device=cdf.device)
+        picks = torch.searchsorted(cdf, (u * cdf[:, -1]).view(-1, 1), right=True)
+        return picks.view(-1).clamp(max=cdf.shape[-1] - 1)
+
+    # ---- model forward --------------------------------------------------------------------------------
+
+    def _new_state(self, batch: int, length: int):
+        if not self.fast:
+            from transformers import DynamicCache
+
+            return DynamicCache()
+        c = self.base.config
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        shape = (batch, c.num_key_value_heads, length, head_dim)
+        return [(torch.empty(shape, dtype=self.dtype, device=self.device),
+                 torch.empty(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_hidden_layers)]
+
+    def _forward(self, ids, positions, keymask, state, start: int, end: int) -> torch.Tensor:
+        """Logits (float32) of the last position, for `ids` written at cache slots [start, end)."""
+        if not self.fast:
+            out = self.base(input_ids=ids, attention_mask=keymask[:, :end].long(), position_ids=positions,
+                            use_cache=True, logits_to_keep=1, **{self._cache_kw: state})
+            return out.logits[:, -1].float()
+        decoder = self.base.get_decoder()
+        h = decoder.embed_tokens(ids)
+        cos, sin = decoder.rotary_emb(h, positions)
+        T = ids.shape[1]
+        if T > 1:  # prefill: causal + padding mask; a padding row attends to itself so it never sees no key
+            mask = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()[None, None] & keymask[:, None, None, :end]
+            mask = mask | torch.eye(T, dtype=torch.bool, device=ids.device)
+        else:
+            mask = keymask[:, None, None, :end]
+        for layer, (kc, vc) in zip(decoder.layers, state):
+            h = self._layer_fn(layer, h, cos, sin, kc, vc, start, end, mask)
+        h = decoder.norm(h[:, -1:])
+        return self.base.get_output_embeddings()(h)[:, -1].float()
+
+    @staticmethod
+    def _layer(layer, h, cos, sin, kc, vc, start: int, end: int, mask):
+        attn = layer.self_attn
+        B, T, _ = h.shape
+        hd = kc.shape[-1]
+        x = layer.input_layernorm(h)
+        q = attn.q_proj(x).view(B, T, -1, hd)
+        k = attn.k_proj(x).view(B, T, -1, hd)
+        v = attn.v_proj(x).view(B, T, -1, hd).transpose(1, 2)
+        if hasattr(attn, "q_norm"):  # qwen3
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin)
+        kc[:, :, start:end] = k
+        vc[:, :, start:end] = v
+        heads, kv_heads = q.shape[1], kc.shape[1]
+        if T == 1:  # decode: the query heads of one KV group act as that group's queries, no KV repeat
+            o = F.scaled_dot_product_attention(q.reshape(B, kv_heads, heads // kv_heads, hd), kc[:, :, :end],
+                                               vc[:, :, :end], attn_mask=mask, scale=attn.scaling)
+        else:
+            rep = heads // kv_heads
+            o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                               attn_mask=mask, scale=attn.scaling)
+        h = h + attn.o_proj(o.reshape(B, heads, T, hd).transpose(1, 2).reshape(B, T, heads * hd))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    cos, sin = cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

