@@ -1,0 +1,228 @@
+"""Train-step throughput: our TRL `GRPOTrainer` subclass vs a plain PEFT forward/backward/step loop.
+
+Both train the same fresh LoRA (same seed, same config) on the same stored batch with the same policy-gradient
+loss (on-policy ratio 1, token-level `dapo` mean over each update's completion tokens), the same micro-batches
+(`minibatch_size` rows, `grad_accum` micro-batches per AdamW update), the same gradient clipping. Tokens/s counts
+prompt + completion tokens of the rows; time is the training loop only (model loading excluded). Goal: ratio
+(TRL / plain) >= 0.9.
+
+    .venv/bin/python bench/train.py                 # SmolLM2-135M on CPU (falls back to a random mid-size Llama)
+    .venv/bin/python bench/train.py --model random  # the random Llama explicitly
+
+`plain_peft_step` is also used by `bench/train_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from configs.schema import TrainConfig  # noqa: E402
+from engines.trainer import TrainRow, _quiet_v6, load_policy, resolve_device, train_model  # noqa: E402
+
+
+def make_rows(n: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0,
+              jitter: float = 0.0) -> list[TrainRow]:
+    """Random stored rollouts; `jitter` varies completion lengths by up to that fraction (padding)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        c = max(1, completion_len - int(rng.random() * jitter * completion_len))
+        rows.append(TrainRow(prompt_ids=[rng.randrange(3, vocab) for _ in range(prompt_len)],
+                             completion_ids=[rng.randrange(3, vocab) for _ in range(c)],
+                             advantage=rng.choice([-1.0, 1.0]) * rng.uniform(0.2, 1.5),
+                             role=("challenger", "planner", "solver", "critic")[i % 4]))
+    return rows
+
+
+def _pad_batch(rows: list[TrainRow], pad_id: int, device):
+    """Left-padded prompts + right-padded completions, exactly the layout our trainer feeds TRL."""
+    import torch
+
+    p_len = max(len(r.prompt_ids) for r in rows)
+    c_len = max(len(r.completion_ids) for r in rows)
+    ids = torch.full((len(rows), p_len + c_len), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    cmask = torch.zeros((len(rows), c_len), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        ids[i, p_len - p:p_len] = torch.tensor(r.prompt_ids)
+        ids[i, p_len:p_len + c] = torch.tensor(r.completion_ids)
+        attn[i, p_len - p:p_len + c] = 1
+        cmask[i, :c] = 1
+    adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
+    return ids.to(device), attn.to(device), cmask.to(device), adv.to(device), c_len
+
+
+def plain_peft_step(model, rows: list[TrainRow], cfg: TrainConfig, *, device: str = "cpu", pad_id: int = 0,
+                    bf16_autocast: bool = False) -> dict:
+    """One pass over `rows` with a hand-written loop: forward, log-softmax, PG loss, backward, clip, AdamW."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.to(device)
+    model.train()
+    if cfg.gradient_checkpointing:
+        with _quiet_v6():
+            model.gradient_checkpointing_enable()
+            model.enable_input_require_grads()
+    block = cfg.minibatch_size * cfg.grad_accum
+    losses, norms = [], []
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    sync()
+    t0, c0 = time.perf_counter(), time.process_time()
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    for start in range(0, len(rows), block):
+        update = rows[start:start + block]
+        n_tokens = sum(len(r.completion_ids) for r in update)
+        total = 0.0
+        for m in range(0, len(update), cfg.minibatch_size):
+            ids, attn, cmask, adv, c_len = _pad_batch(update[m:m + cfg.minibatch_size], pad_id, device)
+            with torch.autocast(device_type="cuda" if str(device).startswith("cuda") else "cpu",
+                                dtype=torch.bfloat16, enabled=bf16_autocast):
+                logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=c_len + 1).logits[:, :-1]
+            logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, -c_len:, None])[..., 0]
+            # d/dθ of TRL's clipped objective at ratio 1 is -A ∇log π: the same gradient
+            loss = -(adv[:, None] * logp * cmask).sum() / n_tokens
+            loss.backward()
+            total += float(loss.detach())
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(total)
+    sync()
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "n_updates": len(losses),
+            "loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms), "grad_norms": norms}
+
+
+def trl_row_order(rows: list[TrainRow], seed: int = 0) -> list[TrainRow]:
+    """The order our trainer's sampler visits rows in (seeded permutation), so both loops see the same updates."""
+    import torch
+
+    perm = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [rows[i] for i in perm]
+
+
+def random_llama(out_dir: Path) -> Path:
+    """A mid-size random Llama (about 30M parameters) + the tiny test tokenizer, when SmolLM2 is unavailable."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.tiny import build_tokenizer
+
+    if (out_dir / "config.json").exists():
+        return out_dir
+    tok = build_tokenizer()
+    config = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
+                         bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                         tie_word_embeddings=True)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+def pick_model(name: str) -> tuple[str, str]:
+    if name != "random":
+        try:
+            from configs.schema import ModelConfig
+            from engines.llm.models import resolve_model
+
+            return resolve_model(name, ModelConfig().cache_dir), name
+        except Exception as exc:  # noqa: BLE001 - any failure: fall back, and say so
+            print(f"[bench] {name} unavailable ({type(exc).__name__}: {exc}); using a random mid-size Llama",
+                  file=sys.stderr)
+    path = random_llama(Path(tempfile.gettempdir()) / "sage-bench-llama-30m")
+    return str(path), "random-llama-30m (hidden 512, 8 layers, vocab 8192)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="model name for resolve_model, or 'random'")
+    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--completion-len", type=int, default=96)
+    ap.add_argument("--jitter", type=float, default=0.0, help="vary completion lengths by up to this fraction")
+    ap.add_argument("--minibatch", type=int, default=2)
+    ap.add_argument("--grad-accum", type=int, default=2)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3, help="alternate plain/TRL this many times; best of each")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    a = ap.parse_args(argv)
+
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    device = resolve_device(a.device)
+    path, label = pick_model(a.model)
+    vocab = AutoConfig.from_pretrained(path).vocab_size
+    pad_id = AutoTokenizer.from_pretrained(path).pad_token_id or 0
+    cfg = TrainConfig(lora_rank=a.rank, lora_alpha=2 * a.rank, lr=1e-5, minibatch_size=a.minibatch,
+                      grad_accum=a.grad_accum)
+    rows = make_rows(a.rows, a.prompt_len, a.completion_len, vocab, jitter=a.jitter)
+    print(f"[bench] model={label} device={device} threads={torch.get_num_threads()} rows={a.rows} "
+          f"prompt={a.prompt_len} completion={a.completion_len} minibatch={a.minibatch} grad_accum={a.grad_accum} "
+          f"lora_r={a.rank}", flush=True)
+
+    plain_runs, trl_runs = [], []
+    for rep in range(a.repeats):
+        model = load_policy(path, None, cfg, seed=0)
+        plain = plain_peft_step(model, trl_row_order(rows), cfg, device=device, pad_id=pad_id)
+        plain_runs.append(plain)
+        print(f"[bench] rep {rep} plain PEFT loop: {plain['seconds']:.2f} s (cpu {plain['cpu_seconds']:.2f} s), "
+              f"{plain['tokens_per_s']:.0f} tok/s, "
+              f"loss {plain['loss']:.4f}, grad_norm {plain['grad_norm']:.4f}", flush=True)
+        del model
+        model = load_policy(path, None, cfg, seed=0)
+        t0 = time.perf_counter()
+        ours = train_model(model, path, rows, cfg, seed=0, device=device)
+        ours["wall_seconds"] = time.perf_counter() - t0  # with building the trainer (tokenizer, TRL setup)
+        ours["wall_tokens_per_s"] = ours["tokens"] / ours["wall_seconds"]
+        trl_runs.append(ours)
+        print(f"[bench] rep {rep} TRL StoredRowsTrainer: {ours['seconds']:.2f} s (cpu {ours['cpu_seconds']:.2f} s), "
+              f"{ours['tokens_per_s']:.0f} tok/s "
+              f"(with trainer setup: {ours['wall_seconds']:.2f} s, {ours['wall_tokens_per_s']:.0f} tok/s), "
+              f"loss {ours['loss']:.4f}, grad_norm {ours['grad_norm']:.4f}", flush=True)
+        del model
+    best_plain = max(r["tokens_per_s"] for r in plain_runs)
+    best_trl = max(r["tokens_per_s"] for r in trl_runs)
+    best_wall = max(r["wall_tokens_per_s"] for r in trl_runs)
+    # CPU time (all threads of this process) is far less sensitive than wall time to other load on the machine
+    cpu_plain = min(r["cpu_seconds"] for r in plain_runs)
+    cpu_trl = min(r["cpu_seconds"] for r in trl_runs)
+    ratio = best_trl / best_plain
+    result = {"model": label, "device": device, "rows": a.rows, "tokens": plain_runs[0]["tokens"],
+              "plain_tokens_per_s": best_plain, "trl_tokens_per_s": best_trl, "ratio": ratio,
+              "trl_wall_tokens_per_s": best_wall, "ratio_with_setup": best_wall / best_plain,
+              "plain_cpu_seconds": cpu_plain, "trl_cpu_seconds": cpu_trl, "ratio_cpu_time": cpu_plain / cpu_trl,
+              "runs": {"plain": plain_runs, "trl": [{k: v for k, v in r.items() if k != "steps"} for r in trl_runs]},
+              "goal": 0.9, "ok": ratio >= 0.9,
+              "grad_norm_plain": plain_runs[0]["grad_norm"], "grad_norm_trl": trl_runs[0]["grad_norm"]}
+    trl_norms = [s["grad_norm"] for s in trl_runs[0]["steps"]]
+    print(f"[bench] per-update grad norms (same rows per update): plain "
+          f"{[round(x, 4) for x in plain_runs[0]['grad_norms']]}, TRL {[round(x, 4) for x in trl_norms]}")
+    result["grad_norms"] = {"plain": plain_runs[0]["grad_norms"], "trl": trl_norms}
+    print(f"[bench] best: plain {best_plain:.0f} tok/s, TRL {best_trl:.0f} tok/s, ratio {ratio:.3f} "
+          f"(goal >= 0.9: {'ok' if ratio >= 0.9 else 'MISSED'}); counting TRL's trainer setup: "
+          f"{best_wall:.0f} tok/s, ratio {best_wall / best_plain:.3f}; by CPU time: plain {cpu_plain:.2f} s, "
+          f"TRL {cpu_trl:.2f} s, ratio {cpu_plain / cpu_trl:.3f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
