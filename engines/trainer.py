@@ -1,21 +1,10 @@
 """One TRR++ policy-gradient step on the shared LoRA adapter, through TRL's `GRPOTrainer`, on stored rows.
 
 SAGE scores and normalises advantages itself (TRR++: per role), so TRL must neither generate nor score nor
-re-normalise anything. `StoredRowsTrainer` (a small `GRPOTrainer` subclass, built lazily because
-`from trl import GRPOTrainer` takes seconds) overrides two private methods:
-
-- `_generate_and_score_completions(inputs)` builds the batch from the stored rows: left-padded prompt ids,
-  right-padded completion ids, their masks, the stored advantage (one per row), `num_items_in_batch` (completion
-  tokens in the generation batch, gathered over processes), the stored sampling log-probs as
-  `old_per_token_logps` when every row of the batch has them, and `ref_per_token_logps` when `beta != 0`.
-  Without stored log-probs (or with only some rows having them) TRL uses the current policy's detached
-  log-probs: ratio 1, the plain on-policy gradient -A * grad log pi, for every update of the pass.
-- `_get_train_sampler()` replaces TRL's `RepeatSampler` (which repeats each prompt `num_generations` times) by a
-  plain sampler over the rows: a seeded permutation (or the given order), cut into blocks of one generation batch
-  (`minibatch_size * grad_accum * processes` rows). Each block is yielded `grad_accum` times in a row, because
-  TRL's `_prepare_inputs` turns the first copy into the batch and slices it into `grad_accum` micro-batches for
-  the following micro-steps (it never reads the later copies). A short last block is padded with a dummy row
-  index, and `_generate_and_score_completions` turns those into fully masked rows (no loss, no gradient).
+re-normalise anything. This module holds the rows (`TrainRow`, `read_rows` / `write_rows`), model loading
+(`load_policy`, `lora_config`), the step (`train_step`, `train_model`) and the `python -m engines.trainer` entry
+point. The TRL machinery (`StoredRowsTrainer`, its block sampler, `_build_trainer`) is in `engines.trainer_trl`;
+`engines.trainer.StoredRowsTrainer` still works, built lazily because `from trl import GRPOTrainer` takes seconds.
 
 Semantics of one `train_step`: one pass over all rows with a non-empty completion; one optimizer update per
 block of `cfg.minibatch_size * cfg.grad_accum` rows (per process), i.e. `ceil(n_rows / (minibatch_size *
@@ -44,13 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from configs.schema import TrainConfig
+from engines.trainer_trl import BATCH_KEYS, OPTIONAL_BATCH_KEYS, _build_trainer, _trainer_class  # noqa: F401
 
 #: File written next to the adapter weights, with the metrics of the step that produced them.
 METRICS_FILE = "sage_train_metrics.json"
-
-#: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
-BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch")
-OPTIONAL_BATCH_KEYS = ("old_per_token_logps", "ref_per_token_logps")
 
 
 @dataclass
@@ -78,14 +64,6 @@ def num_updates(n_rows: int, cfg: TrainConfig, num_processes: int = 1) -> int:
     return math.ceil(n_rows / rows_per_update(cfg, num_processes)) if n_rows > 0 else 0
 
 
-def _num_generations(generation_batch: int) -> int:
-    """Smallest divisor >= 2 of the generation batch (TRL requires one; nothing here uses it)."""
-    for g in range(2, generation_batch + 1):
-        if generation_batch % g == 0:
-            return g
-    return 2
-
-
 def _usable(rows: list[TrainRow]) -> list[TrainRow]:
     return [r for r in rows if len(r.completion_ids) > 0]
 
@@ -107,166 +85,10 @@ def _role_means(rows: list[TrainRow]) -> dict[str, float]:
     return {role: sum(v) / len(v) for role, v in sorted(sums.items())}
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The sampler and the trainer subclass
-
-
-def _block_sampler_class():
-    from torch.utils.data import Sampler
-
-    class BlockRepeatSampler(Sampler):
-        """Rows in a seeded random (or the given) order, in blocks of `block` indices, each block `repeats` times.
-
-        A short last block is filled with `dummy` (an index whose row the trainer masks out entirely).
-        """
-
-        def __init__(self, n_rows: int, block: int, repeats: int, dummy: int, shuffle: bool, seed: int):
-            self.n_rows, self.block, self.repeats, self.dummy = n_rows, block, repeats, dummy
-            self.shuffle, self.seed = shuffle, seed
-
-        def __iter__(self):
-            import torch
-
-            if self.shuffle:
-                g = torch.Generator().manual_seed(self.seed)
-                order = torch.randperm(self.n_rows, generator=g).tolist()
-            else:
-                order = list(range(self.n_rows))
-            for start in range(0, self.n_rows, self.block):
-                chunk = order[start:start + self.block]
-                chunk += [self.dummy] * (self.block - len(chunk))
-                for _ in range(self.repeats):
-                    yield from chunk
-
-        def __len__(self) -> int:
-            return math.ceil(self.n_rows / self.block) * self.block * self.repeats
-
-    return BlockRepeatSampler
-
-
-_TRAINER_CLASS = None
-
-
-def _trainer_class():
-    """Build (once) the `GRPOTrainer` subclass; importing TRL takes seconds, so it happens only here."""
-    global _TRAINER_CLASS
-    if _TRAINER_CLASS is not None:
-        return _TRAINER_CLASS
-    import torch
-    from trl import GRPOTrainer
-    from trl.trainer.utils import use_adapter
-
-    sampler_cls = _block_sampler_class()
-
-    class StoredRowsTrainer(GRPOTrainer):
-        """`GRPOTrainer` fed stored rollouts: no generation, no reward functions, no advantage normalisation.
-
-        The train dataset holds one column, `row` (an index into `rows`; -1 is the dummy padding row).
-        """
-
-        def __init__(self, *args, rows: list[TrainRow], **kwargs):
-            self.sage_rows = list(rows)
-            super().__init__(*args, **kwargs)
-
-        # -- data ------------------------------------------------------------------------------------------
-        def _get_train_sampler(self, dataset=None):
-            n = len(self.sage_rows)
-            return sampler_cls(n_rows=n, block=self.args.generation_batch_size,
-                               repeats=self.args.steps_per_generation * self.num_iterations,
-                               dummy=n, shuffle=bool(self.shuffle_dataset), seed=self.args.seed)
-
-        def _generate_and_score_completions(self, inputs):
-            device = self.accelerator.device
-            spg = self.args.steps_per_generation
-            real = [self.sage_rows[int(x["row"])] for x in inputs if int(x["row"]) >= 0]
-            # Micro-batches must have equal size: pad the real rows to a multiple of steps_per_generation.
-            size = max(spg, math.ceil(len(real) / spg) * spg)
-            rows: list[TrainRow | None] = real + [None] * (size - len(real))
-            pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
-            p_len = max([len(r.prompt_ids) for r in real] + [1])
-            c_len = max([len(r.completion_ids) for r in real] + [1])
-            prompt_ids = torch.full((size, p_len), pad, dtype=torch.long)
-            prompt_mask = torch.zeros((size, p_len), dtype=torch.long)
-            completion_ids = torch.full((size, c_len), pad, dtype=torch.long)
-            completion_mask = torch.zeros((size, c_len), dtype=torch.long)
-            advantages = torch.zeros(size, dtype=torch.float32)
-            with_logps = bool(real) and all(r.logprobs is not None for r in real)
-            old = torch.zeros((size, c_len), dtype=torch.float32) if with_logps else None
-            for i, r in enumerate(rows):
-                if r is None:  # dummy: one attended prompt token (no fully masked sequence), no completion
-                    prompt_mask[i, -1] = 1
-                    continue
-                p, c = len(r.prompt_ids), len(r.completion_ids)
-                prompt_ids[i, p_len - p:] = torch.tensor(r.prompt_ids, dtype=torch.long)
-                prompt_mask[i, p_len - p:] = 1
-                completion_ids[i, :c] = torch.tensor(r.completion_ids, dtype=torch.long)
-                completion_mask[i, :c] = 1
-                advantages[i] = float(r.advantage)
-                if old is not None:
-                    old[i, :c] = torch.tensor(r.logprobs, dtype=torch.float32)
-            prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-            completion_ids, completion_mask = completion_ids.to(device), completion_mask.to(device)
-            num_items_in_batch = self.accelerator.gather(completion_mask.sum()).sum()
-            output = {
-                "prompt_ids": prompt_ids,
-                "prompt_mask": prompt_mask,
-                "completion_ids": completion_ids,
-                "completion_mask": completion_mask,
-                "advantages": advantages.to(device),
-                "num_items_in_batch": num_items_in_batch,
-            }
-            if old is not None:
-                output["old_per_token_logps"] = old.to(device)
-            if self.beta != 0.0:
-                input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-                attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-                with torch.no_grad():
-                    if self.ref_model is not None:
-                        ref, _, _ = self._get_per_token_logps_and_entropies(
-                            self.ref_model, input_ids, attention_mask, c_len,
-                            batch_size=self.args.per_device_train_batch_size)
-                    else:
-                        # New adapter: adapters disabled is the base model; retrained adapter: TRL's "ref" copy.
-                        model = self.accelerator.unwrap_model(self.model)
-                        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
-                            ref, _, _ = self._get_per_token_logps_and_entropies(
-                                self.model, input_ids, attention_mask, c_len,
-                                batch_size=self.args.per_device_train_batch_size)
-                output["ref_per_token_logps"] = ref
-            return output
-
-        # -- loss ------------------------------------------------------------------------------------------
-        def _compute_loss(self, model, inputs):
-            # A micro-batch keeps the padding of its whole generation batch; drop the columns it does not use.
-            pm, cm = inputs["prompt_mask"], inputs["completion_mask"]
-            p_used = pm.any(dim=0).nonzero()
-            p0 = int(p_used[0]) if len(p_used) else pm.size(1) - 1
-            c_used = cm.any(dim=0).nonzero()
-            c1 = int(c_used[-1]) + 1 if len(c_used) else 1
-            if p0 > 0 or c1 < cm.size(1):
-                inputs = dict(inputs)
-                inputs["prompt_ids"] = inputs["prompt_ids"][:, p0:]
-                inputs["prompt_mask"] = pm[:, p0:]
-                for key in ("completion_ids", "completion_mask", "old_per_token_logps", "ref_per_token_logps",
-                            "sampling_per_token_logps", "importance_sampling_ratio", "tool_mask"):
-                    value = inputs.get(key)
-                    if isinstance(value, torch.Tensor) and value.dim() == 2:
-                        inputs[key] = value[:, :c1]
-            return super()._compute_loss(model, inputs)
-
-    _TRAINER_CLASS = StoredRowsTrainer
-    return StoredRowsTrainer
-
-
 def __getattr__(name: str):  # `engines.trainer.StoredRowsTrainer` without importing TRL at module import
     if name == "StoredRowsTrainer":
         return _trainer_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _unused_reward(prompts=None, completions=None, **kwargs):
-    """TRL requires a reward function; stored rows are already scored, so this is never called."""
-    raise RuntimeError("StoredRowsTrainer never scores completions")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -430,73 +252,6 @@ def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConf
         "steps": steps,
     })
     return metrics
-
-
-def _build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str,
-                   torch_dtype, temperature: float):
-    import torch
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    from trl import GRPOConfig
-
-    cls = _trainer_class()
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    bs, ga = cfg.minibatch_size, cfg.grad_accum
-    if bs * ga == 1:  # TRL needs num_generations >= 2 dividing the generation batch
-        bs = 2
-    workdir = tempfile.mkdtemp(prefix="sage-trl-")
-    args = GRPOConfig(
-        output_dir=workdir,
-        per_device_train_batch_size=bs,
-        gradient_accumulation_steps=ga,
-        steps_per_generation=ga,
-        num_generations=_num_generations(bs * ga),
-        num_iterations=1,
-        max_steps=1,  # set below, once the number of processes is known
-        learning_rate=cfg.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        optim="adamw_torch",
-        max_grad_norm=cfg.max_grad_norm,
-        epsilon=cfg.clip_eps_low,
-        epsilon_high=cfg.clip_eps_high,
-        beta=cfg.kl_beta,
-        loss_type=cfg.loss_type,
-        scale_rewards="none",
-        max_completion_length=max(len(r.completion_ids) for r in rows),  # dr_grpo's constant normaliser
-        temperature=temperature,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-        bf16=torch_dtype == torch.bfloat16 and not device.startswith("cpu"),
-        use_cpu=device.startswith("cpu"),
-        report_to=[],
-        save_strategy="no",
-        logging_steps=1,
-        logging_strategy="steps",
-        disable_tqdm=True,
-        seed=seed,
-        data_seed=seed,
-        shuffle_dataset=True,
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        log_completions=False,
-    )
-    args.max_steps = math.ceil(len(rows) / args.generation_batch_size)  # one update per generation batch
-
-    steps: list[dict] = []
-
-    class _Capture(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                steps.append({k: (float(v) if isinstance(v, (int, float)) else v) for k, v in logs.items()})
-
-    dataset = Dataset.from_dict({"row": list(range(len(rows))) + [-1]})
-    trainer = cls(model=model, reward_funcs=_unused_reward, args=args, train_dataset=dataset,
-                  processing_class=tokenizer, rows=rows, callbacks=[_Capture()])
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-    return trainer, steps
 
 
 # --------------------------------------------------------------------------------------------------------------

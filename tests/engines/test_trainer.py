@@ -192,7 +192,7 @@ def test_every_row_once_and_empty_completions_skipped(tiny_model, monkeypatch):
 
 
 def test_sampler_blocks_padding_and_seed():
-    from engines.trainer import _block_sampler_class
+    from engines.trainer_trl import _block_sampler_class
 
     S = _block_sampler_class()
     s = S(n_rows=5, block=4, repeats=2, dummy=5, shuffle=False, seed=0)
@@ -235,7 +235,7 @@ def test_trl_contract_pinned():
     import trl
     from trl import GRPOTrainer
 
-    assert trl.__version__.startswith("1.16."), f"trl {trl.__version__}: re-check engines/trainer.py's overrides"
+    assert trl.__version__.startswith("1.16."), f"trl {trl.__version__}: re-check engines/trainer_trl.py's overrides"
     sig = inspect.signature(GRPOTrainer._generate_and_score_completions)
     assert list(sig.parameters) == ["self", "inputs"], sig
     assert list(inspect.signature(GRPOTrainer._get_train_sampler).parameters) == ["self", "dataset"]
