@@ -27,10 +27,15 @@ REQUIRED_TAGS: dict[str, tuple[str, ...]] = {
 
 DOMAINS = ("math", "code")
 
-# `<` is allowed in content unless it could open a SAGE tag or close any tag.
+# Prose (questions, reasoning, plans, answers) is a plain character class without `<`, with a bounded
+# length so the closing tag is reached within the token budget. A bounded repetition of an alternation
+# such as `(?:[^<]|<[^/])` costs xgrammar about 0.4 s per token on a 49k vocabulary (measured with
+# SmolLM2 on 2 cores), against well under a millisecond for a bounded character class or an unbounded
+# alternation. Code needs `<`, so a code block allows `<` unless it could open or close a tag, unbounded
+# (the fence and the token budget end it).
 _TAG_INITIALS = "".join(sorted({n[0] for n in TAG_NAMES}))
 _NOT_TAG = "</" + _TAG_INITIALS + _TAG_INITIALS.upper()
-_TEXT = rf"(?:[^<]|<[^{_NOT_TAG}])"
+_TEXT = r"[^<]"
 _CODE = rf"(?:[^<`]|<[^{_NOT_TAG}`])"       # no backticks: the fence closes the block
 _FIRST = r"[!-;=-~]"                      # printable ASCII, not a space and not `<`: content is non-empty
 
@@ -76,8 +81,8 @@ def _text(n: int) -> str:
     return f"{_FIRST}{_TEXT}{{0,{max(0, n - 1)}}}"
 
 
-def _py_block(n: int) -> str:
-    return rf"```python\n{_CODE}{{1,{n}}}```"
+def _py_block(n: int) -> str:  # `n` is kept for the budget arithmetic; the block itself is unbounded
+    return rf"```python\n{_CODE}+```"
 
 
 def role_regex(key: str, max_new_tokens: int | None = None, chars_per_token: float = CHARS_PER_TOKEN) -> str:

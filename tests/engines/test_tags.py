@@ -50,8 +50,8 @@ EXAMPLES = {
     "challenger_math": "<question>What is 6 * 7?</question>\n<answer>42</answer>",
     "challenger_code": CODE_OK,
     "planner": "<plan>\n1. Multiply 6 by 7.\n2. Check: 42 / 7 = 6.</plan>",
-    "critic": "Clear and solvable, if easy; x<y holds. <score>7</score>",
-    "solver_math": "6 * 7 = 42, and 3 < 4. <answer>\\boxed{42}</answer>",
+    "critic": "Clear and solvable, if easy; x less than y holds. <score>7</score>",
+    "solver_math": "6 * 7 = 42, and 3 is less than 4. <answer>\\boxed{42}</answer>",
     "solver_code": "Add them.\n<answer>\n```python\ndef add(a, b):\n    return a + b if a<3 else b\n```\n</answer>",
 }
 
@@ -249,66 +249,212 @@ def test_garbage_gives_zero_with_reason():
 
 
 # ---------------------------------------------------------------------------------------------- regexes
-_POOL = list("abcxyzABC0123456789 .,;:!?+-*/=()[]{}'\"\\_^%$#@&|~\n\t") + ["\u00e9", "\u4e2d", "\u2211",
-                                                                              "\U0001F600", "<=", "< ", "<3",
-                                                                              "<b", "<x", ">"]
-_CODE_POOL = [c for c in _POOL if c != "`"] + [" ", "\n"]
+# Prose (questions, reasoning, plans, math answers) never holds `<` under constrained decoding; code does,
+# as long as it cannot open or close a tag (engines/tags_regex.py, the comment above `_TEXT`).
+_PROSE_POOL = list("abcxyzABC0123456789 .,;:!?+-*/=()[]{}'\"\\_^%$#@&|~\n\t`>") + ["\u00e9", "\u4e2d", "\u2211",
+                                                                                 "\U0001F600"]
+_LT = ["<=", "< ", "<3", "<b", "<x", "a<b", "x <= y"]              # `<` as code uses it
+_CODE_POOL = [c for c in _PROSE_POOL if c != "`"] + [" ", "\n"] + _LT
+# Random code may hold a string like "\@"; ast.parse (the parser's syntax check) warns about it.
+_QUIET_AST = pytest.mark.filterwarnings("ignore:invalid escape sequence")
+_LONG_CODE = "if a<b and b <= 3:\n    x = [i for i in range(9) if i<x]  # 1 < 2\n"
 
 
-def _chunk(rng, n, pool=_POOL, first=True):
+def _chunk(rng, n, pool=_PROSE_POOL, first=True):
     """Up to n units of content from pool; a non-space printable-ASCII first character when `first`."""
     k = rng.randint(0, n - 1 if first else n)
     head = rng.choice("abcXYZ0123(+-*") if first else ""
     return head + "".join(rng.choice(pool) for _ in range(k))
 
 
-def _example(key: str, rng: random.Random, budget: int | None = None, fill: bool = False) -> str:
+def _parts(key: str, rng: random.Random, budget: int | None = None, fill: bool = False) -> list[tuple[str, str]]:
+    """A string that `role_regex(key, budget)` matches, as (kind, text) parts: "tag" is fixed syntax, "prose"
+    and "field" are bounded parts (at their bound when `fill`), "code" is a code block's body (unbounded in
+    the regex; random code runs up to twice the budget's `code` bound, `fill` gives exactly that bound)."""
     b = role_bounds(key, budget)
-    chunk = (lambda n, **kw: "a" * n) if fill else (lambda n, **kw: _chunk(rng, n, **kw))
+
+    def prose(n, first=True):
+        return "prose", ("a" * n if fill else _chunk(rng, n, first=first))
+
+    def code():
+        return "code", ("c" * b["code"] if fill else _chunk(rng, 2 * b["code"], pool=_CODE_POOL))
+
+    def tag(s):
+        return "tag", s
+
     if key == "critic":
-        return chunk(b["reasoning"], first=False) + f"<score>{rng.randint(1, 10)}</score>"
+        return [prose(b["reasoning"], first=False), tag(f"<score>{rng.randint(1, 10)}</score>")]
     if key == "planner":
-        return "<plan>\n" + chunk(b["plan"]) + "</plan>"
+        return [tag("<plan>\n"), prose(b["plan"]), tag("</plan>")]
     if key == "solver_math":
-        return chunk(b["reasoning"], first=False) + "<answer>" + chunk(b["answer"]) + "</answer>"
+        return [prose(b["reasoning"], first=False), tag("<answer>"), prose(b["answer"]), tag("</answer>")]
     if key == "solver_code":
-        code = chunk(b["code"], pool=_CODE_POOL)
-        return chunk(b["reasoning"], first=False) + "<answer>\n```python\n" + code + "```\n</answer>"
+        return [prose(b["reasoning"], first=False), tag("<answer>\n```python\n"), code(), tag("```\n</answer>")]
     if key == "challenger_math":
-        return "<question>" + chunk(b["question"]) + "</question>\n<answer>" + chunk(b["answer"]) + "</answer>"
-    lines = "".join("[" + str(rng.randint(-9, 99)) + ", \"s\"]\n" for _ in range(rng.randint(1, b["input_lines"])))
-    code = chunk(b["code"], pool=_CODE_POOL)
-    params = "a: int, b: list[int]"[:b["params"]] if fill else rng.choice(["", "x", "a: int, b: list[int]"])
-    params = params if len(params) <= b["params"] else "x"
-    return ("<question>" + chunk(b["question"]) + "</question>\n"
-            "<signature>def f_1(" + params + ") -> dict[str, int]</signature>\n"
-            "<solution>\n```python\n" + code + "```\n</solution>\n<inputs>\n" + lines + "</inputs>")
+        return [tag("<question>"), prose(b["question"]), tag("</question>\n<answer>"), prose(b["answer"]),
+                tag("</answer>")]
+    if fill:
+        name, params, returns = "f" * 30, "p" * b["params"], "r" * 26
+        lines = [("field", "1" * (b["input_line"] - 2))] * b["input_lines"]
+    else:
+        name, returns = "f_1", "dict[str, int]"
+        params = rng.choice(["", "x", "a: int, b: list[int]"])
+        params = params if len(params) <= b["params"] else "x"
+        lines = [("field", f"{rng.randint(-9, 99)}, \"s\"") for _ in range(rng.randint(1, b["input_lines"]))]
+    return ([tag("<question>"), prose(b["question"]), tag("</question>\n<signature>def "), ("field", name),
+             tag("("), ("field", params), tag(") -> "), ("field", returns),
+             tag("</signature>\n<solution>\n```python\n"), code(), tag("```\n</solution>\n<inputs>\n")]
+            + [p for line in lines for p in (tag("["), line, tag("]\n"))] + [tag("</inputs>")])
+
+
+def _join(parts: list[tuple[str, str]], replace: dict[int, str] | None = None) -> str:
+    """The string of `parts`, with the text of part i replaced by `replace[i]`."""
+    replace = replace or {}
+    return "".join(replace.get(i, text) for i, (_, text) in enumerate(parts))
+
+
+def _example(key: str, rng: random.Random, budget: int | None = None, fill: bool = False) -> str:
+    return _join(_parts(key, rng, budget, fill))
+
+
+def _with_lt(text: str) -> str:
+    """`text` with `<b` at its second character: content the old regexes allowed, which prose now may not hold."""
+    return text[:1] + "<b" + text[3:]
+
+
+def _code_field(key: str, text: str) -> str | None:
+    p = PARSERS[key](text)
+    return p.fields["answer"] if key == "solver_code" else p.fields["solution"]
 
 
 @pytest.mark.parametrize("key", list(ROLE_REGEX))
+@_QUIET_AST
 def test_strings_matching_role_regex_parse_with_full_format_reward(key):
     rng = random.Random(key)
-    samples = [(None, EXAMPLES[key]), (None, _example(key, rng, fill=True))]
-    samples += [(budget, _example(key, rng, budget)) for budget in (None, 64, 96, 192, 1024) for _ in range(40)]
-    for budget, s in samples:
-        assert re.fullmatch(role_regex(key, budget), s), (key, budget, s)
+    samples = [(None, [("tag", EXAMPLES[key])]), (None, _parts(key, rng, fill=True))]
+    samples += [(budget, _parts(key, rng, budget)) for budget in (None, 64, 96, 192, 1024) for _ in range(40)]
+    codes = []
+    for budget, parts in samples:
+        s = _join(parts)
+        rx = re.compile(role_regex(key, budget))
+        assert rx.fullmatch(s), (key, budget, s)
         p = PARSERS[key](s)
         assert p.format_reward == 1.0 and p.reason is None, (key, p.reason, s)
+        for i, (kind, text) in enumerate(parts):
+            if kind == "prose":                 # no `<` in prose, and the regex refuses one there
+                assert "<" not in text, (key, text)
+                assert not rx.fullmatch(_join(parts, {i: _with_lt(text)})), (key, budget, text)
+            elif kind == "code":
+                codes.append((budget, text))
+                assert _code_field(key, s) == text.strip(), (key, text)
+    if key in ("solver_code", "challenger_code"):   # code keeps `<`, and runs past the budget's `code` bound
+        for lt in ("<=", "a<b", "<b", "< "):
+            assert any(lt in code for _, code in codes), (key, lt)
+        assert any(len(code) > role_bounds(key, budget)["code"] for budget, code in codes), key
+    else:
+        assert not codes
 
 
 @pytest.mark.parametrize("key", list(ROLE_REGEX))
 @pytest.mark.parametrize("budget", [None, 64, 96, 192, 1024])
-def test_role_regex_is_bounded_by_the_token_budget(key, budget):
+@_QUIET_AST
+def test_role_regex_is_bounded_by_the_token_budget_except_code_blocks(key, budget):
     rng = random.Random(0)
-    longest = _example(key, rng, budget, fill=True)
+    parts = _parts(key, rng, budget, fill=True)
+    longest = _join(parts)
     rx = re.compile(role_regex(key, budget))
-    assert rx.fullmatch(longest)
-    assert not rx.fullmatch(longest.replace("a", "aa", 1))   # one more character is too many
+    assert rx.fullmatch(longest) and PARSERS[key](longest).format_reward == 1.0
+    bounded = [i for i, (kind, _) in enumerate(parts) if kind in ("prose", "field")]
+    assert bounded
+    for i in bounded:                                        # one more character in any bounded part is too many
+        text = parts[i][1]
+        assert not rx.fullmatch(_join(parts, {i: text + (text[-1:] or "a")})), (key, budget, i, text)
+    if key == "challenger_code":                             # and one more input line
+        assert not rx.fullmatch(longest.replace("</inputs>", "[1]\n</inputs>"))
     if budget and budget >= 96:
         assert len(longest) <= budget * 3                    # about CHARS_PER_TOKEN characters per token
+    # A code block is not bounded by the regex (the closing fence and the token budget end it): code well
+    # past the budget's `code` bound, `<` included, still matches and parses.
+    code = [i for i, (kind, _) in enumerate(parts) if kind == "code"]
+    assert len(code) == (1 if key in ("solver_code", "challenger_code") else 0)
+    for i in code:
+        long_code = _LONG_CODE * (3 * role_bounds(key, budget)["code"] // len(_LONG_CODE) + 1)
+        assert len(long_code) > 3 * role_bounds(key, budget)["code"]
+        s = _join(parts, {i: long_code})
+        assert rx.fullmatch(s) and PARSERS[key](s).format_reward == 1.0, (key, budget)
+        assert _code_field(key, s) == long_code.strip()
     for _ in range(30):
         s = _example(key, rng, budget)
         assert rx.fullmatch(s) and PARSERS[key](s).format_reward == 1.0
+
+
+def _quantified(rx: str) -> list[tuple[int, int, str]]:
+    """(start, end, quantifier) for every quantified atom of `rx`, in the regex subset `role_regex` writes:
+    the atom `rx[start:end]` is a group `(...)`, a class `[...]`, an escape or one character; the quantifier
+    is `*`, `+`, `?` or `{...}`. Escapes and classes are skipped over, so `\\(`, `\\)` and `[^()]` open no group."""
+    out, stack, atom, i = [], [], None, 0
+    while i < len(rx):
+        c = rx[i]
+        if c == "\\":
+            atom, i = (i, i + 2), i + 2
+        elif c == "[":
+            j = i + 1
+            j += rx[j] == "^"
+            j += rx[j] == "]"                       # a `]` first in a class is literal
+            while rx[j] != "]":
+                j += 2 if rx[j] == "\\" else 1
+            atom, i = (i, j + 1), j + 1
+        elif c == "(":
+            stack.append(i)
+            atom, i = None, i + 1 + 2 * rx.startswith("?:", i + 1)
+        elif c == ")":
+            atom, i = (stack.pop(), i + 1), i + 1
+        elif c in "*+?{":
+            m = re.compile(r"[*+?]|\{\d*(?:,\d*)?\}").match(rx, i)
+            assert m and atom is not None, (rx, i)
+            out.append((atom[0], atom[1], m.group(0)))
+            atom, i = None, m.end()
+        else:
+            atom, i = (None if c == "|" else (i, i + 1)), i + 1
+    assert not stack, rx
+    return out
+
+
+def _has_alternation(group: str) -> bool:
+    """Whether `group` holds a `|` outside escapes and character classes."""
+    bare = re.sub(r"\\.", "", group)
+    return "|" in re.sub(r"\[\^?\]?[^\]]*\]", "", bare)
+
+
+def _slow_repetitions(rx: str) -> list[str]:
+    """Bounded repetitions `(...|...){m,n}` of a group holding an alternation: the form that costs xgrammar
+    ~0.4 s per token on a 49k vocabulary."""
+    return [rx[s:e] + q for s, e, q in _quantified(rx)
+            if q.startswith("{") and rx[s] == "(" and _has_alternation(rx[s:e])]
+
+
+def test_guard_finds_bounded_repetitions_of_alternations():
+    assert _slow_repetitions(r"[!-;=-~](?:[^<]|<[^</aipqsAIPQS]){0,400}</plan>") == [
+        r"(?:[^<]|<[^</aipqsAIPQS]){0,400}"]
+    assert _slow_repetitions(r"```python\n(?:[^<`]|<[^</aipqsAIPQS`]){1,90}```") == [
+        r"(?:[^<`]|<[^</aipqsAIPQS`]){1,90}"]
+    assert _slow_repetitions(r"(?:a(?:b|c)d){2}") == [r"(?:a(?:b|c)d){2}"]
+    assert _slow_repetitions(r"x(?:(?:b|c)+){3,}") == [r"(?:(?:b|c)+){3,}"]
+    for fine in (r"[^<]{0,400}", r"(?:[^<`]|<[^</`])+```", r"\((?:a|b)\){0,3}", r"[^\n<()|]{0,10}",
+                 r"(?:\[[^\n<|]{0,38}\]\n){1,5}", r"(?:10|[1-9])</score>", r"(?: -> [^\n<:]{1,26})?"):
+        assert _slow_repetitions(fine) == [], fine
+
+
+@pytest.mark.parametrize("budget", [None, 64, 192, 1024])
+def test_role_regex_has_no_bounded_repetition_of_an_alternation(budget):
+    for key in ROLE_REGEX:
+        rx = ROLE_REGEX[key] if budget is None else role_regex(key, budget)
+        assert _slow_repetitions(rx) == [], (key, budget)
+        # Unbounded repetition only for a code block's body, between its fences: the rest is bounded.
+        for s, e, q in _quantified(rx):
+            if q in ("*", "+") or re.fullmatch(r"\{\d*,\}", q):
+                assert rx[:s].endswith(r"```python\n") and rx[e + len(q):].startswith("```"), (key, rx[s:e] + q)
+    assert ROLE_REGEX == {key: role_regex(key) for key in ROLE_REGEX}
 
 
 @pytest.fixture(scope="module")
@@ -333,14 +479,45 @@ def test_role_regex_compiles_in_xgrammar_and_agrees_with_re(key, xgr_compiler):
     for s in [EXAMPLES[key], _example(key, rng, fill=True)] + [_example(key, rng) for _ in range(15)]:
         assert _accepts(xgr, compiled, s), (key, s)
     bad = [EXAMPLES[key][:-3], EXAMPLES[key] + "x", "", "<score>11</score>", "hello"]
+    parts = _parts(key, rng)
+    for i, (kind, text) in enumerate(parts):
+        if kind == "prose":
+            bad.append(_join(parts, {i: _with_lt(text)}))                  # `<` in prose
+        elif kind == "code":
+            bad.append(_join(parts, {i: text + "\n# </answer>\n"}))      # a tag inside code
+            good = _join(parts, {i: _LONG_CODE * 3})                       # `<` in code, past the old bound
+            assert _accepts(xgr, compiled, good) and re.fullmatch(ROLE_REGEX[key], good), (key, good)
     for s in bad:
         assert not _accepts(xgr, compiled, s) and not re.fullmatch(ROLE_REGEX[key], s), (key, s)
     tight = compiler.compile_regex(role_regex(key, 96))
     assert _accepts(xgr, tight, _example(key, rng, 96, fill=True))
 
 
-def test_regex_content_cannot_open_a_tag():
+def test_regex_prose_holds_no_lt_and_code_cannot_open_a_tag():
     rx = re.compile(ROLE_REGEX["solver_math"])
     assert not rx.fullmatch("<plan>x</plan><answer>1</answer>")
     assert not rx.fullmatch("a <Score> <answer>1</answer>")
-    assert rx.fullmatch("a <b and a<=3 <answer>1</answer>")
+    for prose in ("a <b and a<=3 ", "3 < 4", "x<y", "<"):                  # any `<` in prose is refused
+        assert not rx.fullmatch(prose + "<answer>1</answer>"), prose
+        assert not rx.fullmatch("a <answer>" + prose + "</answer>"), prose
+    assert rx.fullmatch("a less than b and a at most 3 <answer>1</answer>")
+    assert not re.fullmatch(ROLE_REGEX["planner"], "<plan>\n1. check a<b</plan>")
+    assert not re.fullmatch(ROLE_REGEX["critic"], "fine, x <= y <score>5</score>")
+    assert not re.fullmatch(ROLE_REGEX["challenger_math"], "<question>Is 3<4?</question>\n<answer>yes</answer>")
+
+    def solver(code):
+        return "Code.\n<answer>\n```python\n" + code + "```\n</answer>"
+
+    def challenger(code):
+        return CODE_OK.replace("def add(a: int, b: int) -> int:\n    return a + b\n", code)
+
+    for build, key in ((solver, "solver_code"), (challenger, "challenger_code")):
+        crx = re.compile(ROLE_REGEX[key])
+        assert crx.fullmatch(build("def add(a, b):\n    return a + b\n"))
+        for code in ("def f(a, b):\n    return a<b and a <= 3 or b< 2\n", "x = 1 <3\n", "y = [i for i in r if i<x]\n"):
+            s = build(code)
+            assert crx.fullmatch(s) and PARSERS[key](s).format_reward == 1.0, (key, code)
+            assert _code_field(key, s) == code.strip()
+        for closer in ("</answer>", "</solution>", "</inputs>", "</x>", "<answer>", "<plan>", "<Score>", "<s"):
+            assert not crx.fullmatch(build(f"x = 1\n# {closer}\n")), (key, closer)
+        assert not crx.fullmatch(build("x = `1`\n"))                     # a backtick would close the fence
