@@ -120,3 +120,24 @@ def test_views_on_hand_built_rows(tmp_path):
         assert wh.scalar("SELECT count(*) FROM pool WHERE run_id = 'r'") == 2
         gate = wh.rows("SELECT plans, passed, withheld, pass_rate FROM gate_stats")[0]
         assert gate == {"plans": 2, "passed": 1, "withheld": 1, "pass_rate": 0.5}
+
+
+def test_novelty_and_diversity_views(tmp_path):
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        wh.insert_batch("runs", [_run_row("r")])
+        q = lambda qid, origin, text, it=None: dict(  # noqa: E731
+            question_id=qid, origin=origin, domain="math", text=text, verifier={"answer": "1"}, norm_hash=qid,
+            run_id=None if origin == "seed" else "r", iteration=it, admitted=origin == "generated" or None,
+            admitted_iteration=it)
+        wh.insert_batch("questions", [
+            q("s", "seed", "what is two plus two"),                  # trigrams: what is two / is two plus / two plus two
+            q("a", "generated", "what is two plus three", 1),        # 3 trigrams, 2 of them in the seed
+            q("b", "generated", "how many apples are left", 2),      # 3 trigrams, all new
+            q("c", "generated", "what is two times two", 2),         # 'what is two' seen in seeds and iteration 1
+        ])
+        rows = {r["iteration"]: r for r in wh.rows("SELECT * FROM curriculum_novelty ORDER BY iteration")}
+        assert rows[1]["trigrams"] == 3 and rows[1]["novelty_vs_seeds"] == pytest.approx(1 / 3)
+        assert rows[1]["novelty_vs_earlier"] == 1.0
+        assert rows[2]["trigrams"] == 6 and rows[2]["distinct_trigrams"] == 6 and rows[2]["diversity"] == 1.0
+        assert rows[2]["novelty_vs_seeds"] == pytest.approx(5 / 6)
+        assert rows[2]["novelty_vs_earlier"] == pytest.approx(5 / 6)
