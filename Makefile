@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 # takes the CUDA build from the index as usual.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup test test-slow sandbox-deps clean
+.PHONY: setup run test test-slow sandbox-deps clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,10 @@ sandbox-deps:
 			(apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || \
 			echo "warning: could not install bubblewrap; the sandbox falls back to unshare or rlimits"; \
 		else echo "note: bubblewrap not found; install it (apt-get install bubblewrap) for the strongest sandbox"; fi; fi
+
+# The main job on the embedded default (configs/cpu.yaml): seeds, then SAGE iterations of SmolLM2-135M.
+run: setup
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/sage run
 
 test: setup
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/pytest -q

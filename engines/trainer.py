@@ -112,13 +112,16 @@ def resolve_device(device: str | None) -> str:
 
 
 def resolve_dtype(dtype: str, device: str):
-    """`auto`: bfloat16 on a CUDA device that supports it, else float32."""
+    """`auto`: bfloat16 on a CUDA device or CPU that supports it natively, else float32. The LoRA weights
+    stay float32 either way (peft upcasts adapters), so only the frozen base runs in bf16."""
     import torch
 
+    from engines.llm.models import cpu_supports_bf16
+
     if dtype == "auto":
-        if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
+        if device.startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+        return torch.bfloat16 if cpu_supports_bf16() else torch.float32
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
     if dtype not in table:
         raise ValueError(f"dtype {dtype!r}: use auto, float32 or bfloat16")

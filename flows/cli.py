@@ -36,7 +36,9 @@ def _config(config: str, overrides: list[str] | None):
 
 
 def warehouse_path(directory: str | Path) -> Path:
-    return Path(directory).expanduser() / "warehouse.duckdb"
+    from flows.session import warehouse_path as path
+
+    return path(directory)
 
 
 def _open(path: Path, read_only: bool = False):
@@ -183,9 +185,9 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None,
     except (session.RunConfigMismatch, WarehouseBusy) as e:
         _fail(str(e), code=3 if isinstance(e, WarehouseBusy) else 2)
     console.print(f"run {rid}: {n} iteration(s) of {cfg.model.name} ({cfg.model.backend}); warehouse {warehouse_path(directory)}")
-    _run_flow(evolve_flow, directory, rid, n)
+    summaries = _run_flow(evolve_flow, directory, rid, n)
     wh = _open(warehouse_path(directory), read_only=True)
-    for k in range(1, n + 1):
+    for k in range(1, len(summaries) + 1):  # early stopping may end the run before n
         _summary(wh, rid, k, directory)
     wh.close()
 
@@ -197,10 +199,10 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
           directory: DirOpt = Path("./sage-runs"),
           force: Annotated[bool, typer.Option("--force", help="Redo the stage even if it is done.")] = False) -> None:
     """Re-run exactly one stage of one iteration (skipped if done, unless --force)."""
-    from flows.iteration import STAGE_NAMES, stage_flow
+    from flows.iteration import RUNNABLE, stage_flow
 
-    if name not in STAGE_NAMES:
-        _fail(f"unknown stage {name!r}; one of: {', '.join(STAGE_NAMES)}")
+    if name not in RUNNABLE:
+        _fail(f"unknown stage {name!r}; one of: {', '.join(RUNNABLE)}")
     if not warehouse_path(directory).exists():
         _fail(f"no warehouse at {warehouse_path(directory)}")
     try:
@@ -245,6 +247,15 @@ def show_config(config: ConfigOpt = "cpu", set_: SetOpt = None,
     cfg = _config(config, set_)
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
 
+
+# Commands defined beside the flows they start (their modules import Prefect when the CLI loads).
+from flows.evaluate import eval_command  # noqa: E402
+from flows.export import export_command  # noqa: E402
+from flows.serve import serve_command  # noqa: E402
+
+app.command("eval")(eval_command)
+app.command("export")(export_command)
+app.command("serve")(serve_command)
 
 if __name__ == "__main__":
     app()

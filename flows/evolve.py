@@ -1,31 +1,101 @@
-"""`sage run`: seeds if needed, then iterations, each a `sage-iteration` subflow.
+"""`sage run`: seeds if needed, validates the base model, then iterations, each a `sage-iteration` subflow,
+with validation, best-checkpoint selection and early stopping.
 
-Iteration k generates with the adapter iteration k - 1 produced. A run id names a config: running the same
-command again resumes the run where it stopped and redoes nothing that is done.
+Iteration k generates with the adapter iteration k - 1 produced. The `validate` stage scores the base model
+before iteration 1 (recorded as iteration 0) and the adapter of iteration k after every `validate.every`-th
+iteration and after the last one. After each validation the checkpoint with the highest val_accuracy
+(ties: the earliest) is marked `is_best`, and the run stops early once `validate.patience` validations in a
+row have not beaten the best (only while training is on: with `train.enabled` false every validation
+scores the same base model, so it is recorded but never stops the run). Without validation questions in the
+warehouse the run validates nothing and never stops early (a warning says so). A run id names a config:
+running the same command again resumes the run where it stopped, redoes nothing that is done, and takes the
+best/stop decisions again from the warehouse (an early-stopped run stops again at the same iteration).
 """
 
 from __future__ import annotations
 
-from prefect import flow
+from dataclasses import dataclass
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
 
 from flows import session
-from flows.iteration import iteration_flow
+from flows.iteration import _PROGRESS, iteration_flow, stage_task
 from flows.record import run_recorded
 from stages import seed as seed_stage
 from warehouse.queries import set_run_status
+from warehouse.validate_queries import count_validation_questions, mark_best, validation_history
+
+
+@dataclass
+class StopDecision:
+    stop: bool
+    best_iteration: int | None
+    best_accuracy: float | None
+    since_best: int            # validations after the best one, none of which beat it
+    reason: str
+
+
+def stop_decision(history: list[tuple[int, float]], patience: int) -> StopDecision:
+    """Early stopping over (iteration, val_accuracy) in iteration order: the best is the first maximum, and
+    the run stops once `patience` later validations have not been strictly better."""
+    if not history:
+        return StopDecision(False, None, None, 0, "no validation yet")
+    best_at = max(range(len(history)), key=lambda i: (history[i][1], -i))
+    best_iteration, best = history[best_at]
+    since = len(history) - 1 - best_at
+    stop = since >= patience
+    reason = (f"validation accuracy has not improved on {best:.4f} (iteration {best_iteration}) for {since} "
+              f"validation(s) (validate.patience={patience})")
+    return StopDecision(stop, best_iteration, best, since, reason)
+
+
+def validates_after(k: int, every: int, last: int) -> bool:
+    return k % every == 0 or k == last
+
+
+def _validate(directory: str, run_id: str, iteration: int, patience: int) -> StopDecision:
+    """Validate iteration `iteration` (skipped when done), re-mark the best and decide from the warehouse."""
+    stage_task(session.context(directory, run_id, iteration, progress=_PROGRESS.get("fn")), "validate")
+    wh = session.warehouse(directory)
+    mark_best(wh, run_id)
+    history = validation_history(wh, run_id, upto_iteration=iteration)
+    _publish(run_id, history)
+    return stop_decision([(r["iteration"], r["val_accuracy"]) for r in history], patience)
 
 
 @flow(name="sage-run", flow_run_name="{run_id}")
 def evolve_flow(directory: str, run_id: str, iterations: int) -> list[dict]:
+    log = get_run_logger()
     ctx = session.context(directory, run_id, 0)
+    v = ctx.cfg.validate
     set_run_status(ctx.wh, run_id, "running")
-    run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
     summaries = []
     try:
+        run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
+        validating = count_validation_questions(ctx.wh) > 0
+        if not validating:
+            log.warning("no validation questions in the warehouse: no validation, best checkpoint or early stopping")
+        decision = _validate(directory, run_id, 0, v.patience) if validating else None
         for k in range(1, iterations + 1):
+            if decision is not None and decision.stop and ctx.cfg.train.enabled:
+                log.info(f"early stop before iteration {k}: {decision.reason}; best checkpoint is iteration "
+                         f"{decision.best_iteration}")
+                break
             summaries.append(iteration_flow(directory, run_id, k))
+            if validating and validates_after(k, v.every, iterations):
+                decision = _validate(directory, run_id, k, v.patience)
+                log.info(f"validated iteration {k}: best val_accuracy {decision.best_accuracy} at iteration "
+                         f"{decision.best_iteration}, {decision.since_best} validation(s) since")
     except BaseException:
         set_run_status(ctx.wh, run_id, "failed")
         raise
     set_run_status(ctx.wh, run_id, "done")
     return summaries
+
+
+def _publish(run_id: str, history: list[dict]) -> None:
+    rows = [{k: (None if val is None else str(val)) for k, val in r.items()} for r in history]
+    key = f"{run_id}-validation".lower().replace("_", "-")
+    create_table_artifact(table=rows, key=key, description=f"SAGE run {run_id}: validation curve (is_best marks "
+                                                           f"the checkpoint to export)")

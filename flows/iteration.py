@@ -15,7 +15,7 @@ from prefect.cache_policies import NONE
 
 from flows import session
 from flows.record import run_recorded
-from stages import admit, challenge, critique, plan, score, solve, train, verify
+from stages import admit, challenge, critique, plan, score, solve, train, validate, verify
 from stages.context import StageContext, StageReport
 from warehouse.queries import finish_iteration, iteration_summary, start_iteration
 
@@ -35,6 +35,10 @@ STAGES: tuple[tuple[str, Callable[[StageContext], StageReport]], ...] = (
     ("train", train.run),
 )
 STAGE_NAMES = tuple(name for name, _ in STAGES)
+# Run outside the per-iteration order: validation of iteration k's adapter (0 = the base model), which
+# flows/evolve.py schedules every `validate.every` iterations.
+EXTRA_STAGES: dict[str, Callable[[StageContext], StageReport]] = {"validate": validate.run}
+RUNNABLE = {**dict(STAGES), **EXTRA_STAGES}
 
 _TRANSIENT = (ConnectionError, TimeoutError, BrokenPipeError, MemoryError)
 
@@ -54,7 +58,7 @@ def _transient(task, task_run, state) -> bool:
 
 @task(task_run_name="{name}", retries=2, retry_delay_seconds=5, retry_condition_fn=_transient, cache_policy=NONE)
 def stage_task(ctx: StageContext, name: str, force: bool = False) -> dict | None:
-    fn = dict(STAGES)[name]
+    fn = RUNNABLE[name]
     report = run_recorded(ctx, name, fn, run_id=ctx.run_id, iteration=ctx.iteration, force=force)
     return None if report is None else {"rows_in": report.rows_in, "rows_out": report.rows_out, **report.info}
 
@@ -79,10 +83,11 @@ def iteration_flow(directory: str, run_id: str, iteration: int) -> dict:
 @flow(name="sage-stage", flow_run_name="{run_id}-iteration-{iteration}-{stage}")
 def stage_flow(directory: str, run_id: str, iteration: int, stage: str, force: bool = False) -> dict | None:
     """Re-run exactly one stage of one iteration (`force` redoes a finished one)."""
-    if stage not in STAGE_NAMES:
-        raise ValueError(f"unknown stage {stage!r}; one of {', '.join(STAGE_NAMES)}")
+    if stage not in RUNNABLE:
+        raise ValueError(f"unknown stage {stage!r}; one of {', '.join(RUNNABLE)}")
     ctx = session.context(directory, run_id, iteration, progress=_PROGRESS.get("fn"))
-    start_iteration(ctx.wh, run_id, iteration, ctx.adapter)
+    if stage in STAGE_NAMES:
+        start_iteration(ctx.wh, run_id, iteration, ctx.adapter)
     return stage_task(ctx, stage, force=force)
 
 

@@ -53,7 +53,8 @@ def _code_verdicts(ctx: StageContext, rows: list[dict]) -> list[dict]:
     return verdicts
 
 
-def _run(ctx: StageContext, purpose: str, stage: str) -> StageReport:
+def verify_rollouts(ctx: StageContext, purpose: str, stage: str) -> StageReport:
+    """Verdicts for every unverified Solver rollout of `purpose` this iteration (validate uses it too)."""
     pending = unverified_rollouts(ctx.wh, ctx.run_id, ctx.iteration, purpose)
     step = ctx.cfg.run.batch_rows
     written = 0
@@ -73,8 +74,8 @@ def _run(ctx: StageContext, purpose: str, stage: str) -> StageReport:
 
 
 def run_probe(ctx: StageContext) -> StageReport:
-    return _run(ctx, "probe", "verify_probe")
+    return verify_rollouts(ctx, "probe", "verify_probe")
 
 
 def run_solve(ctx: StageContext) -> StageReport:
-    return _run(ctx, "solve", "verify")
+    return verify_rollouts(ctx, "solve", "verify")

@@ -27,14 +27,13 @@ from __future__ import annotations
 import gc
 import inspect
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from configs.schema import ModelConfig
 from engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
-from engines.llm.models import resolve_model
+from engines.llm.models import cpu_supports_bf16, resolve_model
 
 FAST_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 _MASK64 = 2**64 - 1
@@ -46,11 +45,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
         return getattr(torch, name)
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return torch.float32
-    return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
 
 
 def uniform(seed: int, step: int) -> float:

@@ -104,3 +104,13 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def cpu_supports_bf16() -> bool:
+    """True on CPUs with native bf16 matmuls (AVX512-BF16 or AMX), where bf16 runs about twice as fast as
+    fp32 for generation and training (measured with SmolLM2 on this project's 2-core machines)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

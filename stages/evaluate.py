@@ -1,0 +1,202 @@
+"""evaluate: score the base model or a checkpoint's adapter on a benchmark, pass@1 greedy and pass@k sampled.
+
+Reads: benchmark problems from `engines.benchmarks` (offline packages, the hub, or a local file given as
+`name=path`), and the adapter of the checkpoint being evaluated (`ctx.adapter`; None for the base model).
+Generates in one `llm.generate` call per (checkpoint, benchmark): a greedy answer per problem, plus, when
+n > 1, n samples per problem at `roles.solver` temperature/top_p. Math answers are extracted and checked
+with the math checker; code runs in the sandbox and counts as correct only when every test passes
+(s_gt == 1.0). Writes: `evaluations` rows, metric `pass@1` (greedy) and `pass@k` for each k (unbiased
+estimator over the n samples), `n` = problems scored, `decoding` = the settings that determine the number
+plus `correct`, the per-problem count of correct samples it was computed from (not part of the id).
+Idempotency key: eval_id = content hash of (run, checkpoint, benchmark, metric, n, decoding settings); a
+(checkpoint, benchmark) whose rows are all stored generates nothing. Fails: BenchmarkUnavailable when the
+data cannot be read, ValueError for an unknown checkpoint; engine errors propagate; model output never fails.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from engines import tags
+from engines.benchmarks import BENCHMARKS, Problem, code_job, complete_code_verifiers, expected_of, \
+    load_benchmark, pass_at_k
+from engines.llm.base import GenRequest
+from engines.sandbox import score_outputs
+from stages.context import StageContext, StageReport
+from stages.prompts import TEMPLATE_VERSION, render
+from warehouse import content_id, seed_from_id
+from warehouse.eval_queries import checkpoint as checkpoint_row
+from warehouse.eval_queries import checkpoint_iterations, insert_evaluations, stored_evaluations
+
+BASE = "base"
+_IMPORT_LINE = re.compile(r"^(?:from\s+[\w.]+\s+import\s+[^\n]+|import\s+[\w., ]+)$", re.M)
+
+
+@dataclass
+class Target:
+    """One model to evaluate: `label` as the user named it, `checkpoint` as stored ('base' or the adapter path)."""
+    label: str
+    checkpoint: str
+    adapter: str | None = None
+    iteration: int | None = None
+
+
+def resolve_checkpoint(wh, run_id: str | None, which: str) -> Target:
+    """'base', 'best', 'latest' or an iteration number of `run_id`, with its adapter path from `checkpoints`."""
+    which = str(which).strip().lower()
+    if which == BASE:
+        return Target(BASE, BASE)
+    if which not in ("best", "latest") and not which.isdigit():
+        raise ValueError(f"checkpoint {which!r}: use base, best, latest or an iteration number")
+    if run_id is None:
+        raise ValueError(f"checkpoint {which!r} belongs to a run: pass --run (only 'base' works without one)")
+    row = checkpoint_row(wh, run_id, which)
+    if row is None:
+        have = checkpoint_iterations(wh, run_id)
+        hint = (f"run {run_id!r} has checkpoints at iterations {have}" if have
+                else f"run {run_id!r} has no checkpoints yet (the train stage writes them)")
+        if which == "best" and have:
+            hint += "; none is marked best yet (validation marks it)"
+        raise ValueError(f"no checkpoint {which!r} in run {run_id!r}: {hint}")
+    label = f"iteration {row['iteration']}" if which.isdigit() else f"{which} (iteration {row['iteration']})"
+    return Target(label, row["adapter_path"], row["adapter_path"], row["iteration"])
+
+
+def parse_benchmark(spec: str) -> tuple[str, str | None]:
+    """`name` or `name=path/to/local.jsonl` -> (name, path)."""
+    name, _, path = spec.partition("=")
+    name = name.strip().lower()
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)} "
+                         f"(hub sets also take a local file: gsm8k=path/to/test.jsonl)")
+    return name, (path.strip() or None)
+
+
+def load_problems(ctx: StageContext, spec: str, limit: int | None = None) -> list[Problem]:
+    """The first `limit` problems of a benchmark, code verifiers completed (references run in the sandbox;
+    problems whose reference is nondeterministic are dropped)."""
+    name, path = parse_benchmark(spec)
+    problems = load_benchmark(name, limit=limit, path=path)
+    if any(p.domain == "code" and "outputs" not in p.verifier and p.verifier.get("kind") != "stdin"
+           for p in problems):
+        problems = complete_code_verifiers(problems, ctx.sandbox)
+    return problems
+
+
+# ------------------------------------------------------------------------------------------ decoding
+
+def decoding_settings(ctx: StageContext, spec: str, problems: list[Problem], samples: int) -> dict:
+    """What determines a number besides the checkpoint: model, prompts, sampling, answer length, data."""
+    solver = ctx.cfg.roles.solver
+    greedy = samples == 1
+    name, path = parse_benchmark(spec)
+    templates = sorted({TEMPLATE_VERSION[f"solver_{p.domain}"] for p in problems})
+    return {"model": ctx.cfg.model.name, "templates": templates,
+            "temperature": 0.0 if greedy else solver.temperature, "top_p": 1.0 if greedy else solver.top_p,
+            "samples": samples, "max_new_tokens": solver.max_new_tokens, "constrain": solver.constrain,
+            "seed": ctx.cfg.run.seed, "data": path or name,
+            "problem_set": content_id([(p.problem_id, p.question) for p in problems])}
+
+
+def eval_id(run_id: str | None, checkpoint: str, benchmark: str, metric: str, n: int, settings: dict) -> str:
+    return content_id("evaluation", run_id, checkpoint, benchmark, metric, n, settings)
+
+
+def _metrics(settings_greedy: dict, settings_sampled: dict | None, ks: list[int]) -> list[tuple[str, int, dict]]:
+    """(metric, k, settings) of every row one (checkpoint, benchmark) produces."""
+    out = [("pass@1", 1, settings_greedy)]
+    if settings_sampled is not None:
+        out += [(f"pass@{k}", k, {**settings_sampled, "k": k}) for k in ks]
+    return out
+
+
+def _request(ctx: StageContext, p: Problem, samples: int) -> GenRequest:
+    solver = ctx.cfg.roles.solver
+    regex = tags.role_regex(tags.role_key("solver", p.domain), solver.max_new_tokens) if solver.constrain else None
+    seed = seed_from_id(content_id(ctx.cfg.run.seed, "evaluate", p.benchmark, p.problem_id, samples))
+    greedy = samples == 1
+    return GenRequest(messages=render(f"solver_{p.domain}", question=p.question), n=samples,
+                      max_new_tokens=solver.max_new_tokens, temperature=0.0 if greedy else solver.temperature,
+                      top_p=1.0 if greedy else solver.top_p, seed=seed, regex=regex)
+
+
+# ------------------------------------------------------------------------------------------ scoring
+
+def program(p: Problem, code: str) -> str:
+    """The code to run for a code answer: the question's imports first (HumanEval's `from typing import List`),
+    and the question itself in front of a body-only completion when the question defines the function."""
+    entry = p.verifier.get("entry_point")
+    if entry and not re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry)}\s*\(", code, re.M) \
+            and re.search(rf"^def\s+{re.escape(entry)}\s*\(", p.question, re.M):
+        code = p.question.rstrip("\n") + "\n" + code
+    header = "\n".join(_IMPORT_LINE.findall(p.question)) if p.verifier.get("kind") != "stdin" else ""
+    return f"{header}\n{code}" if header else code
+
+
+def score(ctx: StageContext, items: list[tuple[Problem, str]]) -> list[bool]:
+    """Whether each (problem, completion text) is correct: math by the checker, code by every test passing."""
+    from engines.mathcheck import extract_answer
+
+    correct = [False] * len(items)
+    math_idx, pairs, code_idx, jobs = [], [], [], []
+    for i, (p, text) in enumerate(items):
+        answer = tags.parse_solver(text, p.domain).fields.get("answer")
+        if p.domain == "math":
+            pred = extract_answer(answer) or (answer or "").strip() or extract_answer(text)
+            if pred:
+                math_idx.append(i)
+                pairs.append((str(p.verifier["answer"]), pred))
+        elif answer:
+            code_idx.append(i)
+            jobs.append(code_job(p.verifier, program(p, answer)))
+    for i, s in zip(math_idx, ctx.mathcheck.check_many(pairs) if pairs else []):
+        correct[i] = s == 1.0
+    for i, res in zip(code_idx, ctx.sandbox.execute(jobs)):
+        s_gt, _ = score_outputs(expected_of(items[i][0].verifier), res)
+        correct[i] = s_gt == 1.0
+    return correct
+
+
+# ------------------------------------------------------------------------------------------ the stage
+
+def run(ctx: StageContext, target: Target, spec: str, problems: list[Problem], n: int = 1,
+        ks: list[int] | tuple[int, ...] = ()) -> StageReport:
+    """Evaluate `target` (its adapter must be `ctx.adapter`) on `problems` of benchmark `spec`; write the
+    missing `evaluations` rows. `info["eval_ids"]` names every row this evaluation stands for."""
+    if n < 1 or any(not 1 <= k <= n for k in ks):
+        raise ValueError(f"pass@k needs 1 <= k <= n samples; got n={n}, k={list(ks)} (raise --n or lower --k)")
+    name, _ = parse_benchmark(spec)
+    greedy_set = decoding_settings(ctx, spec, problems, 1)
+    sampled_set = decoding_settings(ctx, spec, problems, n) if n > 1 and ks else None
+    metrics = _metrics(greedy_set, sampled_set, list(ks))
+    ids = [eval_id(ctx.run_id, target.checkpoint, name, m, len(problems), s) for m, _, s in metrics]
+    have = stored_evaluations(ctx.wh, ids)
+    info = {"eval_ids": ids, "benchmark": name, "checkpoint": target.label}
+    if not problems or len(have) == len(ids):
+        return StageReport("evaluate", rows_in=len(problems), rows_out=0, info=info)
+
+    want_greedy = ids[0] not in have
+    want_sampled = sampled_set is not None and any(i not in have for i in ids[1:])
+    requests = ([_request(ctx, p, 1) for p in problems] if want_greedy else []) + \
+               ([_request(ctx, p, n) for p in problems] if want_sampled else [])
+    stage = f"evaluate {name} {target.label}"
+    ctx.report(stage, 0, len(requests))
+    results = ctx.llm.generate(requests, progress=lambda done, total, tok: ctx.report(stage, done, total, tok))
+    items = [(problems[i % len(problems)], c.text) for i, r in enumerate(results) for c in r.completions]
+    flags = iter(score(ctx, items))
+    greedy_c = [int(next(flags)) for _ in problems] if want_greedy else None
+    sampled_c = [sum(next(flags) for _ in range(n)) for _ in problems] if want_sampled else None
+
+    rows = []
+    for (metric, k, settings), row_id in zip(metrics, ids):
+        counts = greedy_c if settings is greedy_set else sampled_c
+        if row_id in have or counts is None:
+            continue
+        samples = settings["samples"]
+        value = sum(pass_at_k(samples, c, k) for c in counts) / len(counts)
+        rows.append(dict(eval_id=row_id, run_id=ctx.run_id, checkpoint=target.checkpoint, benchmark=name,
+                         metric=metric, value=value, n=len(problems),
+                         decoding={**settings, "correct": {p.problem_id: c for p, c in zip(problems, counts)}}))
+    written = insert_evaluations(ctx.wh, rows)
+    return StageReport("evaluate", rows_in=len(problems), rows_out=written, info=info)

@@ -1,0 +1,78 @@
+"""The closed loop on the tiny local model: `sage run` trains an adapter per iteration, the next iteration
+generates with it, and a SIGKILL during training re-does only that training."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from warehouse import Warehouse
+
+SMALL = ["seeds.n_math=12", "seeds.n_code=4", "validate.n_math=2", "validate.n_code=2",
+         "iteration.n_challenge=4", "iteration.n_plan=4", "iteration.n_probe=2", "iteration.n_solve=2",
+         "roles.challenger.max_new_tokens=96", "roles.planner.max_new_tokens=48",
+         "roles.critic.max_new_tokens=32", "roles.solver.max_new_tokens=64", "train.lora_rank=4",
+         "train.lora_alpha=8", "train.minibatch_size=4", "validate.max_new_tokens=64"]
+
+
+def sage_run(tiny_model, directory, *extra, iterations=1, **kw):
+    args = [sys.executable, "-m", "flows.cli", "run", "--run", "loop", "--iterations", str(iterations)]
+    for s in [f"run.dir={directory}", f"model.name={tiny_model}", f"model.cache_dir={directory}/models",
+              *SMALL, *extra]:
+        args += ["--set", s]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_three_iterations_generate_with_previous_adapters(prefect_api, tiny_model, tmp_path):
+    p = sage_run(tiny_model, tmp_path, iterations=3)
+    out, err = p.communicate(timeout=900)
+    assert p.returncode == 0, err[-3000:]
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        used = wh.rows("SELECT iteration, list(DISTINCT adapter) AS adapters FROM rollouts "
+                       "WHERE purpose <> 'validate' GROUP BY iteration ORDER BY iteration")
+        made = {r["iteration"]: r["adapter_path"] for r in wh.rows("SELECT iteration, adapter_path FROM checkpoints "
+                                                                   "WHERE iteration > 0")}
+        validated = wh.rows("SELECT iteration, adapter FROM rollouts WHERE purpose = 'validate' "
+                            "GROUP BY ALL ORDER BY iteration")
+        iters = wh.rows("SELECT iteration, adapter_in, adapter_out FROM iterations ORDER BY iteration")
+    assert used[0]["adapters"] == [None]
+    assert used[1]["adapters"] == [made[1]] and used[2]["adapters"] == [made[2]]
+    assert [(i["adapter_in"], i["adapter_out"]) for i in iters] == [(None, made[1]), (made[1], made[2]),
+                                                                    (made[2], made[3])]
+    for path in made.values():
+        assert os.path.exists(os.path.join(path, "adapter_config.json"))
+    # validation: the base model (iteration 0), then each iteration's own adapter
+    assert validated == [{"iteration": 0, "adapter": None}] + [{"iteration": k, "adapter": made[k]} for k in (1, 2, 3)]
+
+
+def test_sigkill_during_training_redoes_only_training(prefect_api, tiny_model, tmp_path):
+    # train.isolate: training runs in its own process, which gives the test a window to kill the run
+    p = sage_run(tiny_model, tmp_path, "train.isolate=true", start_new_session=True)
+    adapters = tmp_path / "adapters" / "loop"
+    deadline = time.time() + 600
+    while not adapters.exists() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert adapters.exists(), "the run never reached the train stage"
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait(30)
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT count(*) FROM checkpoints WHERE iteration > 0") == 0
+        assert wh.scalar("SELECT status FROM stage_runs WHERE stage = 'train'") == "running"
+        rollouts_before = wh.count("rollouts")
+    p = sage_run(tiny_model, tmp_path, "train.isolate=true")
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        attempts = {r["stage"]: r["attempts"] for r in wh.rows("SELECT stage, attempts FROM stage_runs "
+                                                               "WHERE run_id = 'loop'")}
+        assert attempts.pop("train") == 2 and set(attempts.values()) == {1}
+        assert wh.count("rollouts") == rollouts_before
+        assert wh.scalar("SELECT count(*) FROM checkpoints WHERE iteration > 0") == 1
+    # a finished iteration is never retrained
+    p = sage_run(tiny_model, tmp_path, "train.isolate=true")
+    p.communicate(timeout=600)
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT attempts FROM stage_runs WHERE stage = 'train'") == 2

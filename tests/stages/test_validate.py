@@ -1,0 +1,140 @@
+"""The validate stage on known scripted answers (ScriptedLLM), the real warehouse, math checker and sandbox."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs import config_hash, config_json, load_config
+from stages import validate
+from stages.context import StageContext
+from tests.flows.scripted_run import OVERRIDES
+from tests.scripted import ScriptedLLM, prompt_text
+from warehouse import Warehouse, content_id, norm_hash
+from warehouse.queries import record_checkpoint, start_iteration
+
+# (question, verifier); the scripted Solver below gets math 2 of 3 right and code 1.0 + 0.5
+MATH = [("What is 2+3?", "5"), ("What is 6*7?", "42"), ("What is 10-4?", "6")]
+CODE = [("Write add(a, b) returning a + b.", {"entry_point": "add", "inputs": [[1, 2], [3, 4]], "outputs": [3, 7]}),
+        ("Write mul(a, b) returning a * b.", {"entry_point": "mul", "inputs": [[2, 3], [4, 5]], "outputs": [6, 20]})]
+ANSWERS = {"2+3": "5", "6*7": "42", "10-4": "6"}
+
+
+def validation_rows(math=MATH, code=CODE) -> list[dict]:
+    rows = [dict(question_id=content_id("val", q), origin="validation", domain="math", text=q, verifier={"answer": a},
+                 norm_hash=norm_hash(q), source="test") for q, a in math]
+    rows += [dict(question_id=content_id("val", q), origin="validation", domain="code", text=q, verifier=v,
+                  norm_hash=norm_hash(q), source="test") for q, v in code]
+    return rows
+
+
+def math_answer(text: str, right: bool) -> str:
+    key = next(k for k in ANSWERS if k in text)
+    return f"The answer is <answer>\\boxed{{{ANSWERS[key] if right else '-1'}}}</answer>"
+
+
+def code_answer(body: str, name: str) -> str:
+    return f"<answer>\n```python\ndef {name}(a, b):\n    return {body}\n```\n</answer>"
+
+
+def solver(req, adapter) -> str:
+    """Base model: math right except 10-4; add right; mul right on one of two tests. Any adapter: all right."""
+    text = prompt_text(req)
+    if "add(" in text:
+        return code_answer("a + b", "add")
+    if "mul(" in text:
+        return code_answer("a * b" if adapter else "6", "mul")
+    return math_answer(text, adapter is not None or "10-4" not in text)
+
+
+class Recorder(ScriptedLLM):
+    """ScriptedLLM whose answers depend on the adapter in use, keeping every request it saw."""
+
+    def __init__(self):
+        super().__init__(lambda req: solver(req, self.adapter))
+        self.requests = []
+
+    def generate(self, requests, progress=None):
+        self.requests += requests
+        return super().generate(requests, progress)
+
+
+@pytest.fixture
+def make_ctx(tmp_path):
+    whs = []
+
+    def make(*extra: str, questions: bool = True):
+        cfg = load_config("cpu", [f"run.dir={tmp_path}", *OVERRIDES, "validate.max_new_tokens=77", *extra])
+        wh = Warehouse.open(tmp_path / f"wh{len(whs)}.duckdb")
+        whs.append(wh)
+        wh.insert_batch("runs", [dict(run_id="v", config=config_json(cfg), config_hash=config_hash(cfg),
+                                      base_model=cfg.model.name, seed=0)])
+        seed_q = "What is 1+1?"  # a seed question: in the pool, never validated
+        wh.insert_batch("questions", [dict(question_id="s1", origin="seed", domain="math", text=seed_q,
+                                           verifier={"answer": "2"}, norm_hash=norm_hash(seed_q))]
+                        + (validation_rows() if questions else []))
+        llm = Recorder()
+        engines = {"llm": llm}  # one set of engines (math checker, sandbox) per test, closed at teardown
+        whs.append(StageContext(cfg=cfg, wh=wh, _engines=engines))
+
+        def ctx(iteration: int) -> StageContext:
+            return StageContext(cfg=cfg, wh=wh, run_id="v", iteration=iteration, _engines=engines)
+
+        return ctx, wh, llm
+
+    yield make
+    for x in whs:
+        x.close()
+
+
+def test_baseline_scores_known_answers_greedily(make_ctx):
+    ctx, wh, llm = make_ctx()
+    c0 = ctx(0)
+    report = validate.run(c0)
+    assert report.rows_in == 5 and report.rows_out == 5
+    assert all(r.temperature == 0.0 and r.n == 1 and r.max_new_tokens == 77 and r.regex is None
+               for r in llm.requests)
+    assert len(llm.requests) == 5 and llm.adapters_used and set(llm.adapters_used) == {None}
+    rows = wh.rows("SELECT r.iteration, r.stage, r.role, r.plan_id, r.adapter, r.template, q.origin "
+                   "FROM rollouts r JOIN questions q USING (question_id) WHERE r.purpose = 'validate'")
+    assert len(rows) == 5
+    assert all(r["iteration"] == 0 and r["role"] == "solver" and r["plan_id"] is None and r["adapter"] is None
+               and r["origin"] == "validation" and not r["template"].endswith("_plan@1") for r in rows)
+    cp = wh.rows("SELECT * FROM checkpoints")
+    assert len(cp) == 1 and cp[0]["iteration"] == 0 and cp[0]["adapter_path"] == "base"
+    assert cp[0]["val_math"] == pytest.approx(2 / 3)
+    assert cp[0]["val_code"] == pytest.approx(0.75)
+    assert cp[0]["val_accuracy"] == pytest.approx((1 + 1 + 0 + 1 + 0.5) / 5)
+    assert not cp[0]["is_best"]  # the flow marks the best, not the stage
+
+    # idempotent: nothing generated, verified or changed the second time
+    before = (wh.count("rollouts"), wh.count("verdicts"), len(llm.calls), cp)
+    validate.run(c0)
+    assert (wh.count("rollouts"), wh.count("verdicts"), len(llm.calls), wh.rows("SELECT * FROM checkpoints")) \
+        == before
+
+
+def test_trained_adapter_and_training_off(make_ctx):
+    ctx, wh, llm = make_ctx()
+    c1, c2 = ctx(1), ctx(2)
+    # training off: iteration 1 still validates (the base model), recorded as a 'base' checkpoint
+    validate.run(c1)
+    # an iteration whose train stage wrote an adapter: validate that adapter, keep the row's path and metrics
+    start_iteration(wh, "v", 2, None)
+    record_checkpoint(wh, "v", 2, "/adapters/v/iteration-2", {"loss": 0.5})
+    validate.run(c2)
+    cps = {r["iteration"]: r for r in wh.rows("SELECT * FROM checkpoints")}
+    assert cps[1]["adapter_path"] == "base" and cps[1]["val_accuracy"] == pytest.approx(0.7)
+    assert cps[2]["adapter_path"] == "/adapters/v/iteration-2" and '"loss": 0.5' in cps[2]["metrics"]
+    assert (cps[2]["val_accuracy"], cps[2]["val_math"], cps[2]["val_code"]) == (1.0, 1.0, 1.0)
+    assert llm.adapters_used[-1] == "/adapters/v/iteration-2"
+    assert wh.scalar("SELECT list(DISTINCT adapter) FROM rollouts WHERE iteration = 2") == ["/adapters/v/iteration-2"]
+    assert wh.scalar("SELECT count(DISTINCT rollout_id) FROM rollouts WHERE purpose = 'validate'") == 10
+
+
+def test_training_on_without_adapter_fails_and_no_questions_skips(make_ctx):
+    ctx, wh, _ = make_ctx("train.enabled=true")
+    with pytest.raises(RuntimeError, match="no trained adapter yet"):
+        validate.run(ctx(3))
+    ctx, wh, llm = make_ctx(questions=False)
+    report = validate.run(ctx(0))
+    assert "skipped" in report.info and not llm.calls and wh.count("checkpoints") == 0

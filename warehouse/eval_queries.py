@@ -1,0 +1,53 @@
+"""Named queries behind `sage eval`: which adapter a checkpoint name means, and the `evaluations` rows."""
+
+from __future__ import annotations
+
+from warehouse.db import Warehouse
+from warehouse.queries import existing_ids
+
+
+def checkpoint(wh: Warehouse, run_id: str, which: str) -> dict | None:
+    """The checkpoints row (iteration, adapter_path, val_accuracy, is_best) that `which` names in a run:
+    'best' (marked by validation; the latest of them if several), 'latest' (highest iteration), or an
+    iteration number. None when there is no such checkpoint."""
+    cols = "iteration, adapter_path, val_accuracy, is_best"
+    if which == "best":
+        rows = wh.rows(f"SELECT {cols} FROM checkpoints WHERE run_id = ? AND is_best "
+                       f"ORDER BY iteration DESC LIMIT 1", [run_id])
+    elif which == "latest":
+        rows = wh.rows(f"SELECT {cols} FROM checkpoints WHERE run_id = ? ORDER BY iteration DESC LIMIT 1", [run_id])
+    else:
+        rows = wh.rows(f"SELECT {cols} FROM checkpoints WHERE run_id = ? AND iteration = ?", [run_id, int(which)])
+    return rows[0] if rows else None
+
+
+def checkpoint_iterations(wh: Warehouse, run_id: str) -> list[int]:
+    return [r["iteration"] for r in wh.rows("SELECT iteration FROM checkpoints WHERE run_id = ? ORDER BY iteration",
+                                            [run_id])]
+
+
+def stored_evaluations(wh: Warehouse, eval_ids: list[str]) -> set[str]:
+    """Which of `eval_ids` are already in `evaluations`."""
+    return existing_ids(wh, "evaluations", "eval_id", eval_ids)
+
+
+def insert_evaluations(wh: Warehouse, rows: list[dict]) -> int:
+    """Insert evaluation rows in one transaction (ON CONFLICT DO NOTHING); returns rows added."""
+    return wh.insert_batch("evaluations", rows)
+
+
+def evaluations_by_id(wh: Warehouse, eval_ids: list[str]) -> list[dict]:
+    """The `evaluations` rows with these ids (decoding as JSON text), oldest first."""
+    if not eval_ids:
+        return []
+    marks = ", ".join("?" for _ in eval_ids)
+    return wh.rows(f"SELECT eval_id, run_id, checkpoint, benchmark, metric, value, n, decoding, created_at "
+                   f"FROM evaluations WHERE eval_id IN ({marks}) ORDER BY created_at, benchmark, metric",
+                   list(eval_ids))
+
+
+def run_evaluations(wh: Warehouse, run_id: str | None) -> list[dict]:
+    """Every evaluation of a run (run_id None: evaluations made without a run)."""
+    return wh.rows("SELECT eval_id, run_id, checkpoint, benchmark, metric, value, n, decoding, created_at "
+                   "FROM evaluations WHERE run_id IS NOT DISTINCT FROM ? ORDER BY created_at, benchmark, metric",
+                   [run_id])

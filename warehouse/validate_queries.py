@@ -1,0 +1,78 @@
+"""Named queries behind validation, early stopping and adapter export (the `checkpoints` table).
+
+A checkpoint row is (run, iteration): iteration 0 is the base model (adapter_path 'base'), iteration k > 0
+the adapter iteration k trained (or 'base' again when training is off). Validation fills val_accuracy,
+val_math and val_code; `mark_best` keeps exactly one `is_best` row per validated run.
+"""
+
+from __future__ import annotations
+
+from warehouse.db import Warehouse
+
+BASE = "base"  # adapter_path of a checkpoint that is the base model itself
+
+
+def validation_questions(wh: Warehouse) -> list[dict]:
+    """Every held-out validation question (shared by all runs of the warehouse), in a stable order."""
+    return wh.rows("SELECT question_id, domain, text, verifier FROM questions WHERE origin = 'validation' "
+                   "ORDER BY question_id")
+
+
+def count_validation_questions(wh: Warehouse) -> int:
+    return wh.scalar("SELECT count(*) FROM questions WHERE origin = 'validation'")
+
+
+def validation_scores(wh: Warehouse, run_id: str, iteration: int) -> dict:
+    """Mean s_gt of this iteration's verified validation answers: overall, math, code (None where no answer),
+    plus how many answers each mean covers."""
+    rows = wh.rows("""
+        SELECT avg(v.s_gt)                                  AS val_accuracy,
+               avg(v.s_gt) FILTER (WHERE q.domain = 'math') AS val_math,
+               avg(v.s_gt) FILTER (WHERE q.domain = 'code') AS val_code,
+               count(*)                                     AS n,
+               count(*) FILTER (WHERE q.domain = 'math')    AS n_math,
+               count(*) FILTER (WHERE q.domain = 'code')    AS n_code
+        FROM rollouts r JOIN verdicts v USING (rollout_id) JOIN questions q ON q.question_id = r.question_id
+        WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'validate'""", [run_id, iteration])
+    return rows[0]
+
+
+def record_validation(wh: Warehouse, run_id: str, iteration: int, adapter_path: str, scores: dict) -> None:
+    """Set the checkpoint's validation numbers; create the row (with `adapter_path`) when training wrote
+    none: the baseline at iteration 0, or every iteration when training is off. An existing row keeps its path."""
+    wh.con.execute("""
+        INSERT INTO checkpoints (run_id, iteration, adapter_path, val_accuracy, val_math, val_code)
+        VALUES (?, ?, ?, ?, ?, ?)
+        ON CONFLICT (run_id, iteration) DO UPDATE SET val_accuracy = excluded.val_accuracy,
+            val_math = excluded.val_math, val_code = excluded.val_code""",
+                   [run_id, iteration, adapter_path, scores["val_accuracy"], scores["val_math"], scores["val_code"]])
+
+
+def validation_history(wh: Warehouse, run_id: str, upto_iteration: int | None = None) -> list[dict]:
+    """(iteration, val_accuracy, val_math, val_code, is_best, adapter_path) of every validated checkpoint,
+    in iteration order, optionally only up to `upto_iteration`."""
+    return wh.rows("""
+        SELECT iteration, val_accuracy, val_math, val_code, is_best, adapter_path FROM checkpoints
+        WHERE run_id = ? AND val_accuracy IS NOT NULL AND iteration <= coalesce(?, iteration)
+        ORDER BY iteration""", [run_id, upto_iteration])
+
+
+def mark_best(wh: Warehouse, run_id: str) -> int | None:
+    """Flag the validated checkpoint with the highest val_accuracy (ties: the earliest) as the only best one;
+    returns its iteration (None when nothing is validated yet)."""
+    with wh.transaction():
+        best = wh.scalar("""
+            SELECT iteration FROM checkpoints WHERE run_id = ? AND val_accuracy IS NOT NULL
+            ORDER BY val_accuracy DESC, iteration ASC LIMIT 1""", [run_id])
+        wh.con.execute("UPDATE checkpoints SET is_best = coalesce(iteration = ?, false) WHERE run_id = ?",
+                       [best, run_id])
+    return best
+
+
+# -- export -----------------------------------------------------------------------------------------------
+
+def checkpoints_of(wh: Warehouse, run_id: str) -> list[dict]:
+    return wh.rows("""
+        SELECT iteration, adapter_path, val_accuracy, val_math, val_code, is_best FROM checkpoints
+        WHERE run_id = ? ORDER BY iteration""", [run_id])
+
