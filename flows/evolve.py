@@ -91,7 +91,18 @@ def evolve_flow(directory: str, run_id: str, iterations: int) -> list[dict]:
         set_run_status(ctx.wh, run_id, "failed")
         raise
     set_run_status(ctx.wh, run_id, "done")
+    _publish_report(ctx.wh, run_id)
     return summaries
+
+
+def _publish_report(wh, run_id: str) -> None:
+    """The run's report (plots and key tables) as Prefect markdown artifacts, so the UI tells the story."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from flows.report import report_artifacts
+
+    for key, markdown in report_artifacts(wh, run_id):
+        create_markdown_artifact(markdown=markdown, key=key, description=f"SAGE run {run_id}")
 
 
 def _publish(run_id: str, history: list[dict]) -> None:

@@ -144,3 +144,12 @@ def test_garbage_output_never_fails_a_stage(prefect_api, tmp_path):
         assert wh.scalar("SELECT count(*) FROM stage_runs WHERE run_id = 'garbage' AND status = 'done'") == 11
         assert wh.scalar("SELECT count(*) FROM questions WHERE origin = 'generated' AND admitted") == 0
         assert wh.scalar("SELECT count(*) FROM scores WHERE run_id = 'garbage'") > 0
+
+
+def test_run_publishes_iteration_and_report_artifacts(one_iteration):
+    from prefect.artifacts import Artifact
+
+    table = Artifact.get("scripted-iteration-1")
+    assert table is not None and table.type == "table"
+    drift = Artifact.get("sage-scripted-curriculum-drift")
+    assert drift is not None and "| 1 |" in drift.data
