@@ -37,13 +37,13 @@ sandbox-deps:
 
 # The main job on the embedded default (configs/cpu.yaml): seeds, then SAGE iterations of SmolLM2-135M.
 run: setup
-	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/sage run
+	$(BIN)/sage run
 
 test: setup
-	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/pytest -q
+	$(BIN)/pytest -q
 
 test-slow: setup
-	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/pytest -q -m slow
+	$(BIN)/pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -152,13 +152,10 @@ def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
 
 
 def _run_flow(fn, *args, **kwargs):
-    import os
-
     from flows import iteration as iteration_mod
     from flows import session
     from flows.progress import StageProgress
 
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     with StageProgress(err) as progress:
         iteration_mod._PROGRESS["fn"] = progress
         try:

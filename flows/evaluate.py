@@ -9,7 +9,6 @@ numbers. Without a run, the base model of `--config/--set` is evaluated (rows wi
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
@@ -147,7 +146,6 @@ def eval_command(
         session.close_all()
         fail(str(e.args[0] if isinstance(e, KeyError) else e), code=3 if isinstance(e, WarehouseBusy) else 2)
 
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         with StageProgress(err) as progress:
             _PROGRESS["fn"] = progress

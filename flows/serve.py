@@ -16,7 +16,6 @@ throwaway server that the UI never sees.
 from __future__ import annotations
 
 import inspect
-import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -109,7 +108,6 @@ def serve_command(
         fail(str(e), code=3 if isinstance(e, WarehouseBusy) else 2)
     finally:
         session.close_all()  # served runs open the warehouse in their own processes
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     deployments = build_deployments(directory, rid, iterations or cfg.run.iterations, cron)
     if register_only:
         for d in deployments:
