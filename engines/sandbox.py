@@ -305,8 +305,7 @@ class Sandbox:
             self.backend = self.cfg.backend
         else:
             raise RuntimeError(f"sandbox backend {self.cfg.backend!r} unavailable here (have {available})")
-        # Default 2x cores: a sandboxed job spends much of its time in process and namespace setup, waiting on
-        # the kernel, so twice the core count keeps the CPUs busy (bench/verify.py measures it).
+        # 2x cores: jobs spend much of their time waiting on the kernel (bench/verify.py measures it)
         self.workers = self.cfg.workers or 2 * (os.cpu_count() or 1)
 
     def execute(self, jobs: list[Job]) -> list[ExecResult]:

@@ -1,20 +1,16 @@
 """Parsing of each role's output and the strict format reward.
 
 Two jobs, kept apart on purpose (SAGE.md, "Format reward"; DESIGN.md, "Structured output per role"):
-
-- `fields` is *lenient*: take what the model meant even when its tags are broken (last complete pair of a
-  tag, else an unclosed one, else a bare closing tag; the Critic's last integer 1..10 when `<score>` is
-  missing, as MAE does; the last fenced block or `\\boxed{}` when `<answer>` is missing).
+- `fields` is *lenient*: what the model meant even with broken tags (last complete pair, else an unclosed
+  tag, else a bare closer; the Critic's last integer 1..10 without `<score>` [MAE]; the last fenced block
+  or `\\boxed{}` without `<answer>`).
 - `format_reward` is *strict*: 1.0 when exactly the role's required tags appear, each once, not nested,
   balanced and non-empty (the Critic's must also hold an integer 1..10, since format is the Critic's whole
   reward); 0.5 when they are balanced but repeated; 0.0 otherwise. An empty completion scores 0.5 [MAE].
   Text outside the tags (reasoning) is allowed; another SAGE tag (say `<plan>` in a Solver answer) is not.
-
-Tags are `<name>` / `</name>` exactly, matched case-insensitively. Parsers never raise on model output:
-anything unexpected ends as a 0.0 format reward with the reason stored.
-
-The same format as a regex for constrained decoding (`ROLE_REGEX`, `role_regex`, `role_bounds`), the tag
-vocabulary (`TAG_NAMES`, `REQUIRED_TAGS`, `DOMAINS`) and `role_key` live in `engines.tags_regex`, re-exported here.
+Tags are `<name>` / `</name>`, case-insensitive. Parsers never raise on model output: anything unexpected
+ends as a 0.0 format reward with the reason stored. The regexes for constrained decoding and the tag
+vocabulary live in `engines.tags_regex` (re-exported here).
 """
 
 from __future__ import annotations

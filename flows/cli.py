@@ -98,7 +98,7 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None) -> None:
 
 
 @app.command()
-def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"SELECT * FROM curriculum_drift\".")],
+def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"select * from curriculum_drift\".")],
         directory: DirOpt = Path("./sage-runs"),
         fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
         write: Annotated[bool, typer.Option("--write", help="Open the warehouse for writing (default read-only).")] = False) -> None:
@@ -148,7 +148,7 @@ def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
         if rows:
             print_rows(rows, title=f"iteration {iteration}: {name}")
     console.print(f"warehouse: {warehouse_path(directory)}\n"
-                  f"try: sage sql \"SELECT * FROM curriculum_drift WHERE run_id = '{run_id}'\" --dir {directory}")
+                  f"try: sage sql \"select * from curriculum_drift where run_id = '{run_id}'\" --dir {directory}")
 
 
 def _run_flow(fn, *args, **kwargs):

@@ -163,4 +163,4 @@ def eval_command(
         table.add_row(*["" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)) for v in line.values()])
     console.print(table)
     console.print(f"stored in {session.warehouse_path(directory)}: "
-                  f"sage sql \"SELECT * FROM evaluations ORDER BY created_at DESC\" --dir {directory}")
+                  f"sage sql \"select * from evaluations order by created_at desc\" --dir {directory}")
