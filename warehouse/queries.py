@@ -7,16 +7,21 @@ import pyarrow as pa
 from warehouse.db import Warehouse
 
 
+def _rows_with_ids(wh: Warehouse, sql: str, ids: list[str]) -> list[dict]:
+    """Run `sql`, which reads the given ids from a table named `_ids` (column `id`)."""
+    wh.con.register("_ids", pa.table({"id": list(dict.fromkeys(ids))}))
+    try:
+        return wh.rows(sql)
+    finally:
+        wh.con.unregister("_ids")
+
+
 def existing_ids(wh: Warehouse, table: str, id_column: str, ids: list[str]) -> set[str]:
     """Which of `ids` are already stored in `table`."""
     if not ids:
         return set()
-    wh.con.register("_ids", pa.table({"id": ids}))
-    try:
-        return {r for (r,) in wh.con.execute(f"SELECT {id_column} FROM {table} WHERE {id_column} IN "
-                                             f"(SELECT id FROM _ids)").fetchall()}
-    finally:
-        wh.con.unregister("_ids")
+    rows = _rows_with_ids(wh, f"SELECT {id_column} AS id FROM {table} WHERE {id_column} IN (SELECT id FROM _ids)", ids)
+    return {r["id"] for r in rows}
 
 
 def question_counts(wh: Warehouse) -> list[dict]:
@@ -105,12 +110,8 @@ def generated_questions(wh: Warehouse, run_id: str, iteration: int) -> list[dict
 def questions_by_id(wh: Warehouse, ids: list[str]) -> dict[str, dict]:
     if not ids:
         return {}
-    wh.con.register("_ids", pa.table({"id": list(set(ids))}))
-    try:
-        rows = wh.rows("SELECT question_id, domain, text, verifier FROM questions "
-                       "WHERE question_id IN (SELECT id FROM _ids)")
-    finally:
-        wh.con.unregister("_ids")
+    rows = _rows_with_ids(wh, "SELECT question_id, domain, text, verifier FROM questions "
+                              "WHERE question_id IN (SELECT id FROM _ids)", ids)
     return {r["question_id"]: r for r in rows}
 
 
