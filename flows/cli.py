@@ -226,6 +226,23 @@ def report(run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage 
     console.print(f"report: {html}")
 
 
+@app.command("export-parquet")
+def export_parquet(run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage status`).")],
+                   dest: Annotated[str, typer.Argument(help="Folder or fsspec URL (s3://bucket/path, ...) to write.")],
+                   directory: DirOpt = Path("./sage-runs")) -> None:
+    """Write every table of a run as Hive-partitioned Parquet under DEST, for workers and notebooks."""
+    from warehouse.export import ExportError, export_run
+
+    wh = _open(warehouse_path(directory), read_only=True)
+    try:
+        counts = export_run(wh, run_id, dest)
+    except (ExportError, ImportError, ValueError) as e:
+        _fail(str(e))
+    finally:
+        wh.close()
+    print_rows([{"table": t, "rows": n} for t, n in counts.items()], title=f"exported run {run_id} to {dest}")
+
+
 @app.command("config")
 def show_config(config: ConfigOpt = "cpu", set_: SetOpt = None,
                 schema: Annotated[bool, typer.Option("--schema", help="List every field with its help text.")] = False) -> None:
