@@ -398,3 +398,11 @@ def _match_exact(a: list, b: list) -> bool:
 
 __all__ = ["Job", "ExecResult", "Sandbox", "outputs_equal", "score_outputs", "reference_outputs",
            "available_backends"]
+
+
+def storable(outputs: list | None) -> list | None:
+    """The outputs as they will be stored (JSON), or None when storage would change them (sets, objects)."""
+    if outputs is None:
+        return None
+    stored = json.loads(json.dumps(outputs, default=repr))
+    return stored if outputs_equal(outputs, stored) else None

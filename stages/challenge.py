@@ -17,7 +17,6 @@ import random
 
 from stages.context import StageContext, StageReport
 from stages.rollouts import Unit, generate
-from stages.seed import storable
 from warehouse import content_id, norm_hash
 from warehouse.queries import existing_ids, pool_questions, questions_by_id, rollouts_for
 
@@ -43,7 +42,7 @@ def _check_math(ctx: StageContext, items: list[dict]) -> None:
 def _check_code(ctx: StageContext, items: list[dict]) -> None:
     """Run each code question's reference solution twice in the sandbox; agreeing, error-free outputs that
     survive storage as JSON become the expected outputs."""
-    from engines.sandbox import Job, reference_outputs
+    from engines.sandbox import Job, reference_outputs, storable
 
     runnable = [it for it in items if it["fields"].get("solution") and it["fields"].get("inputs")]
     for it in items:

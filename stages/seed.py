@@ -12,8 +12,6 @@ Fails: a bad user file raises SeedFileError naming file and line; nothing is wri
 
 from __future__ import annotations
 
-import json
-
 from engines.seeds import (INPUTS_ENTRY, SeedItem, default_code, default_math, function_params,
                            input_generator_job_code, load_source, CODEIO_INPUTS_PER_TASK)
 from stages.context import StageContext, StageReport
@@ -47,7 +45,7 @@ def _gather(ctx: StageContext) -> list[SeedItem]:
 
 def _complete_code(ctx: StageContext, items: list[SeedItem]) -> list[SeedItem]:
     """Fill in inputs (from generators) and outputs (from reference solutions) in the sandbox."""
-    from engines.sandbox import Job, reference_outputs
+    from engines.sandbox import Job, reference_outputs, storable
 
     gen = [i for i in items if i.input_generator and "inputs" not in i.verifier]
     if gen:
@@ -66,16 +64,6 @@ def _complete_code(ctx: StageContext, items: list[SeedItem]) -> list[SeedItem]:
         if stored is not None:
             item.verifier["outputs"] = stored
     return [i for i in items if i.domain != "code" or "outputs" in i.verifier]
-
-
-def storable(outputs: list | None) -> list | None:
-    """The outputs as they will be stored (JSON), or None when storage would change them (sets, objects)."""
-    from engines.sandbox import outputs_equal
-
-    if outputs is None:
-        return None
-    stored = json.loads(json.dumps(outputs, default=repr))
-    return stored if outputs_equal(outputs, stored) else None
 
 
 def run(ctx: StageContext) -> StageReport:
