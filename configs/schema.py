@@ -161,6 +161,34 @@ class RunConfig(_Section):
     batch_rows: int = Field(64, ge=1, description="Rows a stage commits per transaction.")
 
 
+class OrchestrationConfig(_Section):
+    runner: Literal["local", "ray"] = Field(
+        "local", description="Where the fan-out work (code verification, math checks, benchmark scoring) runs: "
+        "`local` (this process's sandbox and math-checker pools) or `ray` (Prefect tasks on a Ray cluster through "
+        "prefect-ray; install the `ray` extra). Generation, training and every warehouse write stay in the flow "
+        "process either way.")
+    ray_address: str | None = Field(None, description="ray: the cluster to join: `auto` (the one `ray start` runs "
+                                    "on this node), `ray://HEAD:10001` (Ray Client); None starts a private local "
+                                    "Ray instance that stops with the flow.")
+    ray_num_cpus: int | None = Field(None, ge=1, description="ray: CPUs of the private local instance (None = every "
+                                     "core); only without ray_address.")
+    chunk_size: int = Field(0, ge=0, description="ray: rows per remote task; 0 = split each fan-out into two "
+                            "tasks per Ray CPU slot, at least 16 rows each. A task costs 0.1-0.4 s of Prefect "
+                            "bookkeeping on its worker (bench/scale.py measures it), so fewer, bigger tasks cost "
+                            "least; smaller ones balance better. Commits stay run.batch_rows rows each.")
+    task_cpus: int = Field(1, ge=1, description="ray: CPUs each remote task reserves; it runs twice that many "
+                           "sandbox executions at once (unless sandbox.workers is set) and that many math-check "
+                           "workers.")
+
+    @model_validator(mode="after")
+    def _local_instance_only(self) -> "OrchestrationConfig":
+        if self.ray_num_cpus is not None and self.ray_address is not None:
+            raise ValueError(f"orchestration.ray_num_cpus sizes a private local Ray instance, but ray_address is "
+                             f"{self.ray_address!r}; drop ray_num_cpus (the cluster's nodes declare their CPUs "
+                             f"with `ray start --num-cpus`) or ray_address")
+        return self
+
+
 # The section is called `validate` (as users write it in YAML); pydantic warns that this shadows the
 # deprecated BaseModel.validate classmethod, which this project never uses.
 warnings.filterwarnings("ignore", message='Field name "validate"', category=UserWarning)
@@ -177,6 +205,8 @@ class SageConfig(_Section):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Code execution limits.")
     mathcheck: MathCheckConfig = Field(default_factory=MathCheckConfig, description="Math equivalence.")
     seeds: SeedsConfig = Field(default_factory=SeedsConfig, description="Seed and validation data.")
+    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig,
+                                               description="Where fan-out work runs: here or on Ray.")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "SageConfig":

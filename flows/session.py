@@ -10,7 +10,7 @@ from configs import config_from_dict, config_hash, config_json
 from configs.schema import SageConfig
 from stages.context import ProgressFn, StageContext
 from warehouse import Warehouse
-from warehouse.queries import iteration_adapter, run_config
+from warehouse.queries import iteration_adapter, run_config, set_run_config
 
 _WAREHOUSES: dict[str, Warehouse] = {}
 _ENGINES: dict[str, dict] = {}
@@ -44,6 +44,9 @@ def create_run(cfg: SageConfig, run_id: str | None = None) -> str:
     elif existing[1] != h:
         raise RunConfigMismatch(f"run {run_id!r} exists with a different config (hash {existing[1]} != {h}); "
                                 f"pick a new name with --run, or drop the --set overrides that changed")
+    elif existing[0] != config_json(cfg):
+        # same run, launched with other placement (e.g. orchestration.runner=ray): later stages use it
+        set_run_config(wh, run_id, config_json(cfg))
     return run_id
 
 

@@ -1,6 +1,7 @@
 """What every stage receives: the config, the warehouse, which run and iteration, and lazily built engines.
 
 Engines are created on first use and kept for the life of the flow process, so a model loads once per run.
+`fanout` says where a stage's parallel work (verification, scoring) runs: here, or on Ray (stages/fanout.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ class StageContext:
     progress: ProgressFn | None = None
     _engines: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.cfg.orchestration.runner == "ray":
+            from stages.fanout import require_ray
+
+            require_ray()
+
     def report(self, stage: str, done: int, total: int, tokens: int = 0) -> None:
         if self.progress:
             self.progress(stage, done, total, tokens)
@@ -64,6 +71,18 @@ class StageContext:
         if llm.adapter != self.adapter:
             llm.use_adapter(self.adapter)
         return llm
+
+    @property
+    def fanout(self):
+        """`fanout.map(fn, rows, batch)`: in this process, or as Prefect tasks on the Ray instance this
+        context started or joined (kept with the engines, stopped by `close`)."""
+        from stages import fanout
+
+        if self.cfg.orchestration.runner == "local":
+            return fanout.Local(self)
+        if "ray" not in self._engines:
+            self._engines["ray"] = fanout.RaySession(self.cfg.orchestration)
+        return fanout.Ray(self._engines["ray"], self.cfg)
 
     def set_engine(self, name: str, engine: Any) -> None:
         """Install an engine explicitly (tests use a scripted generator this way)."""

@@ -5,9 +5,10 @@ Reads: benchmark problems from `engines.benchmarks` (offline packages, the hub, 
 Generates in one `llm.generate` call per (checkpoint, benchmark): a greedy answer per problem, plus, when
 n > 1, n samples per problem at `roles.solver` temperature/top_p. Math answers are extracted and checked
 with the math checker; code runs in the sandbox and counts as correct only when every test passes
-(s_gt == 1.0). Writes: `evaluations` rows, metric `pass@1` (greedy) and `pass@k` for each k (unbiased
-estimator over the n samples), `n` = problems scored, `decoding` = the settings that determine the number
-plus `correct`, the per-problem count of correct samples it was computed from (not part of the id).
+(s_gt == 1.0); scoring runs through `ctx.fanout` (here, or on Ray workers). Writes: `evaluations` rows,
+metric `pass@1` (greedy) and `pass@k` for each k (unbiased estimator over the n samples), `n` = problems
+scored, `decoding` = the settings that determine the number plus `correct`, the per-problem count of
+correct samples it was computed from (not part of the id).
 Idempotency key: eval_id = content hash of (run, checkpoint, benchmark, metric, n, decoding settings); a
 (checkpoint, benchmark) whose rows are all stored generates nothing. Fails: BenchmarkUnavailable when the
 data cannot be read, ValueError for an unknown checkpoint; engine errors propagate; model output never fails.
@@ -135,7 +136,13 @@ def program(p: Problem, code: str) -> str:
 
 
 def score(ctx: StageContext, items: list[tuple[Problem, str]]) -> list[bool]:
-    """Whether each (problem, completion text) is correct: math by the checker, code by every test passing."""
+    """Whether each (problem, completion text) is correct: math by the checker, code by every test passing.
+    Runs through `ctx.fanout`: in this process, or in chunks on Ray workers."""
+    return [flag for chunk in ctx.fanout.map(score_chunk, items) for flag in chunk]
+
+
+def score_chunk(engines, items: list[tuple[Problem, str]]) -> list[bool]:
+    """`score` of one chunk; `engines` offers `.mathcheck` and `.sandbox` (see stages/fanout.py)."""
     from engines.mathcheck import extract_answer
 
     correct = [False] * len(items)
@@ -150,9 +157,9 @@ def score(ctx: StageContext, items: list[tuple[Problem, str]]) -> list[bool]:
         elif answer:
             code_idx.append(i)
             jobs.append(code_job(p.verifier, program(p, answer)))
-    for i, s in zip(math_idx, ctx.mathcheck.check_many(pairs) if pairs else []):
+    for i, s in zip(math_idx, engines.mathcheck.check_many(pairs) if pairs else []):
         correct[i] = s == 1.0
-    for i, res in zip(code_idx, ctx.sandbox.execute(jobs)):
+    for i, res in zip(code_idx, engines.sandbox.execute(jobs)):
         s_gt, _ = score_outputs(expected_of(items[i][0].verifier), res)
         correct[i] = s_gt == 1.0
     return correct

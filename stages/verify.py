@@ -4,8 +4,9 @@ Reads: Solver rollouts of one purpose (`probe` or `solve`) of this iteration wit
 question's verifier. Math: the final answer (last \\boxed{}, the <answer> tag, "the answer is ...") is
 checked against the reference with math-verify in killable worker processes (s_gt 0 or 1). Code: the
 answer's code runs in the sandbox on the question's test inputs; the parent compares the returned values
-with the expected outputs (s_gt = fraction of tests passed). Writes: one `verdicts` row per rollout,
-committed per batch; after the probe, `questions.difficulty` = 1 - mean probe s_gt.
+with the expected outputs (s_gt = fraction of tests passed). The checks run through `ctx.fanout` (here, or
+on Ray workers with `orchestration.runner: ray`); only this process writes. Writes: one `verdicts` row per
+rollout, committed per batch; after the probe, `questions.difficulty` = 1 - mean probe s_gt.
 Idempotency key: verdict id = rollout id. Fails: engine errors propagate; bad answers score 0.
 """
 
@@ -18,7 +19,7 @@ from stages.context import StageContext, StageReport
 from warehouse.queries import set_difficulty_from_probes, unverified_rollouts
 
 
-def _math_verdicts(ctx: StageContext, rows: list[dict]) -> list[dict]:
+def _math_verdicts(engines, rows: list[dict]) -> list[dict]:
     from engines.mathcheck import extract_answer
 
     preds = []
@@ -27,14 +28,14 @@ def _math_verdicts(ctx: StageContext, rows: list[dict]) -> list[dict]:
         preds.append(extract_answer(answer) or answer.strip())
     golds = [str(json.loads(r["verifier"])["answer"]) for r in rows]
     start = time.perf_counter()
-    scores = ctx.mathcheck.check_many(list(zip(golds, preds)))
+    scores = engines.mathcheck.check_many(list(zip(golds, preds)))
     each = (time.perf_counter() - start) / max(1, len(rows))
     return [dict(rollout_id=r["rollout_id"], kind="math", s_gt=float(s), tests={"gold": g, "pred": p[:500]},
                  duration_s=each, backend="math-verify", error=None if p else "no answer")
             for r, g, p, s in zip(rows, golds, preds, scores)]
 
 
-def _code_verdicts(ctx: StageContext, rows: list[dict]) -> list[dict]:
+def _code_verdicts(engines, rows: list[dict]) -> list[dict]:
     from engines.sandbox import Job, score_outputs
 
     jobs, verdicts = [], []
@@ -42,7 +43,7 @@ def _code_verdicts(ctx: StageContext, rows: list[dict]) -> list[dict]:
         v = json.loads(r["verifier"])
         code = json.loads(r["parsed"] or "{}").get("answer") or ""
         jobs.append(Job(code, v.get("entry_point") or "", v.get("inputs") or []))
-    for r, job, res in zip(rows, jobs, ctx.sandbox.execute(jobs)):
+    for r, job, res in zip(rows, jobs, engines.sandbox.execute(jobs)):
         expected = json.loads(r["verifier"]).get("outputs") or []
         s_gt, passed = score_outputs(expected, res) if job.code.strip() and expected else (0.0, [])
         error = None if job.code.strip() else "no code"
@@ -53,20 +54,23 @@ def _code_verdicts(ctx: StageContext, rows: list[dict]) -> list[dict]:
     return verdicts
 
 
+def verdicts(engines, rows: list[dict]) -> list[dict]:
+    """Verdicts of one chunk of rows; `engines` offers `.mathcheck` and `.sandbox` (see stages/fanout.py)."""
+    return (_math_verdicts(engines, [r for r in rows if r["domain"] == "math"])
+            + _code_verdicts(engines, [r for r in rows if r["domain"] == "code"]))
+
+
 def verify_rollouts(ctx: StageContext, purpose: str, stage: str) -> StageReport:
     """Verdicts for every unverified Solver rollout of `purpose` this iteration (validate uses it too)."""
     pending = unverified_rollouts(ctx.wh, ctx.run_id, ctx.iteration, purpose)
-    step = ctx.cfg.run.batch_rows
-    written = 0
+    written = done = 0
     ctx.report(stage, 0, len(pending))
-    for start in range(0, len(pending), step):
-        batch = pending[start:start + step]
-        verdicts = (_math_verdicts(ctx, [r for r in batch if r["domain"] == "math"])
-                    + _code_verdicts(ctx, [r for r in batch if r["domain"] == "code"]))
-        for v in verdicts:
+    for chunk in ctx.fanout.map(verdicts, pending, ctx.cfg.run.batch_rows):
+        for v in chunk:
             v.update(run_id=ctx.run_id, iteration=ctx.iteration)
-        written += ctx.wh.insert_batch("verdicts", verdicts)
-        ctx.report(stage, start + len(batch), len(pending))
+        written += ctx.wh.insert_batch("verdicts", chunk)
+        done += len(chunk)
+        ctx.report(stage, done, len(pending))
     if purpose == "probe":
         with ctx.wh.transaction():
             set_difficulty_from_probes(ctx.wh, ctx.run_id, ctx.iteration)

@@ -178,6 +178,11 @@ def run_config(wh: Warehouse, run_id: str) -> tuple[str, str] | None:
     return rows[0] if rows else None
 
 
+def set_run_config(wh: Warehouse, run_id: str, config: str) -> None:
+    """Store a run's config again (only placement sections may differ; the hash stays)."""
+    wh.con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [config, run_id])
+
+
 def set_run_status(wh: Warehouse, run_id: str, status: str) -> None:
     wh.con.execute("UPDATE runs SET status = ?, finished_at = CASE WHEN ? = 'running' THEN NULL ELSE now() END "
                    "WHERE run_id = ?", [status, status, run_id])

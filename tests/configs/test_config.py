@@ -72,3 +72,23 @@ def test_yaml_file_errors(tmp_path):
 def test_wrong_type_in_dict():
     with pytest.raises(ConfigError, match="train.lora_rank"):
         config_from_dict({"train": {"lora_rank": "big"}})
+
+
+def test_placement_stays_out_of_the_run_identity(tmp_path):
+    """A run started with the local runner resumes on Ray (same id, stored config updated); a change to what
+    the run computes is still refused."""
+    from flows import session
+
+    base = ["run.dir=" + str(tmp_path)]
+    local = load_config("cpu", base)
+    ray = load_config("cpu", base + ["orchestration.runner=ray"])
+    assert config_hash(local) == config_hash(ray)
+    try:
+        run_id = session.create_run(local)
+        assert session.create_run(ray) == run_id
+        stored = session.run_config(session.warehouse(str(tmp_path)), run_id)
+        assert '"runner": "ray"' in stored[0] and stored[1] == config_hash(local)
+        with pytest.raises(session.RunConfigMismatch, match="different config"):
+            session.create_run(load_config("cpu", base + ["train.lr=0.5"]), run_id)
+    finally:
+        session.close_all()
