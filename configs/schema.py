@@ -108,7 +108,8 @@ class TrainConfig(_Section):
     clip_eps_high: float = Field(0.28, ge=0, le=1, description="PPO-style upper clip epsilon [AZR].")
     kl_beta: float = Field(0.0, ge=0, description="KL penalty coefficient; 0 (no reference model) as AZR/MAE.")
     loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field(
-        "dapo", description="TRL loss aggregation (token-level `dapo` by default).")
+        "dapo", description="TRL loss aggregation (token-level `dapo` by default). `bnpo` normalises per "
+        "process, so under accelerate its update changes with the number of processes.")
     minibatch_size: int = Field(8, ge=1, description="Rollouts per forward/backward pass (per device).")
     grad_accum: int = Field(1, ge=1, description="Gradient accumulation steps; the update covers every "
                             "rollout of the iteration once.")
@@ -116,8 +117,11 @@ class TrainConfig(_Section):
     gradient_checkpointing: bool = Field(False, description="Trade compute for memory during training.")
     isolate: bool = Field(False, description="Run training in its own process (Parquet in/out) so generation "
                           "and training never hold GPU memory at once. GPU default: true.")
-    accelerate_config: str | None = Field(None, description="Run training under `accelerate launch` with "
-                                          "this config file (configs/accelerate/*.yaml).")
+    accelerate_config: str | None = Field(None, description="Run training under `accelerate launch` (data "
+                                          "parallel) with this accelerate config: a name from configs/accelerate/ "
+                                          "(`ddp`, `deepspeed-zero2`, `fsdp`, `cpu-2proc`) or a path. "
+                                          "`minibatch_size` is per process, so one update covers minibatch_size x "
+                                          "grad_accum x processes rows.")
 
 
 class ValidateConfig(_Section):

@@ -12,6 +12,15 @@ grad_accum * processes))` updates; constant learning rate, AdamW, fresh optimize
 is the only state carried from one iteration to the next). With the default `dapo` loss the update is the
 token-level mean of the clipped policy-gradient loss over all completion tokens of the block.
 
+Under `accelerate launch` (N processes, the train stage's `train.accelerate_config`) every process reads all
+rows and draws the same seeded order; process k trains on the k-th slice of each block, and the gradients
+are averaged. TRL's `dapo` divides each process's token sum by (block tokens / N), `grpo` and `dr_grpo` by
+the rows of a micro-batch (dummy padding rows included, so every process has the same count): after
+averaging over N, N processes with `minibatch_size` b give the update one process gives with N*b (measured:
+equal within float rounding). `bnpo` divides by the tokens of each process's own micro-batch, so its
+update depends on the split. Only the main process saves the adapter and writes the metrics, which record
+the rows each process trained on (`rows_by_rank`).
+
 `python -m engines.trainer --in rows.parquet --out ADAPTER --model PATH --config JSON` runs the same step in its
 own process (the train stage does that when `train.isolate` is set, or under `accelerate launch`).
 """
@@ -62,10 +71,6 @@ def rows_per_update(cfg: TrainConfig, num_processes: int = 1) -> int:
 def num_updates(n_rows: int, cfg: TrainConfig, num_processes: int = 1) -> int:
     """Optimizer updates one `train_step` makes over `n_rows` usable rows."""
     return math.ceil(n_rows / rows_per_update(cfg, num_processes)) if n_rows > 0 else 0
-
-
-def _usable(rows: list[TrainRow]) -> list[TrainRow]:
-    return [r for r in rows if len(r.completion_ids) > 0]
 
 
 def _check_rows(rows: list[TrainRow]) -> None:
@@ -152,12 +157,12 @@ def load_policy(model_path: str, adapter_in: str | None, cfg: TrainConfig, *, se
         return get_peft_model(model, lora_config(cfg))
 
 
-def _atomic_save(model, adapter_out: str | os.PathLike, metrics: dict) -> Path:
+def _atomic_save(model, adapter_out: str | os.PathLike, metrics: dict, state_dict: dict | None = None) -> Path:
     out = Path(adapter_out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        model.save_pretrained(tmp, selected_adapters=["default"])
+        model.save_pretrained(tmp, selected_adapters=["default"], state_dict=state_dict)
         (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True))
         os.chmod(tmp, 0o755)
         if out.exists():
@@ -188,6 +193,7 @@ def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: 
     to `adapter_out` through a temp dir + rename, replacing an existing directory. `dtype="auto"` is bfloat16 on
     CUDA, float32 on CPU. `temperature` divides the logits in the loss: set it to the sampling temperature when
     the stored log-probs were taken at that temperature. With no usable row the adapter is saved unchanged.
+    Under `accelerate launch` every process calls this with the same rows; only the main process saves.
 
     Returns the metrics of `train_model`, plus total_seconds (with loading and saving).
     """
@@ -195,13 +201,16 @@ def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: 
     from accelerate import PartialState
 
     device = resolve_device(device)
+    # Launched on CPUs, a process joins a gloo group only when its first PartialState is told the device is
+    # the CPU; build it here so that also holds when no Trainer (which would say so too) is ever made.
+    PartialState(cpu=device.startswith("cpu"))
     model = load_policy(model_path, adapter_in, cfg, seed=seed, dtype=resolve_dtype(dtype, device))
-    metrics = train_model(model, model_path, rows, cfg, seed=seed, device=device, temperature=temperature)
+    metrics, full_state = _train(model, model_path, rows, cfg, seed=seed, device=device, temperature=temperature)
     metrics["total_seconds"] = time.perf_counter() - t_start
     state = PartialState()
     if state.is_main_process:
-        _atomic_save(model, adapter_out, metrics)
-    state.wait_for_everyone()
+        _atomic_save(model, adapter_out, metrics, state_dict=full_state)
+    state.wait_for_everyone()  # no process returns (and exits) before the adapter exists
     return metrics
 
 
@@ -214,12 +223,39 @@ def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConf
     n_skipped (empty completions), n_updates, seconds (the training loop only, wall clock), cpu_seconds (its
     process CPU time, all threads), tokens_per_s (tokens / seconds),
     adv_mean_by_role ({role: mean advantage}), used_logprobs (every row had stored log-probs), device, dtype,
-    lr, loss_type, seed, steps (TRL's per-update logs).
+    lr, loss_type, seed, num_processes, distributed (accelerate's name for the setup: NO, MULTI_GPU,
+    MULTI_CPU, FSDP, DEEPSPEED), rows_by_rank (per process, the indices into `rows` it trained on, in order),
+    steps (TRL's per-update logs).
     """
-    usable = _usable(rows)
+    return _train(model, tokenizer_path, rows, cfg, seed=seed, device=device, temperature=temperature)[0]
+
+
+def _sharded_state_dict(trainer) -> dict | None:
+    """The whole state dict when the weights are sharded over processes (FSDP, DeepSpeed ZeRO-3), else None
+    (every process then holds whole weights in `model`). Every process must call it: it gathers."""
+    from accelerate.utils import DistributedType
+
+    acc = trainer.accelerator
+    zero3 = (acc.distributed_type == DistributedType.DEEPSPEED
+             and getattr(acc.state.deepspeed_plugin, "zero_stage", None) == 3)
+    if acc.distributed_type == DistributedType.FSDP or zero3:
+        return acc.get_state_dict(trainer.model_wrapped)
+    return None
+
+
+def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str | None,
+           temperature: float) -> tuple[dict, dict | None]:
+    """`train_model`, plus the gathered state dict for saving when the weights are sharded (else None)."""
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    used_at = [i for i, r in enumerate(rows) if len(r.completion_ids) > 0]
+    usable = [rows[i] for i in used_at]
     _check_rows(usable)
     device = resolve_device(device)
     torch_dtype = model.get_base_model().dtype
+    state = PartialState()
+    processes = state.num_processes
     metrics = {
         "n_rows": len(usable), "n_skipped": len(rows) - len(usable),
         "tokens": sum(len(r.prompt_ids) + len(r.completion_ids) for r in usable),
@@ -227,12 +263,17 @@ def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConf
         "adv_mean_by_role": _role_means(usable),
         "used_logprobs": bool(usable) and all(r.logprobs is not None for r in usable),
         "device": device, "dtype": str(torch_dtype).removeprefix("torch."),
-        "lr": cfg.lr, "loss_type": cfg.loss_type, "seed": seed,
+        "lr": cfg.lr, "loss_type": cfg.loss_type, "seed": seed, "num_processes": processes,
+        "distributed": state.distributed_type.value,
         "loss": None, "grad_norm": None, "grad_norm_max": None, "clip_fraction": None, "entropy": None,
         "n_updates": 0, "seconds": 0.0, "cpu_seconds": 0.0, "tokens_per_s": 0.0, "steps": [],
+        "rows_by_rank": [[] for _ in range(processes)],
     }
     if not usable:  # nothing to learn from: the adapter goes on unchanged
-        return metrics
+        return metrics, None
+    if processes > 1 and cfg.loss_type == "bnpo":
+        warnings.warn("train.loss_type bnpo divides by the tokens of each process's own micro-batch, so its update "
+                      "changes with the number of processes; dapo, grpo and dr_grpo do not", stacklevel=2)
     with _quiet_v6():
         trainer, steps = _build_trainer(model, tokenizer_path, usable, cfg, seed=seed, device=device,
                                         torch_dtype=torch_dtype, temperature=temperature)
@@ -240,6 +281,9 @@ def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConf
             t0, c0 = time.perf_counter(), time.process_time()
             trainer.train()
             seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+            # Collectives: every process reaches them, right after training.
+            rows_by_rank = gather_object([[used_at[i] for i in trainer.sage_seen]])
+            full_state = _sharded_state_dict(trainer)
         finally:
             shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
     metrics.update({
@@ -249,12 +293,15 @@ def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConf
         "clip_fraction": _mean([s.get("clip_ratio/region_mean") for s in steps]),
         "entropy": _mean([s.get("entropy") for s in steps]),
         "n_updates": trainer.state.global_step,
+        "num_processes": trainer.accelerator.num_processes,
+        "distributed": trainer.accelerator.distributed_type.value,
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
         "tokens_per_s": metrics["tokens"] / seconds if seconds > 0 else 0.0,
         "steps": steps,
+        "rows_by_rank": rows_by_rank,
     })
-    return metrics
+    return metrics, full_state
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -311,14 +358,24 @@ def train_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--temperature", type=float, default=1.0)
     a = ap.parse_args(argv)
-    metrics = train_step(a.model, a.adapter_in, a.out, read_rows(a.rows), _load_config(a.config), seed=a.seed,
-                         device=a.device, dtype=a.dtype, temperature=a.temperature)
-    if a.metrics and int(os.environ.get("RANK", "0")) == 0:
-        path = Path(a.metrics)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True))
-        os.replace(tmp, path)
+    from accelerate import PartialState
+
+    try:
+        metrics = train_step(a.model, a.adapter_in, a.out, read_rows(a.rows), _load_config(a.config),
+                             seed=a.seed, device=a.device, dtype=a.dtype, temperature=a.temperature)
+        if a.metrics and PartialState().is_main_process:
+            path = Path(a.metrics)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True))
+            os.replace(tmp, path)
+    finally:
+        # Under `accelerate launch` this process owns a process group: leave it explicitly (torch warns, and
+        # NCCL may hang at exit, otherwise). Without a launcher there is none and this does nothing.
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
     return 0
 
 

@@ -7,15 +7,18 @@ them. `StoredRowsTrainer` (a small `GRPOTrainer` subclass, built once by `_train
 - `_generate_and_score_completions(inputs)` builds the batch from the stored rows: left-padded prompt ids,
   right-padded completion ids, their masks, the stored advantage (one per row), `num_items_in_batch` (completion
   tokens in the generation batch, gathered over processes), the stored sampling log-probs as
-  `old_per_token_logps` when every row of the batch has them, and `ref_per_token_logps` when `beta != 0`.
+  `old_per_token_logps` when every row of the pass has them, and `ref_per_token_logps` when `beta != 0`.
   Without stored log-probs (or with only some rows having them) TRL uses the current policy's detached
   log-probs: ratio 1, the plain on-policy gradient -A * grad log pi, for every update of the pass.
+  It also records which rows this process trained on (`sage_seen`).
 - `_get_train_sampler()` replaces TRL's `RepeatSampler` (which repeats each prompt `num_generations` times) by a
   plain sampler over the rows: a seeded permutation (or the given order), cut into blocks of one generation batch
   (`minibatch_size * grad_accum * processes` rows). Each block is yielded `grad_accum` times in a row, because
   TRL's `_prepare_inputs` turns the first copy into the batch and slices it into `grad_accum` micro-batches for
   the following micro-steps (it never reads the later copies). A short last block is padded with a dummy row
   index, and `_generate_and_score_completions` turns those into fully masked rows (no loss, no gradient).
+  Under `accelerate launch` with N processes the block is N times larger and accelerate's dataloader hands
+  process k the k-th contiguous slice of it, so the processes train on disjoint rows of the same update.
 - `_compute_loss(model, inputs)` drops the padding columns a micro-batch does not use, then calls TRL's.
 
 `_build_trainer` configures `GRPOConfig` for one pass over the rows (one update per generation batch, constant
@@ -104,6 +107,10 @@ def _trainer_class():
 
         def __init__(self, *args, rows: list[TrainRow], **kwargs):
             self.sage_rows = list(rows)
+            self.sage_seen: list[int] = []  # indices into `rows` this process trained on, in order
+            # Decided once for all rows, not per batch: a per-batch choice would depend on how the rows are
+            # split over processes.
+            self.sage_use_logprobs = bool(rows) and all(r.logprobs is not None for r in rows)
             super().__init__(*args, **kwargs)
 
         # -- data ------------------------------------------------------------------------------------------
@@ -116,10 +123,15 @@ def _trainer_class():
         def _generate_and_score_completions(self, inputs):
             device = self.accelerator.device
             spg = self.args.steps_per_generation
-            real = [self.sage_rows[int(x["row"])] for x in inputs if int(x["row"]) >= 0]
-            # Micro-batches must have equal size: pad the real rows to a multiple of steps_per_generation.
-            size = max(spg, math.ceil(len(real) / spg) * spg)
-            rows: list[TrainRow | None] = real + [None] * (size - len(real))
+            indices = [int(x["row"]) for x in inputs]
+            self.sage_seen.extend(i for i in indices if i >= 0)
+            # Dummy rows stay in the batch as masked rows, so every process has a batch of the same shape (TRL
+            # gathers per-row metrics across processes) and the per-sequence losses (grpo, dr_grpo) divide by
+            # the same row count whether the block is split over processes or not.
+            size = math.ceil(len(indices) / spg) * spg
+            rows: list[TrainRow | None] = [self.sage_rows[i] if i >= 0 else None for i in indices]
+            rows += [None] * (size - len(rows))
+            real = [r for r in rows if r is not None]
             pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
             p_len = max([len(r.prompt_ids) for r in real] + [1])
             c_len = max([len(r.completion_ids) for r in real] + [1])
@@ -128,8 +140,7 @@ def _trainer_class():
             completion_ids = torch.full((size, c_len), pad, dtype=torch.long)
             completion_mask = torch.zeros((size, c_len), dtype=torch.long)
             advantages = torch.zeros(size, dtype=torch.float32)
-            with_logps = bool(real) and all(r.logprobs is not None for r in real)
-            old = torch.zeros((size, c_len), dtype=torch.float32) if with_logps else None
+            old = torch.zeros((size, c_len), dtype=torch.float32) if self.sage_use_logprobs else None
             for i, r in enumerate(rows):
                 if r is None:  # dummy: one attended prompt token (no fully masked sequence), no completion
                     prompt_mask[i, -1] = 1
@@ -156,22 +167,24 @@ def _trainer_class():
             if old is not None:
                 output["old_per_token_logps"] = old.to(device)
             if self.beta != 0.0:
-                input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-                attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-                with torch.no_grad():
-                    if self.ref_model is not None:
-                        ref, _, _ = self._get_per_token_logps_and_entropies(
-                            self.ref_model, input_ids, attention_mask, c_len,
-                            batch_size=self.args.per_device_train_batch_size)
-                    else:
-                        # New adapter: adapters disabled is the base model; retrained adapter: TRL's "ref" copy.
-                        model = self.accelerator.unwrap_model(self.model)
-                        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
-                            ref, _, _ = self._get_per_token_logps_and_entropies(
-                                self.model, input_ids, attention_mask, c_len,
-                                batch_size=self.args.per_device_train_batch_size)
-                output["ref_per_token_logps"] = ref
+                output["ref_per_token_logps"] = self._sage_ref_logps(output)
             return output
+
+        @torch.no_grad()
+        def _sage_ref_logps(self, batch):
+            input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+            attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+            c_len = batch["completion_ids"].size(1)
+            if self.ref_model is not None:
+                return self._get_per_token_logps_and_entropies(
+                    self.ref_model, input_ids, attention_mask, c_len,
+                    batch_size=self.args.per_device_train_batch_size)[0]
+            # New adapter: adapters disabled is the base model; retrained adapter: TRL's "ref" copy.
+            model = self.accelerator.unwrap_model(self.model)
+            with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+                return self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention_mask, c_len,
+                    batch_size=self.args.per_device_train_batch_size)[0]
 
         # -- loss ------------------------------------------------------------------------------------------
         def _compute_loss(self, model, inputs):
@@ -254,6 +267,7 @@ def _build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainC
         data_seed=seed,
         shuffle_dataset=True,
         remove_unused_columns=False,
+        ddp_find_unused_parameters=False,  # every LoRA weight is used in every pass: DDP need not search
         dataloader_num_workers=0,
         log_completions=False,
     )

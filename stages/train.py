@@ -4,7 +4,8 @@ Reads: this iteration's scored rollouts (prompt and completion token ids, sampli
 the adapter the iteration generated with (none in iteration 1: a fresh LoRA). Trains through
 `engines.trainer` (a TRL GRPOTrainer subclass fed stored rows), in this process or, with `train.isolate`
 (the GPU default), in its own process that exchanges Parquet files with the flow, so generation and training
-never hold GPU memory at once; with `train.accelerate_config` under `accelerate launch`.
+never hold GPU memory at once; with `train.accelerate_config` (a name from `configs/accelerate/`: `ddp`,
+`deepspeed-zero2`, `fsdp`, `cpu-2proc`, or a path) under `accelerate launch`, data-parallel over its processes.
 Writes: the adapter to `<run.dir>/adapters/<run>/iteration-<k>` (atomically), then a `checkpoints` row with
 the metrics and `iterations.adapter_out`, in one transaction.
 Idempotency: a recorded checkpoint is never retrained; a crash mid-training leaves no checkpoint row, so a
@@ -20,10 +21,48 @@ import sys
 import tempfile
 from pathlib import Path
 
+import configs
+from configs import ConfigError
 from stages.context import StageContext, StageReport
 from warehouse.queries import checkpoint_path, record_checkpoint, training_rows
 
 STAGE = "train"
+#: The accelerate config files `train.accelerate_config` can name without a path.
+ACCELERATE_DIR = Path(configs.__file__).resolve().parent / "accelerate"
+
+
+def accelerate_config_path(value: str) -> Path:
+    """`train.accelerate_config` as a file: a short name (`ddp` is `configs/accelerate/ddp.yaml`) or a path."""
+    for candidate in (ACCELERATE_DIR / f"{value}.yaml", ACCELERATE_DIR / value, Path(value).expanduser()):
+        if candidate.is_file():
+            return candidate.resolve()
+    names = ", ".join(sorted(p.stem for p in ACCELERATE_DIR.glob("*.yaml")))
+    raise ConfigError(f"train.accelerate_config {value!r} is neither a file nor a config in {ACCELERATE_DIR}; "
+                      f"use one of {names}, or the path of an accelerate config file")
+
+
+def trainer_command(args: list[str], accelerate_config: str | None = None) -> list[str]:
+    """The command that runs `python -m engines.trainer ARGS`, under `accelerate launch` when a config is set."""
+    if not accelerate_config:
+        return [sys.executable, "-m", "engines.trainer", *args]
+    import yaml
+
+    path = accelerate_config_path(accelerate_config)
+    settings = yaml.safe_load(path.read_text())
+    # The launcher that starts several CPU processes without MPI (accelerate's multi-GPU one) does not pass
+    # `use_cpu` on to the workers: without being told, each would take a GPU on a machine that has one.
+    if isinstance(settings, dict) and settings.get("use_cpu"):
+        args = [*args, "--device", "cpu"]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(path), "-m", "engines.trainer",
+            *args]
+
+
+def _failure_text(stderr: str) -> str:
+    """The end of stderr; under a launcher, the workers' own traceback lines first (the launcher's summary at
+    the end only names the signal that stopped them)."""
+    worker = [line for line in stderr.splitlines() if line.startswith("[rank")]
+    head = "\n".join(worker[-40:]) + "\n...\n" if worker else ""
+    return head + stderr[-3000:]
 
 
 def adapter_dir(ctx: StageContext) -> Path:
@@ -41,14 +80,9 @@ def _train_isolated(ctx: StageContext, model_path: str, rows, out: Path) -> dict
                 "--seed", str(ctx.cfg.run.seed + ctx.iteration), "--dtype", ctx.cfg.model.dtype]
         if ctx.adapter:
             args += ["--adapter-in", ctx.adapter]
-        if ctx.cfg.train.accelerate_config:
-            cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                   ctx.cfg.train.accelerate_config, "-m", "engines.trainer", *args]
-        else:
-            cmd = [sys.executable, "-m", "engines.trainer", *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(trainer_command(args, ctx.cfg.train.accelerate_config), capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"training process failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"training process failed (exit {proc.returncode}):\n{_failure_text(proc.stderr)}")
         return json.loads(metrics_file.read_text())
 
 
@@ -60,6 +94,8 @@ def run(ctx: StageContext) -> StageReport:
         return StageReport(STAGE, info={"skipped": "train.enabled is false"})
     if checkpoint_path(ctx.wh, ctx.run_id, ctx.iteration):
         return StageReport(STAGE, info={"skipped": "checkpoint exists"})
+    if ctx.cfg.train.accelerate_config:  # a misspelt name fails here, before any work
+        accelerate_config_path(ctx.cfg.train.accelerate_config)
     stored = training_rows(ctx.wh, ctx.run_id, ctx.iteration)
     rows = [TrainRow(prompt_ids=list(r["prompt_ids"]), completion_ids=list(r["completion_ids"]),
                      advantage=float(r["advantage"]), logprobs=None if r["logprobs"] is None else list(r["logprobs"]),
@@ -74,7 +110,9 @@ def run(ctx: StageContext) -> StageReport:
     else:
         metrics = train_step(model_path, ctx.adapter, str(out), rows, ctx.cfg.train,
                              seed=ctx.cfg.run.seed + ctx.iteration, dtype=ctx.cfg.model.dtype)
+    # Per-update logs and the per-process row split stay in the adapter's metrics file, out of the warehouse.
     metrics.pop("steps", None)
+    metrics.pop("rows_by_rank", None)
     record_checkpoint(ctx.wh, ctx.run_id, ctx.iteration, str(out), metrics)
     return StageReport(STAGE, rows_in=len(rows), rows_out=1,
                        info={k: metrics.get(k) for k in ("loss", "grad_norm", "tokens_per_s")})
