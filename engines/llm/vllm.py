@@ -1,4 +1,5 @@
-"""vLLM backend (GPU only): a whole stage's requests in one `vllm.LLM.generate` call.
+"""vLLM backend (GPU only): a whole stage's requests in one `vllm.LLM.generate` call (or, with data
+parallelism, all at once as concurrent async-engine requests).
 
 - Prompts are rendered with the tokenizer's chat template here (the same code as the `hf` backend) and
   passed as token prompts, so `GenResult.prompt_ids` are exactly what the engine saw.
@@ -12,9 +13,17 @@
   names; xgrammar is vLLM's default structured-output backend).
 - `use_adapter(path)` makes a new `LoRARequest(name, int_id, path)` with a new integer id every time, so a
   retrained adapter written to a new (or the same) directory is never served from vLLM's adapter cache.
+- `model.data_parallel_size > 1`: vLLM's offline `LLM` refuses `data_parallel_size` ("not supported for
+  single-process usage and may hang"); data parallelism lives in its async engine, which starts one engine-core
+  process per replica and balances requests between them (`vllm serve --data-parallel-size`, and vLLM's own
+  `tests/v1/distributed/test_async_llm_dp.py`, build it as `AsyncLLM.from_engine_args(AsyncEngineArgs(...))`
+  in one process). `_AsyncEngine` puts that engine behind the offline `LLM.generate` call shape, so prompts,
+  seeds, LoRA requests, the room check and the result conversion are the same code for both.
 """
 
 from __future__ import annotations
+
+import uuid
 
 from configs.schema import ModelConfig
 from engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
@@ -46,8 +55,10 @@ class VLLMLLM:
                       gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
                       logprobs_mode="raw_logprobs", seed=0)
         if cfg.data_parallel_size > 1:
-            kwargs["data_parallel_size"] = cfg.data_parallel_size
-        self.engine = vllm.LLM(**kwargs)
+            # the offline LLM turns stats logging off; the async engine would print throughput lines every few s
+            self.engine = _AsyncEngine(dict(kwargs, data_parallel_size=cfg.data_parallel_size, disable_log_stats=True))
+        else:
+            self.engine = vllm.LLM(**kwargs)
 
     def _params(self, req: GenRequest, j: int, room: int):
         from vllm import SamplingParams
@@ -57,6 +68,12 @@ class VLLMLLM:
             from vllm.sampling_params import StructuredOutputsParams
 
             extra["structured_outputs"] = StructuredOutputsParams(regex=req.regex)
+        if isinstance(self.engine, _AsyncEngine):
+            from vllm.sampling_params import RequestOutputKind
+
+            # The offline LLM sets FINAL_ONLY itself; the async engine defaults to CUMULATIVE, which would
+            # rebuild and send the growing token and log-prob lists at every step.
+            extra["output_kind"] = RequestOutputKind.FINAL_ONLY
         return SamplingParams(n=1, seed=sample_seed(req.seed, j), max_tokens=min(req.max_new_tokens, room),
                               temperature=req.temperature, top_p=req.top_p, logprobs=0, **extra)
 
@@ -97,6 +114,8 @@ class VLLMLLM:
 
     def close(self) -> None:
         engine, self.engine = self.engine, None
+        if isinstance(engine, _AsyncEngine):
+            engine.shutdown()
         del engine
         try:
             import gc
@@ -108,6 +127,82 @@ class VLLMLLM:
                 torch.cuda.empty_cache()
         except ImportError:  # pragma: no cover
             pass
+
+
+class _AsyncEngine:
+    """vLLM's async engine (`AsyncLLM`) with `data_parallel_size` replicas, behind `LLM.generate`'s call shape.
+
+    `generate` submits every prompt at once as its own `AsyncLLM.generate` request (the engine balances them
+    over the replicas) and returns the final `RequestOutput`s in prompt order, as `LLM.generate` does. The
+    engine runs on a private event loop owned by this object: the engine is built inside it (as vLLM's own
+    data-parallel tests do, so its output handler belongs to that loop), each call runs it until the batch is
+    done, and `shutdown` runs inside it too, since vLLM closes its asyncio sockets from the engine's loop.
+    Callers stay synchronous, like the offline path; a thread that already runs an event loop cannot call it.
+    """
+
+    def __init__(self, engine_args: dict):
+        import asyncio
+
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        async def build():
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+
+        self._loop = asyncio.new_event_loop()
+        # vLLM tracks requests by id: ids must not repeat while in flight, so one prefix per engine + a counter.
+        self._ids, self._next = uuid.uuid4().hex[:8], 0
+        try:
+            self.engine = self._loop.run_until_complete(build())
+        except BaseException:
+            self._loop.close()
+            raise
+
+    def generate(self, prompts, sampling_params, use_tqdm=False, lora_request=None):
+        ids = [f"sage-{self._ids}-{self._next + k}" for k in range(len(prompts))]
+        self._next += len(prompts)
+        return self._loop.run_until_complete(self._all(
+            [self._final(p, sp, rid, lora_request) for p, sp, rid in zip(prompts, sampling_params, ids)]))
+
+    async def _final(self, prompt, params, request_id, lora_request):
+        final = None
+        async for out in self.engine.generate(prompt=prompt, sampling_params=params, request_id=request_id,
+                                              lora_request=lora_request):
+            final = out
+        if final is None or not final.finished:
+            raise RuntimeError(f"vLLM request {request_id} ended without a finished output")
+        return final
+
+    @staticmethod
+    async def _all(coros):
+        import asyncio
+
+        tasks = [asyncio.ensure_future(c) for c in coros]
+        try:
+            return await asyncio.gather(*tasks)
+        except BaseException:
+            # Cancelling a request's `generate` makes vLLM abort it, so a failed batch leaves no request
+            # running on the replicas (or waiting in this loop for the next call).
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    def shutdown(self) -> None:
+        import asyncio
+
+        async def stop():
+            self.engine.shutdown()
+            # then end whatever vLLM left on this loop (its output handler), so the loop closes clean
+            rest = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        try:
+            self._loop.run_until_complete(stop())
+        finally:
+            self._loop.close()
 
 
 def _convert(out) -> Completion:

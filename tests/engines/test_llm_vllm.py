@@ -1,21 +1,34 @@
-"""The `vllm` backend against a fake of vLLM's documented offline API, plus a real run where CUDA is.
+"""The `vllm` backend against a fake of vLLM's documented API, plus real runs where CUDA is.
 
 `FakeVLLM*` mirror the parts of vLLM (0.12-0.31) the backend uses: `vllm.LLM(**engine_args)`,
 `LLM.generate(prompts, sampling_params=[...], use_tqdm=, lora_request=)` returning `RequestOutput`s whose
 `outputs` are `CompletionOutput(index, text, token_ids, logprobs=[{token_id: Logprob(logprob=...)}],
-finish_reason)`, `SamplingParams(...)`, `StructuredOutputsParams(regex=)` and `LoRARequest(name, id, path)`.
+finish_reason)`, `SamplingParams(...)`, `StructuredOutputsParams(regex=)` and `LoRARequest(name, id, path)`;
+and, for data parallelism, the async engine: `vllm.v1.engine.async_llm.AsyncLLM.from_engine_args(
+vllm.engine.arg_utils.AsyncEngineArgs(**engine_args))`, `async generate(prompt, sampling_params, request_id,
+*, lora_request=)` yielding `RequestOutput`s (the last with `finished=True`; only that one when
+`SamplingParams.output_kind` is `RequestOutputKind.FINAL_ONLY`, else cumulative ones before it) and
+`shutdown()`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
 from configs.schema import ModelConfig
 from engines.llm import GenRequest, load_llm, sample_seed
+
+
+class FakeVLLMRequestOutputKind(enum.Enum):
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -27,6 +40,7 @@ class FakeVLLMSamplingParams:
     top_p: float = 1.0
     logprobs: int | None = None
     structured_outputs: object = None
+    output_kind: FakeVLLMRequestOutputKind = FakeVLLMRequestOutputKind.CUMULATIVE
 
 
 @dataclass
@@ -60,6 +74,19 @@ class FakeVLLMCompletionOutput:
 class FakeVLLMRequestOutput:
     prompt_token_ids: list[int]
     outputs: list[FakeVLLMCompletionOutput] = field(default_factory=list)
+    finished: bool = True
+
+
+def _fake_output(prompt, sp) -> FakeVLLMRequestOutput:
+    """The one fake "model" both fake engines run: min(k, max_tokens) tokens, k from the seed."""
+    k = sp.seed % 5 + 1  # EOS (id 2) appended when k fits
+    toks = [40 + i for i in range(min(k, sp.max_tokens))]
+    finish = "length" if k > sp.max_tokens else "stop"
+    if finish == "stop":
+        toks.append(2)
+    lps = [{t: FakeVLLMLogprob(-0.5 - i)} for i, t in enumerate(toks)] if sp.logprobs is not None else None
+    return FakeVLLMRequestOutput(prompt["prompt_token_ids"], [
+        FakeVLLMCompletionOutput(0, f"text{len(toks)}", toks, lps, finish)])
 
 
 class FakeVLLMLLM:
@@ -71,32 +98,69 @@ class FakeVLLMLLM:
 
     def generate(self, prompts, sampling_params=None, use_tqdm=True, lora_request=None):
         self.calls.append(dict(prompts=prompts, params=sampling_params, lora=lora_request, use_tqdm=use_tqdm))
-        outs = []
-        for prompt, sp in zip(prompts, sampling_params):
-            k = sp.seed % 5 + 1  # "generates" min(k, max_tokens) tokens; EOS (id 2) when k fits
-            toks = [40 + i for i in range(min(k, sp.max_tokens))]
-            finish = "length" if k > sp.max_tokens else "stop"
-            if finish == "stop":
-                toks.append(2)
-            lps = [{t: FakeVLLMLogprob(-0.5 - i)} for i, t in enumerate(toks)] if sp.logprobs is not None else None
-            outs.append(FakeVLLMRequestOutput(prompt["prompt_token_ids"], [
-                FakeVLLMCompletionOutput(0, f"text{len(toks)}", toks, lps, finish)]))
-        return outs
+        return [_fake_output(prompt, sp) for prompt, sp in zip(prompts, sampling_params)]
+
+
+class FakeVLLMAsyncEngineArgs:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+class FakeVLLMAsyncLLM:
+    """Fake of `AsyncLLM`: records calls, the event loop it runs on, and the peak of concurrent requests."""
+
+    instances: list = []
+
+    def __init__(self, engine_args):
+        self.kwargs, self.calls, self.in_flight, self.peak = engine_args.kwargs, [], 0, 0
+        self.loop = asyncio.get_running_loop()  # fails unless built inside an event loop
+        self.shutdown_in_loop = None
+        FakeVLLMAsyncLLM.instances.append(self)
+
+    @classmethod
+    def from_engine_args(cls, engine_args, start_engine_loop=True, usage_context=None, stat_loggers=None):
+        return cls(engine_args)
+
+    async def generate(self, prompt, sampling_params, request_id, *, lora_request=None, **kwargs):
+        assert asyncio.get_running_loop() is self.loop
+        self.calls.append(dict(prompt=prompt, params=sampling_params, request_id=request_id, lora=lora_request))
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            for _ in range(3):  # let every submitted request start before any finishes
+                await asyncio.sleep(0)
+            final = _fake_output(prompt, sampling_params)
+            if sampling_params.output_kind is not FakeVLLMRequestOutputKind.FINAL_ONLY:
+                c = final.outputs[0]
+                yield FakeVLLMRequestOutput(final.prompt_token_ids, [FakeVLLMCompletionOutput(
+                    0, "", c.token_ids[:1], c.logprobs and c.logprobs[:1], None)], finished=False)
+            yield final
+        finally:
+            self.in_flight -= 1
+
+    def shutdown(self):
+        try:
+            self.shutdown_in_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            self.shutdown_in_loop = False
 
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    mod = types.ModuleType("vllm")
-    mod.LLM, mod.SamplingParams = FakeVLLMLLM, FakeVLLMSamplingParams
-    sp = types.ModuleType("vllm.sampling_params")
+    mods = {name: types.ModuleType(name) for name in (
+        "vllm", "vllm.sampling_params", "vllm.lora", "vllm.lora.request", "vllm.engine", "vllm.engine.arg_utils",
+        "vllm.v1", "vllm.v1.engine", "vllm.v1.engine.async_llm")}
+    mods["vllm"].LLM, mods["vllm"].SamplingParams = FakeVLLMLLM, FakeVLLMSamplingParams
+    sp = mods["vllm.sampling_params"]
     sp.SamplingParams, sp.StructuredOutputsParams = FakeVLLMSamplingParams, FakeVLLMStructuredOutputsParams
-    lora = types.ModuleType("vllm.lora")
-    lreq = types.ModuleType("vllm.lora.request")
-    lreq.LoRARequest = FakeVLLMLoRARequest
-    for name, m in {"vllm": mod, "vllm.sampling_params": sp, "vllm.lora": lora, "vllm.lora.request": lreq}.items():
+    sp.RequestOutputKind = FakeVLLMRequestOutputKind
+    mods["vllm.lora.request"].LoRARequest = FakeVLLMLoRARequest
+    mods["vllm.engine.arg_utils"].AsyncEngineArgs = FakeVLLMAsyncEngineArgs
+    mods["vllm.v1.engine.async_llm"].AsyncLLM = FakeVLLMAsyncLLM
+    for name, m in mods.items():
         monkeypatch.setitem(sys.modules, name, m)
-    FakeVLLMLLM.instances = []
-    return mod
+    FakeVLLMLLM.instances, FakeVLLMAsyncLLM.instances = [], []
+    return mods["vllm"]
 
 
 def _cfg(tiny_model, **kw):
@@ -104,16 +168,92 @@ def _cfg(tiny_model, **kw):
 
 
 def test_engine_is_built_with_lora_and_parallelism(fake_vllm, tiny_model):
-    llm = load_llm(_cfg(tiny_model, tensor_parallel_size=2, data_parallel_size=2, max_lora_rank=64,
-                        gpu_memory_utilization=0.5, max_model_len=1024, dtype="bfloat16"))
+    llm = load_llm(_cfg(tiny_model, tensor_parallel_size=2, max_lora_rank=64, gpu_memory_utilization=0.5,
+                        max_model_len=1024, dtype="bfloat16"))
     kw = FakeVLLMLLM.instances[0].kwargs
     assert kw["model"] == str(tiny_model) and kw["enable_lora"] is True and kw["max_lora_rank"] == 64
-    assert (kw["tensor_parallel_size"], kw["data_parallel_size"]) == (2, 2)
+    assert kw["tensor_parallel_size"] == 2 and "data_parallel_size" not in kw  # vLLM's LLM refuses it
     assert (kw["gpu_memory_utilization"], kw["max_model_len"], kw["dtype"]) == (0.5, 1024, "bfloat16")
     assert kw["logprobs_mode"] == "raw_logprobs"
-    load_llm(_cfg(tiny_model))  # one engine replica: vLLM's own default, not passed
-    assert "data_parallel_size" not in FakeVLLMLLM.instances[1].kwargs
-    assert llm.model_name == str(tiny_model) and llm.adapter is None
+    assert llm.model_name == str(tiny_model) and llm.adapter is None and not FakeVLLMAsyncLLM.instances
+
+
+def test_data_parallel_builds_the_async_engine_with_the_same_arguments(fake_vllm, tiny_model):
+    kw = dict(tensor_parallel_size=2, max_lora_rank=64, gpu_memory_utilization=0.5, max_model_len=1024,
+              dtype="bfloat16")
+    load_llm(_cfg(tiny_model, **kw))
+    llm = load_llm(_cfg(tiny_model, data_parallel_size=2, **kw))
+    assert len(FakeVLLMLLM.instances) == 1 and len(FakeVLLMAsyncLLM.instances) == 1
+    args = FakeVLLMAsyncLLM.instances[0].kwargs
+    assert args == dict(FakeVLLMLLM.instances[0].kwargs, data_parallel_size=2, disable_log_stats=True)
+    assert (args["tensor_parallel_size"], args["gpu_memory_utilization"]) == (2, 0.5)
+    llm.close()
+
+
+def _stage_requests():
+    return [GenRequest([{"role": "user", "content": "What is 7 * 8?"}], n=3, max_new_tokens=3, temperature=0.7,
+                       top_p=0.9, seed=10, regex=r"<score>[0-9]</score>"),
+            GenRequest([{"role": "user", "content": "abc"}], n=2, max_new_tokens=500, temperature=0, seed=4),
+            GenRequest([{"role": "user", "content": "hi"}], n=1, max_new_tokens=8, seed=7)]
+
+
+def test_data_parallel_results_equal_the_offline_path(fake_vllm, tiny_model):
+    offline = load_llm(_cfg(tiny_model, max_model_len=256))
+    dp = load_llm(_cfg(tiny_model, max_model_len=256, data_parallel_size=2))
+    for llm in (offline, dp):
+        llm.use_adapter("/ckpt/iter-1")
+    calls_off, calls_dp = [], []
+    expected = offline.generate(_stage_requests(), progress=lambda *a: calls_off.append(a))
+    results = dp.generate(_stage_requests(), progress=lambda *a: calls_dp.append(a))
+    assert results == expected and calls_dp == calls_off
+    engine = FakeVLLMAsyncLLM.instances[0]
+    offline_call = FakeVLLMLLM.instances[0].calls[0]
+    # every (request, sample) submitted at once, each its own request, with the offline path's prompts and
+    # parameters (seeds, max_tokens capped by max_model_len, regex) and only the output kind added
+    assert len(engine.calls) == 6 and engine.peak == 6
+    assert [c["prompt"] for c in engine.calls] == offline_call["prompts"]
+    for c, sp in zip(engine.calls, offline_call["params"]):
+        assert c["params"].output_kind is FakeVLLMRequestOutputKind.FINAL_ONLY
+        assert replace(c["params"], output_kind=sp.output_kind) == sp
+    assert engine.calls[3]["params"].max_tokens == 256 - len(results[1].prompt_ids)
+    assert len({c["lora"].lora_int_id for c in engine.calls}) == 1
+    assert engine.calls[0]["lora"].lora_path == "/ckpt/iter-1"
+    dp.close()
+
+
+def test_data_parallel_request_ids_are_unique_and_lora_reaches_every_request(fake_vllm, tiny_model):
+    llm = load_llm(_cfg(tiny_model, data_parallel_size=2))
+    llm.generate(_stage_requests())
+    llm.use_adapter("/ckpt/iter-2")
+    llm.generate(_stage_requests())
+    calls = FakeVLLMAsyncLLM.instances[0].calls
+    ids = [c["request_id"] for c in calls]
+    assert len(ids) == 12 and len(set(ids)) == 12  # unique across calls too
+    assert all(c["lora"] is None for c in calls[:6])
+    assert all(c["lora"] is calls[6]["lora"] for c in calls[6:]) and calls[6]["lora"].lora_path == "/ckpt/iter-2"
+    llm.close()
+
+
+def test_data_parallel_takes_the_final_output_and_checks_room(fake_vllm, tiny_model, monkeypatch):
+    llm = load_llm(_cfg(tiny_model, data_parallel_size=2, max_model_len=256))
+    # an engine that streams (CUMULATIVE) must still give the final output, not the first one
+    monkeypatch.setattr(llm, "_params", lambda req, j, room: FakeVLLMSamplingParams(
+        seed=sample_seed(req.seed, j), max_tokens=min(req.max_new_tokens, room), logprobs=0))
+    (res,) = llm.generate([GenRequest([{"role": "user", "content": "hi"}], n=1, max_new_tokens=8, seed=7)])
+    k = sample_seed(7, 0) % 5 + 1
+    assert res.completions[0].token_ids == [40 + i for i in range(k)] + [2]
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate([GenRequest([{"role": "user", "content": "x " * 400}])])
+    assert len(FakeVLLMAsyncLLM.instances[0].calls) == 1
+    llm.close()
+
+
+def test_data_parallel_close_shuts_the_engine_down_in_its_loop(fake_vllm, tiny_model):
+    llm = load_llm(_cfg(tiny_model, data_parallel_size=2))
+    llm.generate(_stage_requests())
+    engine = FakeVLLMAsyncLLM.instances[0]
+    llm.close()
+    assert engine.shutdown_in_loop is True and engine.loop.is_closed() and llm.engine is None
 
 
 def test_whole_batch_in_one_call_with_per_sample_seeds(fake_vllm, tiny_model):
@@ -178,4 +318,22 @@ def test_real_vllm_generates_with_seeds_and_logprobs(tiny_model):
     for c in a.completions:
         assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)
         assert c.finish_reason == "length" or c.text.startswith("<score>")
+    llm.close()
+
+
+@pytest.mark.gpu
+def test_real_vllm_data_parallel_generates_with_seeds_and_logprobs(tiny_model):
+    pytest.importorskip("vllm")
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("data parallelism needs 2 GPUs")
+    llm = load_llm(_cfg(tiny_model, max_model_len=512, gpu_memory_utilization=0.3, dtype="float32",
+                        data_parallel_size=2))
+    reqs = [GenRequest([{"role": "user", "content": f"What is {i} * 8?"}], n=2, max_new_tokens=8, seed=i)
+            for i in range(8)]
+    a, b = llm.generate(reqs), llm.generate(reqs)
+    assert [[c.token_ids for c in r.completions] for r in a] == [[c.token_ids for c in r.completions] for r in b]
+    for c in (c for r in a for c in r.completions):
+        assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)
     llm.close()
