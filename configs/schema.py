@@ -30,7 +30,9 @@ class ModelConfig(_Section):
     max_model_len: int = Field(4096, ge=256, description="Longest prompt + completion, in tokens.")
     token_budget: int = Field(32768, ge=512, description="hf backend: most padded tokens (batch x length) in "
                               "one generate call; longer batches are split.")
-    compile: bool = Field(False, description="hf backend: static KV cache + torch.compile for generation.")
+    compile: bool = Field(False, description="hf backend: torch.compile each decoder layer instead of the fused "
+                          "eager layers (slower on a 2-core CPU and not bit-identical to transformers' generate "
+                          "in bf16).")
     tensor_parallel_size: int = Field(1, ge=1, description="vllm: GPUs per engine (tensor parallelism).")
     data_parallel_size: int = Field(1, ge=1, description="vllm: engine replicas (data parallelism).")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of GPU memory the "

@@ -7,16 +7,20 @@ This loop keeps what matters of it and adds what the pipeline needs:
 - Requests are expanded to one row per sample, sorted by length (longest first) and packed into batches of
   at most `model.token_budget` padded tokens (rows x (prompt + max new tokens)); prompts are left-padded
   and rendered with the tokenizer's chat template.
-- Llama-style decoders (llama, qwen2, qwen3, mistral without a sliding window) run a fast path: the model's
-  own modules (so PEFT adapters apply) with a preallocated KV cache written in place and attention over
-  the filled part only; rows that finished are dropped from the batch when a quarter of it is done. Any
-  other architecture runs the model's `forward` with a `DynamicCache`, same sampling.
+- Llama-style decoders (llama, qwen2, qwen3, mistral without a sliding window) run a fast path: the
+  model's layers with fused q/k/v and gate/up matmuls (`engines/llm/hf_fast.py`; LoRA adapters added
+  unmerged, others through the model's own modules), a preallocated KV cache written in place, attention
+  over the filled part only, the lm_head on the last position only; rows that finished are dropped from
+  the batch when a quarter of it is done. Any other architecture runs the model's `forward` with a
+  `DynamicCache`, same sampling.
 - Sampling is per row and independent of the batch: completion j of a request draws, at step t, one
   uniform from a hash of (sample_seed(seed, j), t) and takes the inverse CDF of the (top-p truncated,
   grammar masked, temperature scaled) distribution. That is an exact sample, like Gumbel-max, but needs
   one random number per step instead of one per vocabulary entry (24 ms per step at batch 64 for the
   Gumbel noise of SmolLM2's 49k vocabulary). Temperature 0 is argmax. Same request + seed => same tokens,
   whatever else is in the batch, up to float rounding in batched matmuls (exact in practice in fp32).
+  The argmax and the inverse CDF search blocks of the vocabulary (`engines/llm/sampling.py`), several
+  times faster on a CPU than `torch.argmax` / a full `cumsum`.
 - `regex` requests are constrained with xgrammar: one `GrammarMatcher` per row, token bitmasks applied to
   the logits; compiled grammars are cached by regex.
 - Log-probs: `log_softmax(raw logits)[token]`, see `engines/llm/base.py`.
@@ -24,19 +28,20 @@ This loop keeps what matters of it and adds what the pipeline needs:
 
 from __future__ import annotations
 
+import functools
 import gc
 import inspect
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from configs.schema import ModelConfig
 from engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
+from engines.llm.hf_fast import FusedDecoder, module_layer
 from engines.llm.models import cpu_supports_bf16, resolve_model
+from engines.llm.sampling import argmax, draw, log_normalizer, uniform
 
 FAST_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
-_MASK64 = 2**64 - 1
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -46,14 +51,6 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.bfloat16 if cpu_supports_bf16() else torch.float32
-
-
-def uniform(seed: int, step: int) -> float:
-    """A uniform in [0, 1) from (seed, step): splitmix64, so no generator state depends on the batch."""
-    z = (seed + (step + 1) * 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
 
 
 @dataclass
@@ -103,9 +100,15 @@ class HFLLM:
         self._cache_kw = "cache" if "cache" in inspect.signature(self.base.forward).parameters else "past_key_values"
         self._compiler = None
         self._grammars: dict[str, object] = {}
-        self._layer_fn = self._layer
-        if cfg.compile:
-            self._layer_fn = torch.compile(self._layer, dynamic=True)
+        # Fused layers on CPUs only: their bit-identity with the modules was checked on oneDNN, not on cuBLAS,
+        # whose kernel choice depends on the matmul shape. None or not _fused_ok: the model's own modules.
+        # `model.compile`: the modules' layer under torch.compile instead (on a 2-core CPU it was slower than
+        # the fused layers and not bit-identical to `generate` in bf16).
+        cpu = self.device.type == "cpu"
+        fuse = self.fast and cpu and not cfg.compile
+        self._fused = FusedDecoder.build(self.base, self.dtype, self.device) if fuse else None
+        self._fused_ok = self._fused is not None
+        self._module_layer = torch.compile(module_layer, dynamic=True) if cfg.compile else module_layer
 
     @staticmethod
     def _sliding(config) -> bool:
@@ -153,6 +156,8 @@ class HFLLM:
 
             self._peft = PeftModel.from_pretrained(self.base, str(path), is_trainable=False).eval()
             self.adapter = str(path)
+        if self._fused is not None:
+            self._fused_ok = self._fused.set_lora()
 
     def close(self) -> None:
         self._peft = self.base = None
@@ -212,7 +217,10 @@ class HFLLM:
         lens = keymask[:, :P].sum(-1)
         live = list(range(B))  # rows[live[k]] is batch row k
         state = self._new_state(B, P + N)
-        logits = self._forward(ids, (keymask[:, :P].cumsum(-1) - 1).clamp(min=0), keymask, state, 0, P)
+        positions = (keymask[:, :P].cumsum(-1) - 1).clamp(min=0)
+        if self.fast and bool(keymask.all()):  # as in transformers: no padding, no mask (so no row ever needs one)
+            keymask = None
+        logits = self._forward(ids, positions, keymask, state, 0, P)
         produced = 0
         for t in range(N):
             tokens, logprobs = self._sample(logits, [rows[b] for b in live], t)
@@ -225,7 +233,8 @@ class HFLLM:
             if self.fast and len(keep) <= 0.75 * len(live):
                 idx = torch.tensor(keep, device=dev)
                 state = [(kc.index_select(0, idx), vc.index_select(0, idx)) for kc, vc in state]
-                keymask, lens, tokens = keymask[idx], lens[idx], [tokens[k] for k in keep]
+                keymask = keymask[idx] if keymask is not None else None
+                lens, tokens = lens[idx], [tokens[k] for k in keep]
                 live = [live[k] for k in keep]
             step_ids = torch.tensor(tokens, device=dev).view(-1, 1)
             logits = self._forward(step_ids, (lens + t).view(-1, 1), keymask, state, P + t, P + t + 1)
@@ -245,8 +254,9 @@ class HFLLM:
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row], step: int) -> tuple[list[int], list[float]]:
         """Next token of every row, and its log-prob under the raw logits."""
-        scores = logits.clone()
+        logits = logits.float()
         constrained = [k for k, r in enumerate(rows) if r.matcher is not None and r.finish is None]
+        scores = logits.clone() if constrained else logits  # the mask must not reach the log-probs
         if constrained:
             import xgrammar as xgr
 
@@ -254,28 +264,15 @@ class HFLLM:
             for k in constrained:
                 rows[k].matcher.fill_next_token_bitmask(bitmask, k)
             xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device), indices=constrained)
-        out = scores.argmax(-1)
+        out = argmax(scores)
         sampled = [k for k, r in enumerate(rows) if r.temperature > 0 and r.finish is None]
         if sampled:
-            out[torch.tensor(sampled, device=out.device)] = self._draw(scores, rows, sampled, step)
-        logprobs = logits.gather(-1, out.view(-1, 1)).view(-1) - torch.logsumexp(logits, -1)
+            picked = [rows[k] for k in sampled]
+            idx = torch.tensor(sampled, device=out.device)
+            out[idx] = draw(scores[idx] if len(sampled) < len(rows) else scores, [r.temperature for r in picked],
+                            [r.top_p for r in picked], [uniform(r.seed, step) for r in picked])
+        logprobs = logits.gather(-1, out.view(-1, 1)).view(-1) - log_normalizer(logits)
         return out.tolist(), logprobs.tolist()
-
-    @staticmethod
-    def _draw(scores: torch.Tensor, rows: list[_Row], sampled: list[int], step: int) -> torch.Tensor:
-        """Inverse-CDF sample for rows `sampled`: temperature, then top-p, then one uniform per row."""
-        idx = torch.tensor(sampled, device=scores.device)
-        s = scores[idx] / torch.tensor([rows[k].temperature for k in sampled], device=scores.device).view(-1, 1)
-        top_p = torch.tensor([rows[k].top_p for k in sampled], device=scores.device, dtype=torch.float64)
-        probs = torch.softmax(s, -1).double()
-        if bool((top_p < 1).any()):
-            sorted_p, order = probs.sort(-1, descending=True)
-            drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p.view(-1, 1)  # mass before it already >= top_p
-            probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-        cdf = probs.cumsum(-1)
-        u = torch.tensor([uniform(rows[k].seed, step) for k in sampled], dtype=torch.float64, device=cdf.device)
-        picks = torch.searchsorted(cdf, (u * cdf[:, -1]).view(-1, 1), right=True)
-        return picks.view(-1).clamp(max=cdf.shape[-1] - 1)
 
     # ---- model forward --------------------------------------------------------------------------------
 
@@ -291,53 +288,31 @@ class HFLLM:
                  torch.empty(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_hidden_layers)]
 
     def _forward(self, ids, positions, keymask, state, start: int, end: int) -> torch.Tensor:
-        """Logits (float32) of the last position, for `ids` written at cache slots [start, end)."""
+        """Logits (model dtype) of the last position, for `ids` written at cache slots [start, end)."""
         if not self.fast:
             out = self.base(input_ids=ids, attention_mask=keymask[:, :end].long(), position_ids=positions,
                             use_cache=True, logits_to_keep=1, **{self._cache_kw: state})
-            return out.logits[:, -1].float()
+            return out.logits[:, -1]
         decoder = self.base.get_decoder()
         h = decoder.embed_tokens(ids)
         cos, sin = decoder.rotary_emb(h, positions)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # (B, T, 1, hd): q/k stay (B, T, heads, hd)
         T = ids.shape[1]
-        if T > 1:  # prefill: causal + padding mask; a padding row attends to itself so it never sees no key
-            mask = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()[None, None] & keymask[:, None, None, :end]
+        if keymask is None:
+            mask = None
+        elif T > 1:  # prefill: causal + padding mask; a padding row attends to itself so it never sees no key
+            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
+            mask = causal[None, None] & keymask[:, None, None, :end]
             mask = mask | torch.eye(T, dtype=torch.bool, device=ids.device)
         else:
             mask = keymask[:, None, None, :end]
-        for layer, (kc, vc) in zip(decoder.layers, state):
-            h = self._layer_fn(layer, h, cos, sin, kc, vc, start, end, mask)
-        h = decoder.norm(h[:, -1:])
-        return self.base.get_output_embeddings()(h)[:, -1].float()
-
-    @staticmethod
-    def _layer(layer, h, cos, sin, kc, vc, start: int, end: int, mask):
-        attn = layer.self_attn
-        B, T, _ = h.shape
-        hd = kc.shape[-1]
-        x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(B, T, -1, hd)
-        k = attn.k_proj(x).view(B, T, -1, hd)
-        v = attn.v_proj(x).view(B, T, -1, hd).transpose(1, 2)
-        if hasattr(attn, "q_norm"):  # qwen3
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin)
-        kc[:, :, start:end] = k
-        vc[:, :, start:end] = v
-        heads, kv_heads = q.shape[1], kc.shape[1]
-        if T == 1:  # decode: the query heads of one KV group act as that group's queries, no KV repeat
-            o = F.scaled_dot_product_attention(q.reshape(B, kv_heads, heads // kv_heads, hd), kc[:, :, :end],
-                                               vc[:, :, :end], attn_mask=mask, scale=attn.scaling)
+        if mask is not None:  # SDPA turns a boolean mask into this additive one on every call; once per step
+            mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, float("-inf"))
+        for i, (layer, (kc, vc)) in enumerate(zip(decoder.layers, state)):
+            fn = self._fused.layers[i] if self._fused_ok else functools.partial(self._module_layer, layer)
+            h = fn(h, cos, sin, kc, vc, start, end, mask)
+        if self._fused_ok:
+            logits = self._fused.logits(self._fused.norm(h[:, -1:]))
         else:
-            rep = heads // kv_heads
-            o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                               attn_mask=mask, scale=attn.scaling)
-        h = h + attn.o_proj(o.reshape(B, heads, T, hd).transpose(1, 2).reshape(B, T, heads * hd))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    cos, sin = cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+            logits = self.base.get_output_embeddings()(decoder.norm(h[:, -1:]))
+        return logits[:, -1]

@@ -158,6 +158,7 @@ def test_use_adapter_changes_output_and_none_restores_it(llm, sharp_model, tmp_p
     try:
         llm.use_adapter(paths[0])
         assert llm.adapter == paths[0]
+        assert llm._fused_ok or llm._fused is None  # LoRA added to the fused matmuls (CPU), unmerged
         v0 = _tokens(llm.generate(reqs))
         llm.use_adapter(paths[1])
         v1 = _tokens(llm.generate(reqs))
@@ -201,3 +202,84 @@ def test_pick_dtype_respects_config():
     cpu = torch.device("cpu")
     assert pick_dtype("float32", cpu) == torch.float32 and pick_dtype("bfloat16", cpu) == torch.bfloat16
     assert pick_dtype("auto", cpu) in (torch.float32, torch.bfloat16)
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[:1]])  # padded batch (masked attention); one row: no mask
+def test_bf16_batched_greedy_equals_transformers_batched_generate(sharp_model, prompts):
+    """The fused bf16 path (oneDNN-packed weights on CPUs that have them) keeps transformers' arithmetic."""
+    llm = HFLLM(ModelConfig(name=str(sharp_model), dtype="bfloat16"), device="cpu")
+    assert llm._fused_ok
+    msgs = [_msgs(p) for p in prompts]
+    ours = _tokens(llm.generate([GenRequest(m, max_new_tokens=12, temperature=0) for m in msgs]))
+    tok = llm.tokenizer
+    tok.padding_side = "left"
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True,
+                                  padding=True)
+    with torch.inference_mode():
+        out = llm.base.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=llm.eos_ids,
+                                pad_token_id=llm.pad_id)[:, enc["input_ids"].shape[1]:].tolist()
+    for ref, toks in zip(out, ours):
+        cut = next((k + 1 for k, x in enumerate(ref) if x in llm.eos_ids), len(ref))
+        assert toks[0] == ref[:cut]
+
+
+def test_fused_layers_match_the_model_modules(llm):
+    reqs = [GenRequest(_msgs(p), n=2, max_new_tokens=10, temperature=1.0, seed=4) for p in PROMPTS[:3]]
+    reqs.append(GenRequest(_msgs("abc"), max_new_tokens=10, temperature=0))
+    fused, was = llm.generate(reqs), llm._fused_ok
+    llm._fused_ok = False
+    try:
+        modules = llm.generate(reqs)
+    finally:
+        llm._fused_ok = was
+    assert _tokens(fused) == _tokens(modules)
+    for a, b in zip(fused, modules):
+        for ca, cb in zip(a.completions, b.completions):
+            assert ca.logprobs == pytest.approx(cb.logprobs, abs=1e-5)
+
+
+def test_adapter_peft_cannot_fuse_runs_through_the_modules(llm, sharp_model, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(5)
+    base = AutoModelForCausalLM.from_pretrained(sharp_model, dtype=torch.float32)
+    get_peft_model(base, LoraConfig(r=4, lora_alpha=32, target_modules="all-linear", use_dora=True,
+                                    init_lora_weights=False)).save_pretrained(tmp_path / "dora")
+    req = GenRequest(_msgs(PROMPTS[0]), max_new_tokens=10, temperature=0)
+    base_out = _tokens(llm.generate([req]))
+    try:
+        llm.use_adapter(str(tmp_path / "dora"))
+        assert not llm._fused_ok
+        res = llm.generate([req])[0]
+        ids = torch.tensor([res.prompt_ids + res.completions[0].token_ids])
+        with torch.no_grad():
+            logits = llm._peft(input_ids=ids).logits[0, len(res.prompt_ids) - 1:-1].float()
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(res.completions[0].token_ids).view(-1, 1))
+        assert res.completions[0].logprobs == pytest.approx(ref.view(-1).tolist(), abs=1e-4)
+    finally:
+        llm.use_adapter(None)
+    assert llm._fused_ok == (llm._fused is not None) and _tokens(llm.generate([req])) == base_out
+
+
+@pytest.mark.parametrize("vocab", [4096, 1031])  # blocks of 1024; a prime: one block
+def test_sampling_helpers_match_their_plain_torch_definitions(vocab):
+    from engines.llm.sampling import argmax, inverse_cdf, log_normalizer
+
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randn(6, vocab, generator=gen)
+    x[0, 5] = x[0, 3000 % vocab] = 50.0  # a tie: the first index wins
+    x[1, vocab // 2:] = float("-inf")
+    x[2] = x[2].round()  # many ties
+    assert torch.equal(argmax(x), x.argmax(-1))
+    assert torch.allclose(log_normalizer(x), torch.logsumexp(x, -1), atol=1e-5)
+    weights = torch.softmax(x, -1)
+    weights[3, ::2] = 0.0  # never drawn
+    cdf = weights.double().cumsum(-1)
+    for u in [0.0, 1e-9, 0.25, 0.5, 0.999999, 1 - 2**-53] + torch.rand(20, generator=gen).tolist():
+        us = torch.full((6,), u, dtype=torch.float64)
+        got = inverse_cdf(weights, us)
+        assert bool((weights.gather(-1, got.view(-1, 1)) > 0).all())
+        ref = torch.searchsorted(cdf, (us * cdf[:, -1]).view(-1, 1), right=True).view(-1).clamp(max=vocab - 1)
+        near = (cdf.gather(-1, got.view(-1, 1)).view(-1) - (us * cdf[:, -1])).abs() < 1e-6  # a rounding tie
+        assert bool(((got == ref) | near).all())
