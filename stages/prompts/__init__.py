@@ -1,19 +1,29 @@
 """Versioned prompt templates for the four roles (SAGE.md, "Roles"), one per kind.
 
 `render(kind, **fields)` returns chat messages; `TEMPLATE_VERSION[kind]` is hashed into every row id a
-stage writes, so changing a prompt means bumping its version (`"planner@1"` -> `"planner@2"`), and rows
+stage writes, so changing a prompt means bumping its version (`"planner@2"` -> `"planner@3"`), and rows
 made with the old prompt are never mistaken for new ones.
 
-Each prompt is short (the CPU profile runs a 135M model with a 2048-token context) and ends with one worked
-example of the exact output format, the tags that `engines/tags.py` parses. Inserted fields longer than
-MAX_FIELD_CHARS are cut (marked with "...") so a runaway generated question cannot overflow the context.
-Code kinds take an optional `signature` (the function the answer must define).
+Each prompt shows one worked example of the exact output format, the tags `engines/tags.py` parses (each
+reply scores 1.0 there and fits the role's constraint regex). Challenger, Planner and Solver show it as an
+earlier turn: the same template filled with the example's fields as a user message, the reply as the
+assistant's, then the real task. Shown inline ("Example reply:" after the task), SmolLM2-135M copied it
+into unrelated answers ("7 boxes of 12 pens: 7 * 12 = 84" in 32 of 40 validation answers, which then
+looped to the token limit; 7 of 12 Challenger questions); after a separate turn it answers the last
+message (0 copies; `bench/prompts.py` measures both). Those examples are tasks unlike the seeds' (a train's
+speed, counting vowels) and write no placeholder such as `\\boxed{...}`, which the model wrote literally.
+The Critic keeps its inline example: as a turn it copied no less and told good questions from bad ones no
+better.
+
+Prompts are short (the CPU profile runs a 135M model with a 2048-token context). Inserted fields longer
+than MAX_FIELD_CHARS are cut (marked with "...") so a runaway generated question cannot overflow the
+context. Code kinds take an optional `signature` (the function the answer must define).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_FIELD_CHARS = 3000
 
@@ -25,20 +35,34 @@ class Template:
     user: str                           # `{{name}}` placeholders
     required: tuple[str, ...]
     optional: tuple[str, ...] = ()      # rendered through `{{name_line}}`: empty when not given
+    example: dict[str, str] = field(default_factory=dict)  # the worked example's fields; empty: shown inline
+    reply: str = ""                     # the worked example's answer, shown as the assistant's turn
 
 
-_SYSTEM = "You are a careful assistant. Reply in exactly the format of the example."
+SYSTEM = "You are a careful assistant."
+_SYSTEM_INLINE = "You are a careful assistant. Reply in exactly the format of the example."
+
+# -- the worked examples' tasks ------------------------------------------------------------------------------
+_EX_MATH = "A train travels at 60 km per hour for 3 hours. How many kilometres does it travel?"
+_EX_MATH_PLAN = "1. Note the speed and the time.\n2. Multiply speed by time."
+_EX_CODE = ("Write a Python function `count_vowels` that returns how many vowels (a, e, i, o, u) a string has.\n\n"
+            "Input:\n  `text` (str): any string.\n\nOutput:\n  `return` (int): the number of vowels.")
+_EX_CODE_PLAN = "1. Lower-case the text.\n2. Count the characters that are vowels."
+_EX_CODE_BLOCK = """```python
+def count_vowels(text: str) -> int:
+    return sum(c in "aeiou" for c in text.lower())
+```"""
 
 _CHALLENGER_MATH = """Reference problem:
 {{question}}
 
 Write ONE new math problem that is related to the reference but different (change the numbers, the objects \
 or what is asked). It must have a single exact answer. Put the new problem in <question></question> and its \
-final answer in <answer></answer>. Write nothing else.
+final answer in <answer></answer>. Write nothing else."""
 
-Example:
-<question>A box holds 12 pens. How many pens are in 7 boxes?</question>
-<answer>84</answer>"""
+_CHALLENGER_MATH_REPLY = """<question>A cyclist rides at 15 km per hour for 4 hours. How many kilometres does \
+she ride?</question>
+<answer>60</answer>"""
 
 _CHALLENGER_CODE = """Reference task:
 {{question}}{{signature_line}}
@@ -47,21 +71,20 @@ Write ONE new Python task that is related to the reference but different. Reply 
 <question> the task in words </question>
 <signature> the def line of the function </signature>
 <solution> a correct solution in a ```python block </solution>
-<inputs> 3 to 5 test inputs, one JSON list of arguments per line </inputs>
+<inputs> 3 to 5 test inputs, one JSON list of arguments per line </inputs>"""
 
-Example:
-<question>Return the sum of the squares of a list of integers.</question>
-<signature>def sum_squares(xs: list) -> int</signature>
+_CHALLENGER_CODE_REPLY = """<question>Return how many digits a string contains.</question>
+<signature>def count_digits(text: str) -> int</signature>
 <solution>
 ```python
-def sum_squares(xs: list) -> int:
-    return sum(x * x for x in xs)
+def count_digits(text: str) -> int:
+    return sum(c.isdigit() for c in text)
 ```
 </solution>
 <inputs>
-[[1, 2, 3]]
-[[]]
-[[-4, 5]]
+["a1b2"]
+[""]
+["2024"]
 </inputs>"""
 
 _CRITIC_QUESTION = """Rate this problem from 1 to 10. 1: unclear, unsolvable or nonsense. 10: clear, \
@@ -90,58 +113,59 @@ _PLANNER = """Write a short numbered plan for solving this problem. Do not solve
 <plan></plan>.
 
 Problem:
-{{question}}{{signature_line}}
+{{question}}{{signature_line}}"""
 
-Example:
-<plan>
-1. Find how many pens one box holds.
-2. Multiply by the number of boxes.
-3. Check the result.
-</plan>"""
-
-_SOLVER_MATH = """Solve this problem. Think briefly, then give the final answer as \
-<answer>\\boxed{...}</answer>.
+# "One or two short sentences", "and stop" and a one-line example keep the 135M model from looping once it
+# has an answer ("show the key steps briefly": 3 of 20 validation answers ran to the token limit, against 0).
+# The code Solver starts with <answer>: a fence opened before the tag turns the code's first `<` into the tag.
+_SOLVER_MATH = """Solve the problem below. Show the calculation in one or two short sentences, then put the final \
+answer in \\boxed{} inside <answer></answer> and stop.
 
 Problem:
-{{question}}
-{{plan_block}}
-Example reply:
-7 boxes of 12 pens: 7 * 12 = 84. <answer>\\boxed{84}</answer>"""
+{{question}}{{plan_block}}"""
 
-_SOLVER_CODE = """Solve this task in Python. Think briefly, then put the whole function in one ```python \
-block inside <answer></answer>.
+_SOLVER_CODE = """Solve this task in Python. Reply with <answer>, then the whole function the task names in \
+one ```python block, then </answer>. Write nothing else.
 
 Task:
-{{question}}{{signature_line}}
-{{plan_block}}
-Example reply:
-Add the squares with a generator.
-<answer>
-```python
-def sum_squares(xs: list) -> int:
-    return sum(x * x for x in xs)
-```
-</answer>"""
+{{question}}{{signature_line}}{{plan_block}}"""
 
 _PLAN_BLOCK = """
+
 Plan (follow it):
-{{plan}}
-"""
+{{plan}}"""
+
+_MATH = {"question": _EX_MATH}
+# No `Function:` line in the code example: with one, the model annotated made-up signatures and looped more
+# (format 75% vs 85% of 20 validation answers).
+_CODE = {"question": _EX_CODE}
+
+
+def _solver(kind: str, code: bool, plan: bool) -> Template:
+    user = (_SOLVER_CODE if code else _SOLVER_MATH).replace("{{plan_block}}", _PLAN_BLOCK if plan else "")
+    example = dict(_CODE if code else _MATH)
+    if plan:
+        example["plan"] = _EX_CODE_PLAN if code else _EX_MATH_PLAN
+    reply = f"<answer>\n{_EX_CODE_BLOCK}\n</answer>" if code else \
+        "Distance = speed * time = 60 * 3 = 180. <answer>\\boxed{180}</answer>"
+    return Template(f"{kind}@2", SYSTEM, user, ("question", "plan") if plan else ("question",),
+                    ("signature",) if code else (), example, reply)
+
 
 TEMPLATES: dict[str, Template] = {
-    "challenger_math": Template("challenger_math@1", _SYSTEM, _CHALLENGER_MATH, ("question",)),
-    "challenger_code": Template("challenger_code@1", _SYSTEM, _CHALLENGER_CODE, ("question",), ("signature",)),
-    "critic_question": Template("critic_question@1", _SYSTEM, _CRITIC_QUESTION, ("question",), ("signature",)),
-    "critic_plan": Template("critic_plan@1", _SYSTEM, _CRITIC_PLAN, ("question", "plan"), ("signature",)),
-    "planner": Template("planner@1", _SYSTEM, _PLANNER, ("question",), ("signature",)),
-    "solver_math": Template("solver_math@1", _SYSTEM, _SOLVER_MATH.replace("{{plan_block}}", ""), ("question",)),
-    "solver_code": Template("solver_code@1", _SYSTEM, _SOLVER_CODE.replace("{{plan_block}}", ""), ("question",),
-                            ("signature",)),
-    "solver_math_plan": Template("solver_math_plan@1", _SYSTEM,
-                                 _SOLVER_MATH.replace("{{plan_block}}", _PLAN_BLOCK), ("question", "plan")),
-    "solver_code_plan": Template("solver_code_plan@1", _SYSTEM,
-                                 _SOLVER_CODE.replace("{{plan_block}}", _PLAN_BLOCK), ("question", "plan"),
-                                 ("signature",)),
+    "challenger_math": Template("challenger_math@2", SYSTEM, _CHALLENGER_MATH, ("question",), (), _MATH,
+                                _CHALLENGER_MATH_REPLY),
+    "challenger_code": Template("challenger_code@2", SYSTEM, _CHALLENGER_CODE, ("question",), ("signature",),
+                                {"question": _EX_CODE.split("\n")[0]}, _CHALLENGER_CODE_REPLY),
+    "critic_question": Template("critic_question@1", _SYSTEM_INLINE, _CRITIC_QUESTION, ("question",),
+                                ("signature",)),
+    "critic_plan": Template("critic_plan@1", _SYSTEM_INLINE, _CRITIC_PLAN, ("question", "plan"), ("signature",)),
+    "planner": Template("planner@2", SYSTEM, _PLANNER, ("question",), ("signature",), _MATH,
+                        f"<plan>\n{_EX_MATH_PLAN}\n3. Check the units.\n</plan>"),
+    "solver_math": _solver("solver_math", code=False, plan=False),
+    "solver_code": _solver("solver_code", code=True, plan=False),
+    "solver_math_plan": _solver("solver_math_plan", code=False, plan=True),
+    "solver_code_plan": _solver("solver_code_plan", code=True, plan=True),
 }
 
 TEMPLATE_VERSION: dict[str, str] = {kind: t.version for kind, t in TEMPLATES.items()}
@@ -156,8 +180,18 @@ def _clip(value: object) -> str:
     return text if len(text) <= MAX_FIELD_CHARS else text[:MAX_FIELD_CHARS] + " ..."
 
 
+def _fill(t: Template, fields: dict) -> str:
+    values = {f: _clip(fields[f]) for f in t.required}
+    for f in t.optional:
+        given = fields.get(f)
+        values[f"{f}_line"] = _OPTIONAL_LINES[f].format(_clip(given)) if given else ""
+    # One pass, so text inside a field (say "{{plan}}" in a question) is never substituted again.
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], t.user)
+
+
 def render(kind: str, **fields: object) -> list[dict[str, str]]:
-    """Chat messages (system, user) for one prompt of `kind` with its fields filled in."""
+    """Chat messages for one prompt of `kind`: system, the worked example's task (user) and reply
+    (assistant) when the kind shows it as a turn, then the task itself (user, always the last message)."""
     if kind not in TEMPLATES:
         raise ValueError(f"unknown prompt kind {kind!r}; expected one of: {', '.join(KINDS)}")
     t = TEMPLATES[kind]
@@ -166,10 +200,6 @@ def render(kind: str, **fields: object) -> list[dict[str, str]]:
     if missing or unknown:
         raise ValueError(f"prompt {kind!r} takes fields {list(t.required)} (optional {list(t.optional)}); "
                          f"missing {missing}, unexpected {unknown}")
-    values = {f: _clip(fields[f]) for f in t.required}
-    for f in t.optional:
-        given = fields.get(f)
-        values[f"{f}_line"] = _OPTIONAL_LINES[f].format(_clip(given)) if given else ""
-    # One pass, so text inside a field (say "{{plan}}" in a question) is never substituted again.
-    user = _PLACEHOLDER.sub(lambda m: values[m.group(1)], t.user)
-    return [{"role": "system", "content": t.system}, {"role": "user", "content": user}]
+    example = [{"role": "user", "content": _fill(t, t.example)}, {"role": "assistant", "content": t.reply}] \
+        if t.example else []
+    return [{"role": "system", "content": t.system}, *example, {"role": "user", "content": _fill(t, fields)}]

@@ -1,4 +1,5 @@
-"""Prompt templates: every kind renders, carries its fields and a worked example, and has its own version."""
+"""Prompt templates: every kind renders its fields and a worked example (as an earlier turn, or inline for the
+Critic) that parses with full format reward and fits the role's constraint, and has its own version."""
 
 from __future__ import annotations
 
@@ -6,21 +7,30 @@ import re
 
 import pytest
 
-from engines.tags import parse_challenger, parse_critic, parse_planner, parse_solver
-from stages.prompts import KINDS, MAX_FIELD_CHARS, TEMPLATE_VERSION, TEMPLATES, render
+from engines.tags import parse_challenger, parse_critic, parse_planner, parse_solver, role_key, role_regex
+from stages.prompts import KINDS, MAX_FIELD_CHARS, SYSTEM, TEMPLATE_VERSION, TEMPLATES, render
 
 EXPECTED_KINDS = {"challenger_math", "challenger_code", "critic_question", "critic_plan", "planner",
                   "solver_math", "solver_code", "solver_math_plan", "solver_code_plan"}
+INLINE = {"critic_question", "critic_plan"}         # the Critic's example stays inline (see the module doc)
 TAGS = {"challenger_math": ["question", "answer"], "challenger_code": ["question", "signature", "solution", "inputs"],
         "critic_question": ["score"], "critic_plan": ["score"], "planner": ["plan"]}
 TAGS.update({k: ["answer"] for k in EXPECTED_KINDS if k.startswith("solver")})
+QUESTION = "QUESTION-TEXT {{plan}} \\boxed{x} $5"
 
 
 def _fields(kind):
-    f = {"question": "QUESTION-TEXT {{plan}} \\boxed{x} $5"}
+    f = {"question": QUESTION}
     if "plan" in TEMPLATES[kind].required:
         f["plan"] = "PLAN-TEXT"
     return f
+
+
+def _example_reply(kind) -> str:
+    msgs = render(kind, **_fields(kind))
+    if kind in INLINE:
+        return msgs[-1]["content"].split("Example reply:\n")[-1]
+    return msgs[-2]["content"]
 
 
 def test_kinds_and_versions():
@@ -28,34 +38,64 @@ def test_kinds_and_versions():
     assert len(set(TEMPLATE_VERSION.values())) == len(KINDS)
     for kind, version in TEMPLATE_VERSION.items():
         assert re.fullmatch(rf"{kind}@\d+", version)
+        # @1 showed the example inline: rows made with it must not share ids with the example-turn prompts
+        assert (version == f"{kind}@1") == (kind in INLINE)
 
 
 @pytest.mark.parametrize("kind", sorted(EXPECTED_KINDS))
 def test_every_kind_renders(kind):
     msgs = render(kind, **_fields(kind))
-    assert [m["role"] for m in msgs] == ["system", "user"] and all(m["content"] for m in msgs)
-    user = msgs[1]["content"]
-    assert "QUESTION-TEXT {{plan}} \\boxed{x} $5" in user            # inserted verbatim, not re-substituted
-    assert ("PLAN-TEXT" in user) == ("plan" in TEMPLATES[kind].required)
-    assert "{{" not in user.replace("{{plan}}", "")
-    assert len(user) < 1500                                         # short: a 135M model with 2048 tokens
+    roles = ["system", "user"] if kind in INLINE else ["system", "user", "assistant", "user"]
+    assert [m["role"] for m in msgs] == roles and all(m["content"] for m in msgs)
+    task = msgs[-1]["content"]
+    assert QUESTION in task and all(QUESTION not in m["content"] for m in msgs[:-1])   # verbatim, last turn only
+    assert ("PLAN-TEXT" in task) == ("plan" in TEMPLATES[kind].required)
+    assert all("{{" not in m["content"].replace("{{plan}}", "") for m in msgs)
+    assert sum(len(m["content"]) for m in msgs) < 2000                # short: a 135M model with 2048 tokens
     for tag in TAGS[kind]:
-        assert f"<{tag}>" in user and f"</{tag}>" in user
+        assert f"<{tag}>" in task and f"</{tag}>" in task
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_KINDS - INLINE))
+def test_example_turn_is_the_same_template_and_nothing_is_inline(kind):
+    system, example, reply, task = render(kind, **_fields(kind))
+    assert system["content"] == SYSTEM
+    assert "Example" not in task["content"]                         # nothing after the task to copy
+    # The example's task is the template filled with other fields: the instructions are word for word the same.
+    blank = render(kind, **{k: "" for k in _fields(kind)} | {"question": " "})[-1]["content"]
+    for line in blank.splitlines():
+        if line.strip() and "Function:" not in line:
+            assert line in example["content"], (kind, line)
 
 
 @pytest.mark.parametrize("kind", sorted(EXPECTED_KINDS))
-def test_worked_example_parses_with_full_format_reward(kind):
-    user = render(kind, **_fields(kind))[1]["content"]
-    example = user.split("Example reply:\n" if "Example reply:" in user else "Example:\n")[-1]
-    domain = "code" if "code" in kind else "math"
+def test_worked_example_parses_with_full_format_reward_and_fits_the_constraint(kind):
+    reply = _example_reply(kind)
+    role, domain = kind.split("_")[0], "code" if "code" in kind else "math"
     parse = {"challenger": lambda s: parse_challenger(s, domain), "critic": parse_critic,
-             "planner": parse_planner, "solver": lambda s: parse_solver(s, domain)}[kind.split("_")[0]]
-    assert parse(example).format_reward == 1.0, (kind, example)
+             "planner": parse_planner, "solver": lambda s: parse_solver(s, domain)}[role]
+    assert parse(reply).format_reward == 1.0, (kind, reply)
+    # Under `constrain: true` the model can write exactly what the example shows.
+    key = role_key(role, domain if role in ("challenger", "solver") else None)
+    assert re.fullmatch(role_regex(key), reply), (kind, reply)
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_KINDS))
+def test_no_placeholder_for_the_model_to_copy(kind):
+    # SmolLM2-135M wrote "\boxed{...}" literally when the Solver's prompt showed it
+    for m in render(kind, **_fields(kind)):
+        assert "..." not in m["content"], (kind, m["content"])
+
+
+def test_the_code_solver_example_starts_with_the_answer_tag():
+    # A fence opened before <answer> turns the code's first `<` into the tag under the constraint regex
+    assert _example_reply("solver_code").startswith("<answer>\n```python\n")
+    assert _example_reply("solver_code_plan").startswith("<answer>\n```python\n")
 
 
 def test_signature_is_optional_for_code_and_errors_are_clear():
-    assert "Function: def add(a, b)" in render("solver_code", question="Add.", signature="def add(a, b)")[1]["content"]
-    assert "Function:" not in render("solver_code", question="Add.")[1]["content"]
+    assert "Function: def add(a, b)" in render("solver_code", question="Add.", signature="def add(a, b)")[-1]["content"]
+    assert "Function:" not in render("solver_code", question="Add.")[-1]["content"]
     with pytest.raises(ValueError, match="unknown prompt kind"):
         render("poet", question="x")
     with pytest.raises(ValueError, match=r"missing \['plan'\]"):
@@ -65,5 +105,5 @@ def test_signature_is_optional_for_code_and_errors_are_clear():
 
 
 def test_long_fields_are_clipped():
-    user = render("planner", question="x" * 20_000)[1]["content"]
+    user = render("planner", question="x" * 20_000)[-1]["content"]
     assert "x" * MAX_FIELD_CHARS + " ..." in user and "x" * (MAX_FIELD_CHARS + 1) not in user
