@@ -4,7 +4,7 @@ prompt's worked example.
 
     .venv/bin/python bench/prompts.py [--profile cpu] [--dir RUN_DIR] [--roles solver,challenger,planner,critic]
         [--n-roles 12] [--origin validation|seed] [--per-domain N] [--regex-tokens N] [--set section.field=value]
-        [--dump generations.jsonl]
+        [--dump generations.jsonl] [--baseline GIT_REV]
 
 Requests are built as the stages build them: `stages.prompts.render`, each role's `max_new_tokens`,
 temperature and top_p, and its regex from `engines/tags_regex.py` when the role has `constrain: true`
@@ -13,7 +13,8 @@ verifiers (MathChecker, Sandbox + score_outputs). Validation problems come from 
 (read-only) when it has them, else they are built the way `sage seed` builds them. Challenger, Planner and
 Critic are sampled on the first `--n-roles` validation problems (half math, half code), seeded, so two
 prompt versions see the same references. `measure(..., render=f)` lets an experiment pass another prompt
-renderer. "copied ex." counts outputs that share a 5-word run with the worked example (not with the task),
+renderer; `--baseline REV` also measures the prompts of `stages/prompts` at git revision REV, side by
+side with the current ones, on the same problems and seeds. "copied ex." counts outputs that share a 5-word run with the worked example (not with the task),
 or box the example's answer. Prints one table; never run as a test.
 """
 
@@ -231,6 +232,26 @@ def table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines)
 
 
+def baseline_render(rev: str) -> Render:
+    """`render` of `stages/prompts/__init__.py` as it was at git revision `rev`, loaded as a separate module."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(["git", "show", f"{rev}:stages/prompts/__init__.py"], cwd=root, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"--baseline {rev}: {proc.stderr.strip()} (give a commit, tag or branch of this repo)")
+    path = Path(tempfile.mkdtemp()) / "baseline_prompts.py"
+    path.write_text(proc.stdout)
+    spec = importlib.util.spec_from_file_location("baseline_prompts", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.render
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu")
@@ -243,7 +264,9 @@ def main() -> None:
     ap.add_argument("--dump", default=None, help="write every generation as JSONL here")
     ap.add_argument("--regex-tokens", type=int, default=None,
                     help="size the Solver's constrained bounds for this many tokens (default: its max_new_tokens)")
+    ap.add_argument("--baseline", default=None, help="also measure the prompts at this git revision, side by side")
     args = ap.parse_args()
+    baseline = baseline_render(args.baseline) if args.baseline else None
 
     from engines.llm import load_llm
     from engines.mathcheck import MathChecker
@@ -252,9 +275,14 @@ def main() -> None:
     cfg = load_config(args.profile, args.set)
     problems = validation_problems(cfg, args.dir, args.origin, args.per_domain)
     llm = load_llm(cfg.model)
+    rows = []
     with MathChecker(cfg.mathcheck) as checker:
-        summary, records = measure(llm, cfg, problems, roles=args.roles.split(","), n_roles=args.n_roles,
-                                   checker=checker, sandbox=Sandbox(cfg.sandbox), regex_tokens=args.regex_tokens)
+        kw = dict(roles=args.roles.split(","), n_roles=args.n_roles, checker=checker, sandbox=Sandbox(cfg.sandbox),
+                  regex_tokens=args.regex_tokens)
+        if baseline is not None:
+            rows.append((args.baseline, measure(llm, cfg, problems, render=baseline, **kw)[0]))
+        summary, records = measure(llm, cfg, problems, **kw)
+        rows.append(("current", summary))
     if args.dump:
         with open(args.dump, "w") as f:
             for r in records:
@@ -262,7 +290,7 @@ def main() -> None:
     versions = sorted({TEMPLATE_VERSION[k] for k in TEMPLATE_VERSION if k.split("_")[0] in args.roles})
     print(f"model {cfg.model.name}, profile {args.profile}, {len(problems)} {args.origin} problems, "
           f"templates {', '.join(versions)}, {summary['seconds']} s generating")
-    print(table([("current", summary)]))
+    print(table(rows))
 
 
 if __name__ == "__main__":
