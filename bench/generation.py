@@ -1,6 +1,7 @@
 """Generation throughput of the `hf` backend vs plain `transformers.generate`, next to a roofline.
 
     python bench/generation.py [--quick] [--sampled] [--repeat 2] [--batches 1 8 32 64] [--new-tokens 128]
+    python bench/generation.py --breakdown [--dtypes bfloat16]
 
 For fp32 and bf16 and batch 1/8/32/64 it runs greedy decoding of the same chat prompts with plain
 `model.generate` (left padding, dynamic cache) and with our decode loop (`HFLLM.generate`), and prints
@@ -8,7 +9,8 @@ tokens/s of each (best of `--repeat` interleaved runs: other processes on a smal
 noisy), their ratio, how many rows produced identical tokens, and % of a roofline measured in the same run:
 per decode step, time >= max(2 * params * batch / matmul FLOP/s, (weight bytes + KV bytes read) / copy
 bandwidth). `--sampled` adds our tokens/s at temperature 1 (the pipeline's setting). `--quick`: 64 new
-tokens, one run each. Never run as a test.
+tokens, one run each. `--breakdown`: where a decode step of our fused path spends its time. Never run as a
+test.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from configs.schema import ModelConfig
 from engines.llm import GenRequest
 from engines.llm.hf import HFLLM
+from engines.llm.sampling import argmax
 
 TOPICS = ["7*8", "the sum of the first 20 odd numbers", "a function that reverses a string",
           "why the sky is blue", "12% of 250", "the derivative of x^3", "a prime greater than 100",
@@ -107,6 +110,59 @@ def measure(llm: HFLLM, batch: int, args, flops: float, bw: float) -> str:
     return row
 
 
+def breakdown(args, batch: int = 64, prompt_len: int = 40, steps: int = 100) -> None:
+    """Where a decode step of the fused path spends its time: wall-clock timers around the matmuls, SDPA,
+    norms, rope and activation of every layer, and a greedy token choice, over `steps` steps after a prefill
+    of `prompt_len` random tokens per row."""
+    import collections
+
+    import engines.llm.hf_fast as hf_fast
+
+    spent = collections.Counter()
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            out = fn(*a, **kw)
+            spent[name] += time.perf_counter() - t
+            return out
+        return wrapper
+
+    llm = HFLLM(ModelConfig(name=args.model, dtype=args.dtypes[-1], token_budget=1 << 20))
+    if not llm._fused_ok:
+        raise SystemExit(f"{args.model} does not run the fused path on this machine: nothing to break down")
+    saved = hf_fast._attend, hf_fast._rope, hf_fast.FusedLinear.__call__
+    hf_fast._attend, hf_fast._rope = timed("sdpa", hf_fast._attend), timed("rope", hf_fast._rope)
+    hf_fast.FusedLinear.__call__ = timed("matmuls", hf_fast.FusedLinear.__call__)
+    for layer in llm._fused.layers:
+        layer.norm1, layer.norm2, layer.act = timed("norms", layer.norm1), timed("norms", layer.norm2), \
+            timed("activation", layer.act)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, llm.vocab_size // 2, (batch, prompt_len), generator=gen)
+    state = llm._new_state(batch, prompt_len + steps + 5)
+    lens, tok = torch.full((batch,), prompt_len), ids[:, -1:]
+    try:
+        with torch.inference_mode():
+            llm._forward(ids, torch.arange(prompt_len).expand(batch, -1), None, state, 0, prompt_len)
+            for t in range(steps + 5):
+                if t == 5:  # after warm-up
+                    spent.clear()
+                    start = time.perf_counter()
+                s = prompt_len + t
+                logits = llm._forward(tok, (lens + t).view(-1, 1), None, state, s, s + 1)
+                t0 = time.perf_counter()
+                tok = argmax(logits.float()).view(-1, 1)
+                spent["token choice"] += time.perf_counter() - t0
+            total = time.perf_counter() - start
+    finally:
+        hf_fast._attend, hf_fast._rope, hf_fast.FusedLinear.__call__ = saved
+    print(f"{llm.dtype}, batch {batch}, keys {prompt_len + 5}..{prompt_len + steps + 5}: "
+          f"{1e3 * total / steps:.1f} ms per decode step")
+    for name, sec in spent.most_common():
+        print(f"  {name:<13} {1e3 * sec / steps:6.1f} ms")
+    print(f"  {'rest':<13} {1e3 * (total - sum(spent.values())) / steps:6.1f} ms")
+
+
 def run(args) -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, new tokens {args.new_tokens}, greedy, "
           f"best of {args.repeat}")
@@ -137,12 +193,14 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2, help="runs of each measurement, best kept (interleaved)")
     p.add_argument("--sampled", action="store_true", help="also time our backend sampling at temperature 1")
     p.add_argument("--quick", action="store_true", help="64 new tokens, one run each")
+    p.add_argument("--breakdown", action="store_true",
+                   help="instead: time the parts of a batch-64 decode step of our fused path (last of --dtypes)")
     args = p.parse_args()
     if args.quick:
         args.new_tokens, args.repeat = 64, 1
     if args.threads:
         torch.set_num_threads(args.threads)
-    run(args)
+    breakdown(args) if args.breakdown else run(args)
 
 
 if __name__ == "__main__":
