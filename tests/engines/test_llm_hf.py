@@ -78,10 +78,15 @@ def test_generic_forward_path_matches_fast_path(llm):
         slow = llm.generate(reqs)
     finally:
         llm.fast = True
-    assert _tokens(fast) == _tokens(slow)
-    for a, b in zip(fast, slow):
+    _assert_same(fast, slow, abs=1e-4)
+
+
+def _assert_same(results_a, results_b, abs: float) -> None:
+    """Same tokens, and log-probs equal within `abs`."""
+    assert _tokens(results_a) == _tokens(results_b)
+    for a, b in zip(results_a, results_b):
         for ca, cb in zip(a.completions, b.completions):
-            assert ca.logprobs == pytest.approx(cb.logprobs, abs=1e-4)
+            assert ca.logprobs == pytest.approx(cb.logprobs, abs=abs)
 
 
 def test_same_seed_same_sample_whatever_the_batch(llm):
@@ -232,10 +237,7 @@ def test_fused_layers_match_the_model_modules(llm):
         modules = llm.generate(reqs)
     finally:
         llm._fused_ok = was
-    assert _tokens(fused) == _tokens(modules)
-    for a, b in zip(fused, modules):
-        for ca, cb in zip(a.completions, b.completions):
-            assert ca.logprobs == pytest.approx(cb.logprobs, abs=1e-5)
+    _assert_same(fused, modules, abs=1e-5)
 
 
 def test_adapter_peft_cannot_fuse_runs_through_the_modules(llm, sharp_model, tmp_path):
