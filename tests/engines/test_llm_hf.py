@@ -127,11 +127,16 @@ def test_logprobs_match_a_forward_pass(llm):
         for c in res.completions:
             assert len(c.logprobs) == len(c.token_ids)
             assert all(torch.isfinite(torch.tensor(c.logprobs))) and max(c.logprobs) <= 0
-            ids = torch.tensor([res.prompt_ids + c.token_ids])
-            with torch.no_grad():
-                logits = llm.base(input_ids=ids).logits[0, len(res.prompt_ids) - 1:-1].float()
-            ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids).view(-1, 1)).view(-1)
-            assert c.logprobs == pytest.approx(ref.tolist(), abs=1e-4)
+            _assert_logprobs_of(llm.base, res.prompt_ids, c)
+
+
+def _assert_logprobs_of(model, prompt_ids: list[int], c) -> None:
+    """The completion's log-probs are what a teacher-forced forward pass of `model` gives its tokens."""
+    ids = torch.tensor([prompt_ids + c.token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float()
+    ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids).view(-1, 1)).view(-1)
+    assert c.logprobs == pytest.approx(ref.tolist(), abs=1e-4)
 
 
 def test_regex_constrains_every_sample(llm):
@@ -170,11 +175,7 @@ def test_use_adapter_changes_output_and_none_restores_it(llm, sharp_model, tmp_p
         llm.use_adapter(paths[0])
         assert _tokens(llm.generate(reqs)) == v0
         res = llm.generate(reqs[:1])[0]  # log-probs follow the adapted model
-        ids = torch.tensor([res.prompt_ids + res.completions[0].token_ids])
-        with torch.no_grad():
-            logits = llm._peft(input_ids=ids).logits[0, len(res.prompt_ids) - 1:-1].float()
-        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(res.completions[0].token_ids).view(-1, 1))
-        assert res.completions[0].logprobs == pytest.approx(ref.view(-1).tolist(), abs=1e-4)
+        _assert_logprobs_of(llm._peft, res.prompt_ids, res.completions[0])
     finally:
         llm.use_adapter(None)
     assert v0 != base_out and v1 != v0
@@ -254,11 +255,7 @@ def test_adapter_peft_cannot_fuse_runs_through_the_modules(llm, sharp_model, tmp
         llm.use_adapter(str(tmp_path / "dora"))
         assert not llm._fused_ok
         res = llm.generate([req])[0]
-        ids = torch.tensor([res.prompt_ids + res.completions[0].token_ids])
-        with torch.no_grad():
-            logits = llm._peft(input_ids=ids).logits[0, len(res.prompt_ids) - 1:-1].float()
-        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(res.completions[0].token_ids).view(-1, 1))
-        assert res.completions[0].logprobs == pytest.approx(ref.view(-1).tolist(), abs=1e-4)
+        _assert_logprobs_of(llm._peft, res.prompt_ids, res.completions[0])
     finally:
         llm.use_adapter(None)
     assert llm._fused_ok == (llm._fused is not None) and _tokens(llm.generate([req])) == base_out
