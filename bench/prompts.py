@@ -8,8 +8,8 @@ prompt's worked example.
 
 Requests are built as the stages build them: `stages.prompts.render`, each role's `max_new_tokens`,
 temperature and top_p, and its regex from `engines/tags_regex.py` when the role has `constrain: true`
-(validation: greedy with `validate.max_new_tokens`, as the validate stage does). Scoring uses the project's
-verifiers (MathChecker, Sandbox + score_outputs). Validation problems come from the warehouse in `--dir`
+(validation: greedy with `validate.max_new_tokens`, as the validate stage does). Scoring is the verify
+stage's own `verdicts` (math-verify, the sandbox). Validation problems come from the warehouse in `--dir`
 (read-only) when it has them, else they are built the way `sage seed` builds them. Challenger, Planner and
 Critic are sampled on the first `--n-roles` validation problems (half math, half code), seeded, so two
 prompt versions see the same references. `measure(..., render=f)` lets an experiment pass another prompt
@@ -144,25 +144,16 @@ def _units(cfg, problems: list[dict], roles: list[str], n_roles: int, render: Re
 
 
 def _s_gt(units: list[dict], parsed: list[tags.Parsed], checker, sandbox) -> list[float | None]:
-    from engines.mathcheck import extract_answer
-    from engines.sandbox import Job, score_outputs
+    """s_gt of every greedy (validation) Solver answer, by the verify stage's own `verdicts`; None elsewhere."""
+    from types import SimpleNamespace
 
+    from stages.verify import verdicts
+
+    rows = [dict(rollout_id=i, domain=u["domain"], parsed=json.dumps(parsed[i].fields),
+                 verifier=u["problem"]["verifier"]) for i, u in enumerate(units) if u["greedy"]]
     out: list[float | None] = [None] * len(units)
-    math_i = [i for i, u in enumerate(units) if u["greedy"] and u["domain"] == "math"]
-    code_i = [i for i, u in enumerate(units) if u["greedy"] and u["domain"] == "code"]
-    pairs = []
-    for i in math_i:   # the verify stage's extraction: the <answer> content, its \boxed{} when there is one
-        answer = parsed[i].fields.get("answer") or ""
-        pairs.append((str(json.loads(units[i]["problem"]["verifier"])["answer"]), extract_answer(answer) or answer))
-    for i, s in zip(math_i, checker.check_many(pairs) if pairs else []):
-        out[i] = float(s)
-    jobs = []
-    for i in code_i:
-        v = json.loads(units[i]["problem"]["verifier"])
-        jobs.append(Job(parsed[i].fields.get("answer") or "", v.get("entry_point") or "", v.get("inputs") or []))
-    for i, job, res in zip(code_i, jobs, sandbox.execute(jobs) if jobs else []):
-        expected = json.loads(units[i]["problem"]["verifier"]).get("outputs") or []
-        out[i] = score_outputs(expected, res)[0] if job.code.strip() and expected else 0.0
+    for v in verdicts(SimpleNamespace(mathcheck=checker, sandbox=sandbox), rows) if rows else []:
+        out[v["rollout_id"]] = v["s_gt"]
     return out
 
 

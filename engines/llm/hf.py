@@ -308,9 +308,10 @@ class HFLLM:
             mask = keymask[:, None, None, :end]
         if mask is not None:  # SDPA turns a boolean mask into this additive one on every call; once per step
             mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, float("-inf"))
-        for i, (layer, (kc, vc)) in enumerate(zip(decoder.layers, state)):
-            fn = self._fused.layers[i] if self._fused_ok else functools.partial(self._module_layer, layer)
-            h = fn(h, cos, sin, kc, vc, start, end, mask)
+        layers = self._fused.layers if self._fused_ok else \
+            [functools.partial(self._module_layer, layer) for layer in decoder.layers]
+        for layer, (kc, vc) in zip(layers, state):
+            h = layer(h, cos, sin, kc, vc, start, end, mask)
         if self._fused_ok:
             logits = self._fused.logits(self._fused.norm(h[:, -1:]))
         else:
