@@ -25,7 +25,8 @@ from configs.schema import MathCheckConfig, SandboxConfig  # noqa: E402
 from engines.humaneval import expected_outputs, humaneval_path, load_humaneval, record_missing_inputs, \
     task_job  # noqa: E402
 from engines.mathcheck import MathChecker  # noqa: E402
-from engines.sandbox import Job, Sandbox, score_outputs  # noqa: E402
+from engines.outputs import score_outputs  # noqa: E402
+from engines.sandbox import Job, Sandbox  # noqa: E402
 
 
 def human_eval_exec_enabled() -> bool:

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engines.humaneval import literal_inputs, load_humaneval, record_missing_inputs
-from engines.sandbox import Job, Sandbox, reference_outputs
+from engines.outputs import reference_outputs
+from engines.sandbox import Job, Sandbox
 
 
 class BenchmarkUnavailable(RuntimeError):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import marshal
-import math
 import os
 import secrets
 import selectors
@@ -35,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from configs.schema import SandboxConfig
-from engines.sandbox_child import Opaque, decode_value
+from engines.sandbox_child import decode_value
 from engines.sandbox_os import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TMPFS_BYTES, UIDS, backend_possible, \
     child_env, command, interpreter, kill_job, remove_owned
 
@@ -317,92 +316,4 @@ class Sandbox:
             return list(pool.map(lambda j: _run_job(j, self.backend, self.cfg), jobs))
 
 
-# ------------------------------------------------------------------------------------------ verdicts
-
-
-def _num(x) -> bool:
-    return type(x) in (int, float)
-
-
-def outputs_equal(expected, actual) -> bool:
-    """Type-aware equality: bool is not int, floats within 1e-6 (rel or abs), NaN == NaN, tuple == list,
-    sets and dicts compared element-wise, recursive; opaque (repr-only) values never match."""
-    if isinstance(expected, Opaque) or isinstance(actual, Opaque):
-        return False
-    te, ta = type(expected), type(actual)
-    if te is bool or ta is bool:
-        return te is ta and expected == actual
-    if _num(expected) and _num(actual):
-        if te is int and ta is int:
-            return expected == actual
-        e, a = float(expected), float(actual)
-        if math.isnan(e) or math.isnan(a):
-            return math.isnan(e) and math.isnan(a)
-        return e == a or math.isclose(e, a, rel_tol=1e-6, abs_tol=1e-6)
-    if te is complex or ta is complex:
-        return te in (int, float, complex) and ta in (int, float, complex) and \
-            outputs_equal(complex(expected).real, complex(actual).real) and \
-            outputs_equal(complex(expected).imag, complex(actual).imag)
-    if te in (list, tuple) and ta in (list, tuple):
-        return len(expected) == len(actual) and all(map(outputs_equal, expected, actual))
-    if te in (set, frozenset) and ta in (set, frozenset):
-        return _match_all(list(expected), list(actual))
-    if te is dict and ta is dict:
-        return _match_all(list(expected.items()), list(actual.items()))
-    if te is not ta:
-        return False
-    return expected == actual if te in (str, bytes, type(None)) else False
-
-
-def _match_all(expected: list, actual: list) -> bool:
-    """Greedy one-to-one matching under outputs_equal (for set elements and dict items)."""
-    if len(expected) != len(actual):
-        return False
-    left = list(actual)
-    for e in expected:
-        for j, a in enumerate(left):
-            if outputs_equal(e, a):
-                del left[j]
-                break
-        else:
-            return False
-    return True
-
-
-def score_outputs(expected: list, result: ExecResult) -> tuple[float, list[bool]]:
-    """s_gt = fraction of test inputs whose output equals the expected one; and the per-test list."""
-    passed = []
-    for i, exp in enumerate(expected):
-        ok = i < len(result.outputs) and result.errors[i] is None and outputs_equal(exp, result.outputs[i])
-        passed.append(bool(ok))
-    return (sum(passed) / len(passed) if passed else 0.0), passed
-
-
-def reference_outputs(sandbox: Sandbox, jobs: list[Job], repeats: int = 2) -> list[list | None]:
-    """Expected outputs from reference solutions: each job runs `repeats` times; a job that fails or is
-    nondeterministic (random, time, set order, ...) gets None, so its task cannot be used as a verifier."""
-    results = sandbox.execute([j for j in jobs for _ in range(repeats)])
-    out = []
-    for k in range(len(jobs)):
-        runs = results[k * repeats:(k + 1) * repeats]
-        first = runs[0]
-        stable = all(r.status == "ok" for r in runs) and all(
-            _match_exact(first.outputs, r.outputs) for r in runs[1:])
-        out.append(first.outputs if stable else None)
-    return out
-
-
-def _match_exact(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b))
-
-
-__all__ = ["Job", "ExecResult", "Sandbox", "outputs_equal", "score_outputs", "reference_outputs",
-           "available_backends"]
-
-
-def storable(outputs: list | None) -> list | None:
-    """The outputs as they will be stored (JSON), or None when storage would change them (sets, objects)."""
-    if outputs is None:
-        return None
-    stored = json.loads(json.dumps(outputs, default=repr))
-    return stored if outputs_equal(outputs, stored) else None
+__all__ = ["Job", "ExecResult", "Sandbox", "available_backends"]

@@ -42,7 +42,8 @@ def _check_math(ctx: StageContext, items: list[dict]) -> None:
 def _check_code(ctx: StageContext, items: list[dict]) -> None:
     """Run each code question's reference solution twice in the sandbox; agreeing, error-free outputs that
     survive storage as JSON become the expected outputs."""
-    from engines.sandbox import Job, reference_outputs, storable
+    from engines.outputs import reference_outputs, storable
+    from engines.sandbox import Job
 
     runnable = [it for it in items if it["fields"].get("solution") and it["fields"].get("inputs")]
     for it in items:

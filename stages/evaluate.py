@@ -23,7 +23,7 @@ from engines import tags
 from engines.benchmarks import BENCHMARKS, Problem, code_job, complete_code_verifiers, expected_of, \
     load_benchmark, pass_at_k
 from engines.llm.base import GenRequest
-from engines.sandbox import score_outputs
+from engines.outputs import score_outputs
 from stages.context import StageContext, StageReport
 from stages.prompts import TEMPLATE_VERSION, render
 from warehouse import content_id, seed_from_id

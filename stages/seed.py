@@ -45,7 +45,8 @@ def _gather(ctx: StageContext) -> list[SeedItem]:
 
 def _complete_code(ctx: StageContext, items: list[SeedItem]) -> list[SeedItem]:
     """Fill in inputs (from generators) and outputs (from reference solutions) in the sandbox."""
-    from engines.sandbox import Job, reference_outputs, storable
+    from engines.outputs import reference_outputs, storable
+    from engines.sandbox import Job
 
     gen = [i for i in items if i.input_generator and "inputs" not in i.verifier]
     if gen:

@@ -36,7 +36,8 @@ def _math_verdicts(engines, rows: list[dict]) -> list[dict]:
 
 
 def _code_verdicts(engines, rows: list[dict]) -> list[dict]:
-    from engines.sandbox import Job, score_outputs
+    from engines.outputs import score_outputs
+    from engines.sandbox import Job
 
     jobs, verdicts = [], []
     for r in rows:

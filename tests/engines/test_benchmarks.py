@@ -15,7 +15,8 @@ from configs.schema import SandboxConfig
 from engines import benchmarks
 from engines.benchmarks import (BenchmarkUnavailable, code_job, complete_code_verifiers, decode_lcb_tests,
                                 expected_of, load_benchmark, pass_at_k)
-from engines.sandbox import Sandbox, score_outputs
+from engines.outputs import score_outputs
+from engines.sandbox import Sandbox
 
 
 def write_jsonl(path, rows):

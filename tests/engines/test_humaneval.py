@@ -8,7 +8,8 @@ import pytest
 
 from configs.schema import SandboxConfig
 from engines.humaneval import expected_outputs, literal_inputs, load_humaneval, record_missing_inputs, task_job
-from engines.sandbox import Sandbox, score_outputs
+from engines.outputs import score_outputs
+from engines.sandbox import Sandbox
 
 
 @pytest.fixture(scope="module")

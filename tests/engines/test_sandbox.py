@@ -29,8 +29,8 @@ import pytest
 
 from configs.schema import SandboxConfig
 from engines.sandbox_os import UIDS
-from engines.sandbox import ExecResult, Job, Sandbox, available_backends, outputs_equal, reference_outputs, \
-    score_outputs
+from engines.outputs import outputs_equal, reference_outputs, score_outputs
+from engines.sandbox import ExecResult, Job, Sandbox, available_backends
 from engines.sandbox_child import Opaque, decode_value, encode_value
 
 BACKENDS = available_backends()
