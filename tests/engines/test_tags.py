@@ -7,16 +7,15 @@ import re
 
 import pytest
 
+from engines.code_text import entry_point, parse_inputs
 from engines.tags import (
     REQUIRED_TAGS,
     ROLE_REGEX,
     Parsed,
-    entry_point,
     last_boxed,
     normalise_score,
     parse_challenger,
     parse_critic,
-    parse_inputs,
     parse_planner,
     parse_solver,
     role_bounds,
