@@ -20,10 +20,10 @@ import time
 
 import torch
 
-from configs.schema import ModelConfig
-from engines.llm import GenRequest
-from engines.llm.hf import HFLLM
-from engines.llm.sampling import argmax
+from sage.configs.schema import ModelConfig
+from sage.engines.llm import GenRequest
+from sage.engines.llm.hf import HFLLM
+from sage.engines.llm.sampling import argmax
 
 TOPICS = ["7*8", "the sum of the first 20 odd numbers", "a function that reverses a string",
           "why the sky is blue", "12% of 250", "the derivative of x^3", "a prime greater than 100",
@@ -116,7 +116,7 @@ def breakdown(args, batch: int = 64, prompt_len: int = 40, steps: int = 100) -> 
     of `prompt_len` random tokens per row."""
     import collections
 
-    import engines.llm.hf_fast as hf_fast
+    import sage.engines.llm.hf_fast as hf_fast
 
     spent = collections.Counter()
 

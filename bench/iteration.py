@@ -51,16 +51,16 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
 
-    from configs import load_config
-    from engines.llm import load_llm
-    from engines.mathcheck import MathChecker
-    from engines.sandbox import Sandbox
-    from flows import session
-    from flows.evolve import evolve_flow
-    from flows.record import run_recorded
-    from stages import seed as seed_stage
+    from sage.configs import load_config
+    from sage.engines.llm import load_llm
+    from sage.engines.verify.mathcheck import MathChecker
+    from sage.engines.verify.sandbox import Sandbox
+    from sage.flows import session
+    from sage.flows.evolve import evolve_flow
+    from sage.flows.record import run_recorded
+    from sage.stages import seed as seed_stage
     from tests.tiny import build_tiny_model
-    from warehouse.queries import stage_states
+    from sage.warehouse.queries import stage_states
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

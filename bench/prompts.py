@@ -6,8 +6,8 @@ prompt's worked example.
         [--n-roles 12] [--origin validation|seed] [--per-domain N] [--regex-tokens N] [--set section.field=value]
         [--dump generations.jsonl] [--baseline GIT_REV]
 
-Requests are built as the stages build them: `stages.prompts.render`, each role's `max_new_tokens`,
-temperature and top_p, and its regex from `engines/tags_regex.py` when the role has `constrain: true`
+Requests are built as the stages build them: `sage.stages.prompts.render`, each role's `max_new_tokens`,
+temperature and top_p, and its regex from `engines/text/grammar.py` when the role has `constrain: true`
 (validation: greedy with `validate.max_new_tokens`, as the validate stage does). Scoring is the verify
 stage's own `verdicts` (math-verify, the sandbox). Validation problems come from the warehouse in `--dir`
 (read-only) when it has them, else they are built the way `sage seed` builds them. Challenger, Planner and
@@ -31,11 +31,11 @@ from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from configs import load_config  # noqa: E402
-from engines import tags  # noqa: E402
-from engines.llm.base import GenRequest  # noqa: E402
-from stages.prompts import TEMPLATE_VERSION, render as current_render  # noqa: E402
-from stages.solve import _fields as solver_fields  # noqa: E402
+from sage.configs import load_config  # noqa: E402
+from sage.engines.text import tags  # noqa: E402
+from sage.engines.llm.base import GenRequest  # noqa: E402
+from sage.stages.prompts import TEMPLATE_VERSION, render as current_render  # noqa: E402
+from sage.stages.solve import _fields as solver_fields  # noqa: E402
 
 Render = Callable[..., list[dict]]
 GROUPS = ("solver math", "solver code", "challenger math", "challenger code", "planner", "critic")
@@ -48,7 +48,7 @@ def validation_problems(cfg, run_dir: str | None, origin: str = "validation",
     of each domain), in a stable order. Seed problems give a larger sample than the 20 + 20 validation set."""
     path = Path(run_dir or cfg.run.dir) / "warehouse.duckdb"
     if path.exists():
-        from warehouse import Warehouse
+        from sage.warehouse import Warehouse
 
         with Warehouse.open(path, read_only=True, migrate=False) as wh:
             rows = wh.rows("SELECT question_id, domain, text, verifier FROM questions WHERE origin = ? "
@@ -58,9 +58,9 @@ def validation_problems(cfg, run_dir: str | None, origin: str = "validation",
     if origin != "validation":
         raise SystemExit(f"no {origin!r} questions in {path}; run `sage seed` there first")
     # No warehouse: build the set as `sage seed` does (code outputs from the reference solutions, sandboxed).
-    from engines.seeds import default_code, default_math
-    from stages.context import StageContext
-    from stages.seed import _complete_code, question_id
+    from sage.engines.data.seeds import default_code, default_math
+    from sage.stages.context import StageContext
+    from sage.stages.seed import _complete_code, question_id
 
     s, v = cfg.seeds, cfg.validate
     ctx = StageContext(cfg=cfg, wh=None)
@@ -147,7 +147,7 @@ def _s_gt(units: list[dict], parsed: list[tags.Parsed], checker, sandbox) -> lis
     """s_gt of every greedy (validation) Solver answer, by the verify stage's own `verdicts`; None elsewhere."""
     from types import SimpleNamespace
 
-    from stages.verify import verdicts
+    from sage.stages.verify import verdicts
 
     rows = [dict(rollout_id=i, domain=u["domain"], parsed=json.dumps(parsed[i].fields),
                  verifier=u["problem"]["verifier"]) for i, u in enumerate(units) if u["greedy"]]
@@ -167,7 +167,7 @@ def measure(llm, cfg, problems: list[dict], render: Render = current_render, rol
     start = time.perf_counter()
     results = llm.generate(requests)
     seconds = time.perf_counter() - start
-    from stages.rollouts import parse
+    from sage.stages.rollouts import parse
 
     comps = [r.completions[0] for r in results]
     parsed = [parse(u["role"], u["domain"], c.text) for u, c in zip(units, comps)]
@@ -259,9 +259,9 @@ def main() -> None:
     args = ap.parse_args()
     baseline = baseline_render(args.baseline) if args.baseline else None
 
-    from engines.llm import load_llm
-    from engines.mathcheck import MathChecker
-    from engines.sandbox import Sandbox
+    from sage.engines.llm import load_llm
+    from sage.engines.verify.mathcheck import MathChecker
+    from sage.engines.verify.sandbox import Sandbox
 
     cfg = load_config(args.profile, args.set)
     problems = validation_problems(cfg, args.dir, args.origin, args.per_domain)

@@ -24,12 +24,12 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # as flows/ 
 
 from prefect import flow  # noqa: E402
 
-from configs import load_config  # noqa: E402
-from configs.schema import SandboxConfig  # noqa: E402
-from engines.humaneval import expected_outputs, load_humaneval, record_missing_inputs  # noqa: E402
-from engines.sandbox import Sandbox  # noqa: E402
-from stages.context import StageContext  # noqa: E402
-from stages.verify import verdicts  # noqa: E402
+from sage.configs import load_config  # noqa: E402
+from sage.configs.schema import SandboxConfig  # noqa: E402
+from sage.engines.data.humaneval import expected_outputs, load_humaneval, record_missing_inputs  # noqa: E402
+from sage.engines.verify.sandbox import Sandbox  # noqa: E402
+from sage.stages.context import StageContext  # noqa: E402
+from sage.stages.verify import verdicts  # noqa: E402
 
 
 def code_rows() -> list[dict]:

@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from configs.schema import TrainConfig  # noqa: E402
-from engines.trainer import TrainRow, _quiet_v6, load_policy, resolve_device, train_model  # noqa: E402
+from sage.configs.schema import TrainConfig  # noqa: E402
+from sage.engines.train.step import TrainRow, _quiet_v6, load_policy, resolve_device, train_model  # noqa: E402
 
 
 def make_rows(n: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0,
@@ -137,8 +137,8 @@ def random_llama(out_dir: Path) -> Path:
 def pick_model(name: str) -> tuple[str, str]:
     if name != "random":
         try:
-            from configs.schema import ModelConfig
-            from engines.llm.models import resolve_model
+            from sage.configs.schema import ModelConfig
+            from sage.engines.llm.models import resolve_model
 
             return resolve_model(name, ModelConfig().cache_dir), name
         except Exception as exc:  # noqa: BLE001 - any failure: fall back, and say so

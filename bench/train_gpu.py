@@ -1,6 +1,6 @@
 """GPU check of the train step: a random-weight Qwen2 of 0.5B (or 7B) shape, bf16, LoRA r=128, 8 x 1024 tokens.
 
-Runs our TRL step (`engines.trainer.train_model`, the code path of `train_step` minus loading and saving) and the
+Runs our TRL step (`sage.engines.train.step.train_model`, the code path of `train_step` minus loading and saving) and the
 plain PEFT loop of `bench/train.py` on the same batch, twice each (the first run of each is cold: CUDA/cuBLAS
 warm-up), and prints time, tokens/s and peak memory. Nothing downloads: the model is built from a config, the
 tokenizer is the tiny test one (only its pad id is used). Needs CUDA; one command, well under 10 minutes:
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import set_seed
 
     from bench.train import make_rows, plain_peft_step
-    from configs.schema import TrainConfig
-    from engines.trainer import lora_config, train_model
+    from sage.configs.schema import TrainConfig
+    from sage.engines.train.step import lora_config, train_model
     from tests.tiny import build_tokenizer
 
     cfg = TrainConfig(lora_rank=a.rank, lora_alpha=2 * a.rank, lr=1e-6, minibatch_size=a.minibatch,

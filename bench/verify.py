@@ -21,12 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from configs.schema import MathCheckConfig, SandboxConfig  # noqa: E402
-from engines.humaneval import expected_outputs, humaneval_path, load_humaneval, record_missing_inputs, \
+from sage.configs.schema import MathCheckConfig, SandboxConfig  # noqa: E402
+from sage.engines.data.humaneval import expected_outputs, humaneval_path, load_humaneval, record_missing_inputs, \
     task_job  # noqa: E402
-from engines.mathcheck import MathChecker  # noqa: E402
-from engines.outputs import score_outputs  # noqa: E402
-from engines.sandbox import Job, Sandbox  # noqa: E402
+from sage.engines.verify.mathcheck import MathChecker  # noqa: E402
+from sage.engines.verify.outputs import score_outputs  # noqa: E402
+from sage.engines.verify.sandbox import Job, Sandbox  # noqa: E402
 
 
 def human_eval_exec_enabled() -> bool:

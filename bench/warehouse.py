@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from warehouse import Warehouse, content_id
+from sage.warehouse import Warehouse, content_id
 
 
 def make_rows(n: int, run_id: str = "bench") -> list[dict]:

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from configs.schema import SageConfig
+from sage.configs.schema import SageConfig
 
 PROFILES_DIR = Path(__file__).parent
 DEFAULT_PROFILE = "cpu"

@@ -27,7 +27,7 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _config(config: str, overrides: list[str] | None):
-    from configs import ConfigError, load_config
+    from sage.configs import ConfigError, load_config
 
     try:
         return load_config(config, overrides or [])
@@ -36,13 +36,13 @@ def _config(config: str, overrides: list[str] | None):
 
 
 def warehouse_path(directory: str | Path) -> Path:
-    from flows.session import warehouse_path as path
+    from sage.flows.session import warehouse_path as path
 
     return path(directory)
 
 
 def _open(path: Path, read_only: bool = False):
-    from warehouse import Warehouse, WarehouseBusy
+    from sage.warehouse import Warehouse, WarehouseBusy
 
     try:
         return Warehouse.open(path, read_only=read_only)
@@ -73,11 +73,11 @@ def print_rows(rows: list[dict], fmt: str = "table", title: str | None = None) -
 @app.command()
 def seed(config: ConfigOpt = "cpu", set_: SetOpt = None) -> None:
     """Load the seed pool and the held-out validation set into the warehouse (idempotent)."""
-    from engines.seeds import SeedFileError
-    from flows.record import run_recorded
-    from stages import seed as seed_stage
-    from stages.context import StageContext
-    from warehouse.queries import question_counts
+    from sage.engines.data.seeds import SeedFileError
+    from sage.flows.record import run_recorded
+    from sage.stages import seed as seed_stage
+    from sage.stages.context import StageContext
+    from sage.warehouse.queries import question_counts
 
     cfg = _config(config, set_)
     wh = _open(warehouse_path(cfg.run.dir))
@@ -122,7 +122,7 @@ def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"select * f
 def status(directory: DirOpt = Path("./sage-runs"),
            run: Annotated[Optional[str], typer.Option("--run", help="Show only this run.")] = None) -> None:
     """List runs, their iterations and each stage's state."""
-    from warehouse.queries import question_counts, runs_overview, stage_states
+    from sage.warehouse.queries import question_counts, runs_overview, stage_states
 
     path = warehouse_path(directory)
     if not path.exists():
@@ -142,7 +142,7 @@ def status(directory: DirOpt = Path("./sage-runs"),
 
 
 def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
-    from warehouse.queries import iteration_summary
+    from sage.warehouse.queries import iteration_summary
 
     for name, rows in iteration_summary(wh, run_id, iteration).items():
         if rows:
@@ -152,9 +152,9 @@ def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
 
 
 def _run_flow(fn, *args, **kwargs):
-    from flows import iteration as iteration_mod
-    from flows import session
-    from flows.progress import StageProgress
+    from sage.flows import iteration as iteration_mod
+    from sage.flows import session
+    from sage.flows.progress import StageProgress
 
     with StageProgress(err) as progress:
         iteration_mod._PROGRESS["fn"] = progress
@@ -170,9 +170,9 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None,
         iterations: Annotated[Optional[int], typer.Option("--iterations", "-n", help="Iterations to run (default: run.iterations).")] = None,
         run_id: Annotated[Optional[str], typer.Option("--run", help="Run name (default: run-<config hash>, so the same config resumes).")] = None) -> None:
     """Seed if needed, then run SAGE iterations as Prefect flows; resumes a run where it stopped."""
-    from flows import session
-    from flows.evolve import evolve_flow
-    from warehouse import WarehouseBusy
+    from sage.flows import session
+    from sage.flows.evolve import evolve_flow
+    from sage.warehouse import WarehouseBusy
 
     cfg = _config(config, set_)
     n = iterations or cfg.run.iterations
@@ -196,7 +196,7 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
           directory: DirOpt = Path("./sage-runs"),
           force: Annotated[bool, typer.Option("--force", help="Redo the stage even if it is done.")] = False) -> None:
     """Re-run exactly one stage of one iteration (skipped if done, unless --force)."""
-    from flows.iteration import RUNNABLE, stage_flow
+    from sage.flows.iteration import RUNNABLE, stage_flow
 
     if name not in RUNNABLE:
         _fail(f"unknown stage {name!r}; one of: {', '.join(RUNNABLE)}")
@@ -214,7 +214,7 @@ def report(run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage 
            directory: DirOpt = Path("./sage-runs"),
            out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: <dir>/reports/<run>).")] = None) -> None:
     """Write PNG plots and an HTML page of a run's curriculum, rewards, gate and validation curve."""
-    from flows.report import write_report
+    from sage.flows.report import write_report
 
     wh = _open(warehouse_path(directory), read_only=True)
     try:
@@ -231,7 +231,7 @@ def export_parquet(run_id: Annotated[str, typer.Option("--run", help="Run id (se
                    dest: Annotated[str, typer.Argument(help="Folder or fsspec URL (s3://bucket/path, ...) to write.")],
                    directory: DirOpt = Path("./sage-runs")) -> None:
     """Write every table of a run as Hive-partitioned Parquet under DEST, for workers and notebooks."""
-    from warehouse.export import ExportError, export_run
+    from sage.warehouse.export import ExportError, export_run
 
     wh = _open(warehouse_path(directory), read_only=True)
     try:
@@ -249,7 +249,7 @@ def show_config(config: ConfigOpt = "cpu", set_: SetOpt = None,
     """Print the resolved configuration (profile plus --set overrides) as YAML, or every field's help."""
     import yaml
 
-    from configs.schema import SageConfig
+    from sage.configs.schema import SageConfig
 
     if schema:
         defaults = SageConfig().model_dump(mode="json")
@@ -263,9 +263,9 @@ def show_config(config: ConfigOpt = "cpu", set_: SetOpt = None,
 
 
 # Commands defined beside the flows they start (their modules import Prefect when the CLI loads).
-from flows.evaluate import eval_command  # noqa: E402
-from flows.export import export_command  # noqa: E402
-from flows.serve import serve_command  # noqa: E402
+from sage.flows.evaluate import eval_command  # noqa: E402
+from sage.flows.export import export_command  # noqa: E402
+from sage.flows.serve import serve_command  # noqa: E402
 
 app.command("eval")(eval_command)
 app.command("export")(export_command)

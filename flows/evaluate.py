@@ -16,13 +16,13 @@ import typer
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
-from configs import ConfigError, apply_override, config_from_dict, load_config
-from configs.schema import SageConfig
-from flows import session
-from stages import evaluate as evaluate_stage
-from stages.context import StageContext
-from warehouse.eval_queries import evaluations_by_id
-from warehouse.queries import run_config
+from sage.configs import ConfigError, apply_override, config_from_dict, load_config
+from sage.configs.schema import SageConfig
+from sage.flows import session
+from sage.stages import evaluate as evaluate_stage
+from sage.stages.context import StageContext
+from sage.warehouse.eval_queries import evaluations_by_id
+from sage.warehouse.queries import run_config
 
 DEFAULT_CHECKPOINTS = ("base", "best")
 DEFAULT_BENCHMARKS = ("humaneval", "math500")
@@ -116,9 +116,9 @@ def eval_command(
     from rich.console import Console
     from rich.table import Table
 
-    from engines.benchmarks import BenchmarkUnavailable
-    from flows.progress import StageProgress
-    from warehouse import WarehouseBusy
+    from sage.engines.data.benchmarks import BenchmarkUnavailable
+    from sage.flows.progress import StageProgress
+    from sage.warehouse import WarehouseBusy
 
     console, err = Console(), Console(stderr=True)
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from flows import session
-from flows.iteration import _PROGRESS, iteration_flow, stage_task
-from flows.record import run_recorded
-from stages import seed as seed_stage
-from warehouse.queries import set_run_status
-from warehouse.validate_queries import count_validation_questions, mark_best, validation_history
+from sage.flows import session
+from sage.flows.iteration import _PROGRESS, iteration_flow, stage_task
+from sage.flows.record import run_recorded
+from sage.stages import seed as seed_stage
+from sage.warehouse.queries import set_run_status
+from sage.warehouse.validate_queries import count_validation_questions, mark_best, validation_history
 
 
 @dataclass
@@ -99,7 +99,7 @@ def _publish_report(wh, run_id: str) -> None:
     """The run's report (plots and key tables) as Prefect markdown artifacts, so the UI tells the story."""
     from prefect.artifacts import create_markdown_artifact
 
-    from flows.report import report_artifacts
+    from sage.flows.report import report_artifacts
 
     for key, markdown in report_artifacts(wh, run_id):
         create_markdown_artifact(markdown=markdown, key=key, description=f"SAGE run {run_id}")

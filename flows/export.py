@@ -19,10 +19,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from configs import config_from_dict
-from warehouse import Warehouse
-from warehouse.queries import run_config
-from warehouse.validate_queries import BASE, checkpoints_of
+from sage.configs import config_from_dict
+from sage.warehouse import Warehouse
+from sage.warehouse.queries import run_config
+from sage.warehouse.validate_queries import BASE, checkpoints_of
 
 
 class ExportError(ValueError):
@@ -110,7 +110,7 @@ def export_adapter(wh: Warehouse, run_id: str, checkpoint: str, dest: Path, merg
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         if merge:
-            from engines.llm.models import resolve_model
+            from sage.engines.llm.models import resolve_model
 
             cfg = config_from_dict(json.loads(run_config(wh, run_id)[0]), source=f"run {run_id}")
             _merge(resolve_model(cfg.model.name, cfg.model.cache_dir), None if adapter is None else str(adapter), tmp)
@@ -135,7 +135,7 @@ def export_command(
                                             "model directory (with tokenizer) that transformers and vLLM load.")]
         = False) -> None:
     """Export a checkpoint's LoRA adapter as peft saved it, or with --merge a merged model directory."""
-    from warehouse import WarehouseBusy
+    from sage.warehouse import WarehouseBusy
 
     path = Path(directory).expanduser() / "warehouse.duckdb"
     try:

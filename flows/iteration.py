@@ -13,11 +13,11 @@ from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NONE
 
-from flows import session
-from flows.record import run_recorded
-from stages import admit, challenge, critique, plan, score, solve, train, validate, verify
-from stages.context import StageContext, StageReport
-from warehouse.queries import finish_iteration, iteration_summary, start_iteration
+from sage.flows import session
+from sage.flows.record import run_recorded
+from sage.stages import admit, challenge, critique, plan, score, solve, train, validate, verify
+from sage.stages.context import StageContext, StageReport
+from sage.warehouse.queries import finish_iteration, iteration_summary, start_iteration
 
 # (stage name in stage_runs, function). Order is SAGE.md's: challenge, critique questions, probe, verify,
 # admit (the filter), plan, critique plans + gate, solve, verify, score, train.

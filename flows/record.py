@@ -7,8 +7,8 @@ import time
 import traceback
 from typing import Callable
 
-from stages.context import StageContext, StageReport
-from warehouse.queries import mark_stage_finished, mark_stage_running, stage_status
+from sage.stages.context import StageContext, StageReport
+from sage.warehouse.queries import mark_stage_finished, mark_stage_running, stage_status
 
 
 def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], StageReport], *,

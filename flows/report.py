@@ -24,8 +24,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from warehouse.db import Warehouse
-from warehouse.report_queries import report_tables, run_summary
+from sage.warehouse.db import Warehouse
+from sage.warehouse.report_queries import report_tables, run_summary
 
 Tables = dict[str, list[dict]]
 REJECTION_REASONS = ("low_quality", "invalid_verifier", "duplicate", "unparseable")

@@ -2,10 +2,10 @@
 
 Four deployments, each with default parameters for one run (edit them in the UI's "Custom run"):
 
-- `sage-run/evolve`: the whole run (`flows.evolve.evolve_flow`), optionally on a cron schedule;
+- `sage-run/evolve`: the whole run (`sage.flows.evolve.evolve_flow`), optionally on a cron schedule;
 - `sage-iteration/iteration`: one iteration (`iteration_flow`); stages already done are skipped;
 - `sage-stage/stage`: one stage of one iteration (`stage_flow`), to re-run a failed stage;
-- `sage-eval/eval`: benchmarks for base and best (`flows.evaluate.eval_flow`).
+- `sage-eval/eval`: benchmarks for base and best (`sage.flows.evaluate.eval_flow`).
 
 Served flow runs execute in child processes of this one, one at a time (`limit=1`): DuckDB allows one
 writer, so this process closes the warehouse before serving and never holds it while a flow runs. Needs
@@ -34,9 +34,9 @@ def build_deployments(directory: str, run_id: str, iterations: int, cron: str | 
     """The four RunnerDeployments (not yet registered) for run `run_id` in project `directory`."""
     from prefect.types.entrypoint import EntrypointType
 
-    from flows.evaluate import DEFAULT_BENCHMARKS, DEFAULT_CHECKPOINTS, eval_flow
-    from flows.evolve import evolve_flow
-    from flows.iteration import STAGE_NAMES, iteration_flow, stage_flow
+    from sage.flows.evaluate import DEFAULT_BENCHMARKS, DEFAULT_CHECKPOINTS, eval_flow
+    from sage.flows.evolve import evolve_flow
+    from sage.flows.iteration import STAGE_NAMES, iteration_flow, stage_flow
 
     common = {"directory": directory, "run_id": run_id}
     specs = [
@@ -50,7 +50,7 @@ def build_deployments(directory: str, run_id: str, iterations: int, cron: str | 
                              "limit": None, "n": 1, "k": None}, None,
          "Benchmarks (greedy pass@1; pass@k with n > 1) for base and checkpoints, into `evaluations`."),
     ]
-    # Module-path entrypoints: served runs import `flows.evolve` etc. from the installed package, whatever
+    # Module-path entrypoints: served runs import `sage.flows.evolve` etc. from the installed package, whatever
     # the working directory.
     return [fl.to_deployment(name=name, parameters=_accepted(fl.fn, params), cron=schedule, description=text,
                              tags=["sage", run_id], entrypoint_type=EntrypointType.MODULE_PATH)
@@ -85,9 +85,9 @@ def serve_command(
     """Register Prefect deployments (evolve, iteration, stage, eval) on a running server and serve them."""
     from rich.console import Console
 
-    from configs import ConfigError, load_config
-    from flows import session
-    from warehouse import WarehouseBusy
+    from sage.configs import ConfigError, load_config
+    from sage.flows import session
+    from sage.warehouse import WarehouseBusy
 
     console, err = Console(), Console(stderr=True)
 

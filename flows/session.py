@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from configs import config_from_dict, config_hash, config_json
-from configs.schema import SageConfig
-from stages.context import ProgressFn, StageContext
-from warehouse import Warehouse
-from warehouse.queries import iteration_adapter, run_config, set_run_config
+from sage.configs import config_from_dict, config_hash, config_json
+from sage.configs.schema import SageConfig
+from sage.stages.context import ProgressFn, StageContext
+from sage.warehouse import Warehouse
+from sage.warehouse.queries import iteration_adapter, run_config, set_run_config
 
 _WAREHOUSES: dict[str, Warehouse] = {}
 _ENGINES: dict[str, dict] = {}

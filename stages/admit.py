@@ -10,8 +10,8 @@ Idempotency: only undecided questions are touched. Fails: never on model output.
 
 from __future__ import annotations
 
-from stages.context import StageContext, StageReport
-from warehouse.queries import generated_questions, pool_norm_hashes, update_rows
+from sage.stages.context import StageContext, StageReport
+from sage.warehouse.queries import generated_questions, pool_norm_hashes, update_rows
 
 STAGE = "admit"
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import random
 
-from stages.context import StageContext, StageReport
-from stages.rollouts import Unit, generate
-from warehouse import content_id, norm_hash
-from warehouse.queries import existing_ids, pool_questions, questions_by_id, rollouts_for
+from sage.stages.context import StageContext, StageReport
+from sage.stages.rollouts import Unit, generate
+from sage.warehouse import content_id, norm_hash
+from sage.warehouse.queries import existing_ids, pool_questions, questions_by_id, rollouts_for
 
 STAGE = "challenge"
 
@@ -42,8 +42,8 @@ def _check_math(ctx: StageContext, items: list[dict]) -> None:
 def _check_code(ctx: StageContext, items: list[dict]) -> None:
     """Run each code question's reference solution twice in the sandbox; agreeing, error-free outputs that
     survive storage as JSON become the expected outputs."""
-    from engines.outputs import reference_outputs, storable
-    from engines.sandbox import Job
+    from sage.engines.verify.outputs import reference_outputs, storable
+    from sage.engines.verify.sandbox import Job
 
     runnable = [it for it in items if it["fields"].get("solution") and it["fields"].get("inputs")]
     for it in items:

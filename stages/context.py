@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from configs.schema import SageConfig
-from warehouse import Warehouse
+from sage.configs.schema import SageConfig
+from sage.warehouse import Warehouse
 
 # progress(stage, done, total, tokens): how a stage reports rows done and tokens generated so far
 ProgressFn = Callable[[str, int, int, int], None]
@@ -36,7 +36,7 @@ class StageContext:
 
     def __post_init__(self) -> None:
         if self.cfg.orchestration.runner == "ray":
-            from stages.fanout import require_ray
+            from sage.stages.fanout import require_ray
 
             require_ray()
 
@@ -47,7 +47,7 @@ class StageContext:
     @property
     def sandbox(self):
         if "sandbox" not in self._engines:
-            from engines.sandbox import Sandbox
+            from sage.engines.verify.sandbox import Sandbox
 
             self._engines["sandbox"] = Sandbox(self.cfg.sandbox)
         return self._engines["sandbox"]
@@ -55,7 +55,7 @@ class StageContext:
     @property
     def mathcheck(self):
         if "mathcheck" not in self._engines:
-            from engines.mathcheck import MathChecker
+            from sage.engines.verify.mathcheck import MathChecker
 
             self._engines["mathcheck"] = MathChecker(self.cfg.mathcheck)
         return self._engines["mathcheck"]
@@ -64,7 +64,7 @@ class StageContext:
     def llm(self):
         """The generation backend, switched to this iteration's adapter."""
         if "llm" not in self._engines:
-            from engines.llm import load_llm
+            from sage.engines.llm import load_llm
 
             self._engines["llm"] = load_llm(self.cfg.model)
         llm = self._engines["llm"]
@@ -76,7 +76,7 @@ class StageContext:
     def fanout(self):
         """`fanout.map(fn, rows, batch)`: in this process, or as Prefect tasks on the Ray instance this
         context started or joined (kept with the engines, stopped by `close`)."""
-        from stages import fanout
+        from sage.stages import fanout
 
         if self.cfg.orchestration.runner == "local":
             return fanout.Local(self)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 
-from stages.context import StageContext, StageReport
-from stages.rollouts import Unit, generate
-from stages.score import gate
-from warehouse.queries import generated_questions, questions_by_id, rollouts_for, update_rows
+from sage.stages.context import StageContext, StageReport
+from sage.stages.rollouts import Unit, generate
+from sage.stages.score import gate
+from sage.warehouse.queries import generated_questions, questions_by_id, rollouts_for, update_rows
 
 NEUTRAL = 0.5
 

@@ -1,6 +1,6 @@
 """evaluate: score the base model or a checkpoint's adapter on a benchmark, pass@1 greedy and pass@k sampled.
 
-Reads: benchmark problems from `engines.benchmarks` (offline packages, the hub, or a local file given as
+Reads: benchmark problems from `sage.engines.data.benchmarks` (offline packages, the hub, or a local file given as
 `name=path`), and the adapter of the checkpoint being evaluated (`ctx.adapter`; None for the base model).
 Generates in one `llm.generate` call per (checkpoint, benchmark): a greedy answer per problem, plus, when
 n > 1, n samples per problem at `roles.solver` temperature/top_p. Math answers are extracted and checked
@@ -19,16 +19,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engines import tags
-from engines.benchmarks import BENCHMARKS, Problem, code_job, complete_code_verifiers, expected_of, \
+from sage.engines.text import tags
+from sage.engines.data.benchmarks import BENCHMARKS, Problem, code_job, complete_code_verifiers, expected_of, \
     load_benchmark, pass_at_k
-from engines.llm.base import GenRequest
-from engines.outputs import score_outputs
-from stages.context import StageContext, StageReport
-from stages.prompts import TEMPLATE_VERSION, render
-from warehouse import content_id, seed_from_id
-from warehouse.eval_queries import checkpoint as checkpoint_row
-from warehouse.eval_queries import checkpoint_iterations, insert_evaluations, stored_evaluations
+from sage.engines.llm.base import GenRequest
+from sage.engines.verify.outputs import score_outputs
+from sage.stages.context import StageContext, StageReport
+from sage.stages.prompts import TEMPLATE_VERSION, render
+from sage.warehouse import content_id, seed_from_id
+from sage.warehouse.eval_queries import checkpoint as checkpoint_row
+from sage.warehouse.eval_queries import checkpoint_iterations, insert_evaluations, stored_evaluations
 
 BASE = "base"
 _IMPORT_LINE = re.compile(r"^(?:from\s+[\w.]+\s+import\s+[^\n]+|import\s+[\w., ]+)$", re.M)
@@ -143,7 +143,7 @@ def score(ctx: StageContext, items: list[tuple[Problem, str]]) -> list[bool]:
 
 def score_chunk(engines, items: list[tuple[Problem, str]]) -> list[bool]:
     """`score` of one chunk; `engines` offers `.mathcheck` and `.sandbox` (see stages/fanout.py)."""
-    from engines.mathcheck import extract_answer
+    from sage.engines.verify.mathcheck import extract_answer
 
     correct = [False] * len(items)
     math_idx, pairs, code_idx, jobs = [], [], [], []

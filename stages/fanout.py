@@ -19,7 +19,7 @@ from contextlib import nullcontext
 from importlib.util import find_spec
 from typing import Any, Callable, Iterator
 
-from configs.schema import MathCheckConfig, OrchestrationConfig, SageConfig, SandboxConfig
+from sage.configs.schema import MathCheckConfig, OrchestrationConfig, SageConfig, SandboxConfig
 
 ChunkFn = Callable[[Any, list], list]
 RAY_MISSING = "orchestration.runner is 'ray' but {name} is not installed: install the ray extra: " \
@@ -58,7 +58,7 @@ class WorkerEngines:
     @property
     def sandbox(self):
         if self._sandbox is None:
-            from engines.sandbox import Sandbox
+            from sage.engines.verify.sandbox import Sandbox
 
             cfg = SandboxConfig(**self.sections["sandbox"])
             self._sandbox = Sandbox(cfg.model_copy(update={"workers": cfg.workers or 2 * self.sections["cpus"]}))
@@ -67,7 +67,7 @@ class WorkerEngines:
     @property
     def mathcheck(self):
         if self._mathcheck is None:
-            from engines.mathcheck import MathChecker
+            from sage.engines.verify.mathcheck import MathChecker
 
             cfg = MathCheckConfig(**self.sections["mathcheck"])
             self._mathcheck = MathChecker(cfg, workers=self.sections["cpus"])

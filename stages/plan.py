@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import random
 
-from stages.context import StageContext, StageReport
-from stages.rollouts import Unit, generate
-from warehouse import content_id
-from warehouse.queries import pool_questions
+from sage.stages.context import StageContext, StageReport
+from sage.stages.rollouts import Unit, generate
+from sage.warehouse import content_id
+from sage.warehouse.queries import pool_questions
 
 STAGE = "plan"
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines import tags
-from engines.llm.base import GenRequest
-from stages.context import StageContext
-from stages.prompts import TEMPLATE_VERSION, render
-from warehouse import content_id, seed_from_id
-from warehouse.queries import existing_ids
+from sage.engines.text import tags
+from sage.engines.llm.base import GenRequest
+from sage.stages.context import StageContext
+from sage.stages.prompts import TEMPLATE_VERSION, render
+from sage.warehouse import content_id, seed_from_id
+from sage.warehouse.queries import existing_ids
 
 ROLE_OF_KIND = {"challenger_math": "challenger", "challenger_code": "challenger", "planner": "planner",
                 "critic_question": "critic", "critic_plan": "critic", "solver_math": "solver",

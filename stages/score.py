@@ -16,9 +16,9 @@ import math
 from collections import defaultdict
 from typing import Any, Iterable
 
-from configs.schema import RewardsConfig
-from stages.context import StageContext, StageReport
-from warehouse.queries import scoring_inputs
+from sage.configs.schema import RewardsConfig
+from sage.stages.context import StageContext, StageReport
+from sage.warehouse.queries import scoring_inputs
 
 
 def challenger_reward(s_q: float, r_d: float | None, r_f: float, valid: bool,

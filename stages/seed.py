@@ -12,11 +12,11 @@ Fails: a bad user file raises SeedFileError naming file and line; nothing is wri
 
 from __future__ import annotations
 
-from engines.seeds import (INPUTS_ENTRY, SeedItem, default_code, default_math, function_params,
+from sage.engines.data.seeds import (INPUTS_ENTRY, SeedItem, default_code, default_math, function_params,
                            input_generator_job_code, load_source, CODEIO_INPUTS_PER_TASK)
-from stages.context import StageContext, StageReport
-from warehouse import content_id, norm_hash
-from warehouse.queries import existing_ids
+from sage.stages.context import StageContext, StageReport
+from sage.warehouse import content_id, norm_hash
+from sage.warehouse.queries import existing_ids
 
 STAGE = "seed"
 
@@ -45,8 +45,8 @@ def _gather(ctx: StageContext) -> list[SeedItem]:
 
 def _complete_code(ctx: StageContext, items: list[SeedItem]) -> list[SeedItem]:
     """Fill in inputs (from generators) and outputs (from reference solutions) in the sandbox."""
-    from engines.outputs import reference_outputs, storable
-    from engines.sandbox import Job
+    from sage.engines.verify.outputs import reference_outputs, storable
+    from sage.engines.verify.sandbox import Job
 
     gen = [i for i in items if i.input_generator and "inputs" not in i.verifier]
     if gen:

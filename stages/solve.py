@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 
-from stages.context import StageContext, StageReport
-from stages.rollouts import Unit, generate
-from warehouse.queries import generated_questions, plans_for, questions_by_id
+from sage.stages.context import StageContext, StageReport
+from sage.stages.rollouts import Unit, generate
+from sage.warehouse.queries import generated_questions, plans_for, questions_by_id
 
 
 def _fields(question: dict, plan: str | None = None) -> dict:

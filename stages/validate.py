@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from stages.context import StageContext, StageReport
-from stages.rollouts import Unit, generate
-from stages.solve import _fields as solver_fields
-from stages.verify import verify_rollouts
-from warehouse.queries import iteration_adapter
-from warehouse.validate_queries import BASE, record_validation, validation_questions, validation_scores
+from sage.stages.context import StageContext, StageReport
+from sage.stages.rollouts import Unit, generate
+from sage.stages.solve import _fields as solver_fields
+from sage.stages.verify import verify_rollouts
+from sage.warehouse.queries import iteration_adapter
+from sage.warehouse.validate_queries import BASE, record_validation, validation_questions, validation_scores
 
 STAGE = "validate"
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import time
 
-from stages.context import StageContext, StageReport
-from warehouse.queries import set_difficulty_from_probes, unverified_rollouts
+from sage.stages.context import StageContext, StageReport
+from sage.warehouse.queries import set_difficulty_from_probes, unverified_rollouts
 
 
 def _math_verdicts(engines, rows: list[dict]) -> list[dict]:
-    from engines.mathcheck import extract_answer
+    from sage.engines.verify.mathcheck import extract_answer
 
     preds = []
     for r in rows:
@@ -36,8 +36,8 @@ def _math_verdicts(engines, rows: list[dict]) -> list[dict]:
 
 
 def _code_verdicts(engines, rows: list[dict]) -> list[dict]:
-    from engines.outputs import score_outputs
-    from engines.sandbox import Job
+    from sage.engines.verify.outputs import score_outputs
+    from sage.engines.verify.sandbox import Job
 
     jobs, verdicts = [], []
     for r in rows:

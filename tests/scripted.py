@@ -1,6 +1,6 @@
 """ScriptedLLM: a generator that returns completions chosen by the test, named so everywhere it is used.
 
-It implements the `engines.llm.base.LLM` interface so stage logic (admission, gating, every reward path) runs
+It implements the `sage.engines.llm.base.LLM` interface so stage logic (admission, gating, every reward path) runs
 on known values. `script(request) -> str | list[str]` decides the text of each completion from the request's
 messages; token ids are the UTF-8 bytes, log-probs a constant. Never used outside tests.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from engines.llm.base import Completion, GenRequest, GenResult
+from sage.engines.llm.base import Completion, GenRequest, GenResult
 
 
 class ScriptedLLM:

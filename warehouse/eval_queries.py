@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from warehouse.db import Warehouse
-from warehouse.queries import existing_ids
+from sage.warehouse.db import Warehouse
+from sage.warehouse.queries import existing_ids
 
 
 def checkpoint(wh: Warehouse, run_id: str, which: str) -> dict | None:

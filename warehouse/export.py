@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from warehouse.db import Warehouse
+from sage.warehouse.db import Warehouse
 
 MANIFEST = "_sage_export.json"
 

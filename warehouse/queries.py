@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from warehouse.db import Warehouse
+from sage.warehouse.db import Warehouse
 
 
 def _rows_with_ids(wh: Warehouse, sql: str, ids: list[str]) -> list[dict]:

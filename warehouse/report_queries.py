@@ -6,7 +6,7 @@ without touching this file; the plots name the columns they draw.
 
 from __future__ import annotations
 
-from warehouse.db import Warehouse
+from sage.warehouse.db import Warehouse
 
 REPORT_VIEWS = ("curriculum_drift", "role_rewards", "gate_stats", "validation_curve")
 

@@ -7,7 +7,7 @@ val_math and val_code; `mark_best` keeps exactly one `is_best` row per validated
 
 from __future__ import annotations
 
-from warehouse.db import Warehouse
+from sage.warehouse.db import Warehouse
 
 BASE = "base"  # adapter_path of a checkpoint that is the base model itself
 

@@ -6,9 +6,9 @@ exists only on CUDA machines.
 
 from __future__ import annotations
 
-from configs.schema import ModelConfig
-from engines.llm.base import LLM, Completion, GenRequest, GenResult, ProgressFn, sample_seed
-from engines.llm.models import ModelNotFoundError, resolve_model
+from sage.configs.schema import ModelConfig
+from sage.engines.llm.base import LLM, Completion, GenRequest, GenResult, ProgressFn, sample_seed
+from sage.engines.llm.models import ModelNotFoundError, resolve_model
 
 __all__ = ["LLM", "Completion", "GenRequest", "GenResult", "ModelNotFoundError", "ProgressFn", "load_llm",
            "resolve_model", "sample_seed"]
@@ -17,11 +17,11 @@ __all__ = ["LLM", "Completion", "GenRequest", "GenResult", "ModelNotFoundError",
 def load_llm(cfg: ModelConfig) -> LLM:
     """Build the backend `cfg.backend` for the model `cfg.name`."""
     if cfg.backend == "hf":
-        from engines.llm.hf import HFLLM
+        from sage.engines.llm.hf import HFLLM
 
         return HFLLM(cfg)
     if cfg.backend == "vllm":
-        from engines.llm.vllm import VLLMLLM
+        from sage.engines.llm.vllm import VLLMLLM
 
         return VLLMLLM(cfg)
     raise ValueError(f"unknown model.backend {cfg.backend!r}; use 'hf' or 'vllm'")

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from configs.schema import ModelConfig
-from engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
-from engines.llm.hf_fast import FusedDecoder, module_layer
-from engines.llm.models import cpu_supports_bf16, resolve_model
-from engines.llm.sampling import argmax, draw, log_normalizer, uniform
+from sage.configs.schema import ModelConfig
+from sage.engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
+from sage.engines.llm.hf_fast import FusedDecoder, module_layer
+from sage.engines.llm.models import cpu_supports_bf16, resolve_model
+from sage.engines.llm.sampling import argmax, draw, log_normalizer, uniform
 
 FAST_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import uuid
 
-from configs.schema import ModelConfig
-from engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
-from engines.llm.models import resolve_model
+from sage.configs.schema import ModelConfig
+from sage.engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
+from sage.engines.llm.models import resolve_model
 
 
 class VLLMLLM:

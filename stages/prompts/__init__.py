@@ -4,7 +4,7 @@
 stage writes, so changing a prompt means bumping its version (`"planner@2"` -> `"planner@3"`), and rows
 made with the old prompt are never mistaken for new ones.
 
-Each prompt shows one worked example of the exact output format, the tags `engines/tags.py` parses (each
+Each prompt shows one worked example of the exact output format, the tags `engines/text/tags.py` parses (each
 reply scores 1.0 there and fits the role's constraint regex). Challenger, Planner and Solver show it as an
 earlier turn: the same template filled with the example's fields as a user message, the reply as the
 assistant's, then the real task. Shown inline ("Example reply:" after the task), SmolLM2-135M copied it

@@ -1,7 +1,7 @@
 import pytest
 
-from configs import ConfigError, config_from_dict, config_hash, load_config
-from configs.schema import SageConfig
+from sage.configs import ConfigError, config_from_dict, config_hash, load_config
+from sage.configs.schema import SageConfig
 
 
 def test_profiles_load_with_paper_defaults():
@@ -77,7 +77,7 @@ def test_wrong_type_in_dict():
 def test_placement_stays_out_of_the_run_identity(tmp_path):
     """A run started with the local runner resumes on Ray (same id, stored config updated); a change to what
     the run computes is still refused."""
-    from flows import session
+    from sage.flows import session
 
     base = ["run.dir=" + str(tmp_path)]
     local = load_config("cpu", base)

@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from engines.llm.base import GenRequest
+from sage.engines.llm.base import GenRequest
 from tests.scripted import ScriptedLLM, prompt_text
 
 MATH_SEEDS = [("What is 2+2?", "4"), ("What is 10-3?", "7"), ("Compute 6*7.", "42"), ("What is 9+1?", "10")]
@@ -63,7 +63,7 @@ class PausingScriptedLLM(ScriptedLLM):
 
 
 def seed_rows() -> list[dict]:
-    from warehouse import content_id, norm_hash
+    from sage.warehouse import content_id, norm_hash
 
     rows = [dict(question_id=content_id("seed", q), origin="seed", domain="math", text=q, verifier={"answer": a},
                  norm_hash=norm_hash(q), source="test") for q, a in MATH_SEEDS]
@@ -81,11 +81,11 @@ OVERRIDES = ["iteration.n_challenge=5", "iteration.n_probe=2", "iteration.n_plan
 
 def prepare(directory: Path, run_id: str = "scripted", extra: list[str] = ()) -> str:
     """Create the run and its seeds (the `seed` stage marked done: these tests bring their own seeds)."""
-    from configs import load_config
-    from flows import session
-    from stages.seed import seeds_key
-    from stages.context import StageContext
-    from warehouse.queries import mark_stage_finished, mark_stage_running
+    from sage.configs import load_config
+    from sage.flows import session
+    from sage.stages.seed import seeds_key
+    from sage.stages.context import StageContext
+    from sage.warehouse.queries import mark_stage_finished, mark_stage_running
 
     cfg = load_config("cpu", [f"run.dir={directory}", *OVERRIDES, *extra])
     rid = session.create_run(cfg, run_id)
@@ -99,8 +99,8 @@ def prepare(directory: Path, run_id: str = "scripted", extra: list[str] = ()) ->
 
 def run(directory: Path, iterations: int = 1, pause_at: int | None = None, marker: Path | None = None,
         run_id: str = "scripted") -> list[dict]:
-    from flows import session
-    from flows.evolve import evolve_flow
+    from sage.flows import session
+    from sage.flows.evolve import evolve_flow
 
     wh_file = session.warehouse_path(directory)
     rid = run_id if wh_file.exists() else prepare(directory, run_id)

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import app
+from sage.flows.cli import app
 
 README = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
 COMMANDS = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
 
 
 def _sage(*args):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "sage.flows.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -33,7 +33,7 @@ def test_status_on_empty_warehouse_says_how_to_start(tmp_path):
 
 
 def test_sql_formats(tmp_path):
-    from warehouse import Warehouse
+    from sage.warehouse import Warehouse
 
     Warehouse.open(tmp_path / "warehouse.duckdb").close()
     r = _sage("sql", "SELECT 1 AS a, 'x' AS b", "--dir", str(tmp_path), "--format", "csv")

@@ -9,10 +9,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from configs import config_hash, config_json, load_config
-from flows.export import ExportError, export_adapter, export_command
-from warehouse import Warehouse
-from warehouse.validate_queries import mark_best, record_validation
+from sage.configs import config_hash, config_json, load_config
+from sage.flows.export import ExportError, export_adapter, export_command
+from sage.warehouse import Warehouse
+from sage.warehouse.validate_queries import mark_best, record_validation
 
 PROMPT = "What is 7 * 8? The answer is"
 
@@ -21,8 +21,8 @@ PROMPT = "What is 7 * 8? The answer is"
 def project(tiny_model, tmp_path_factory):
     """A warehouse with run `r` (base model = the tiny model): baseline 'base' checkpoint at 0.25, a trained
     adapter at iteration 1 validated at 0.5 (best), and run `nobest` with an unvalidated checkpoint."""
-    from configs.schema import TrainConfig
-    from engines.trainer import TrainRow, train_step
+    from sage.configs.schema import TrainConfig
+    from sage.engines.train.step import TrainRow, train_step
 
     d = tmp_path_factory.mktemp("export")
     adapter = d / "adapters" / "r" / "iteration-1"

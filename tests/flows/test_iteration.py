@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.flows import scripted_run
-from warehouse import Warehouse
+from sage.warehouse import Warehouse
 
 TABLES = {"questions": "question_id", "rollouts": "rollout_id", "verdicts": "rollout_id", "plans": "plan_id",
           "scores": "rollout_id"}
@@ -92,7 +92,7 @@ def test_rerun_after_success_changes_no_row(one_iteration):
 
 def test_stage_cli_reruns_one_stage(one_iteration):
     before = dump(one_iteration)
-    cmd = [sys.executable, "-m", "flows.cli", "stage", "verify", "--run", "scripted", "--iteration", "1",
+    cmd = [sys.executable, "-m", "sage.flows.cli", "stage", "verify", "--run", "scripted", "--iteration", "1",
            "--dir", str(one_iteration)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "already done" in r.stdout, r.stderr[-2000:]
@@ -128,8 +128,8 @@ def test_sigkill_mid_stage_then_rerun_equals_uninterrupted(prefect_api, one_iter
 
 
 def test_garbage_output_never_fails_a_stage(prefect_api, tmp_path):
-    from flows import session
-    from flows.evolve import evolve_flow
+    from sage.flows import session
+    from sage.flows.evolve import evolve_flow
     from tests.scripted import ScriptedLLM
 
     garbage = ["", "x" * 10_000, "<question><question>\u202e\ud800 \x00</answer>", "<answer>```python\ndef (:\n```",

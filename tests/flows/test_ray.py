@@ -12,14 +12,14 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'sage-evolve[ray]')")
 pytest.importorskip("prefect_ray", reason="the ray extra is not installed (pip install 'sage-evolve[ray]')")
 
-from configs import load_config  # noqa: E402
-from stages import evaluate  # noqa: E402
-from stages.context import StageContext  # noqa: E402
+from sage.configs import load_config  # noqa: E402
+from sage.stages import evaluate  # noqa: E402
+from sage.stages.context import StageContext  # noqa: E402
 from tests.flows import scripted_run  # noqa: E402
 from tests.flows.test_iteration import dump  # noqa: E402
 from tests.scripted import ScriptedLLM, prompt_text  # noqa: E402
 from tests.stages.test_evaluate import GSM8K  # noqa: E402
-from warehouse import Warehouse  # noqa: E402
+from sage.warehouse import Warehouse  # noqa: E402
 
 # tasks of 3 rows, larger than the scripted run's commits (run.batch_rows 2), smaller than a benchmark
 RAY = ["orchestration.runner=ray", "orchestration.ray_num_cpus=2", "orchestration.chunk_size=3"]
@@ -37,8 +37,8 @@ def ray_engines(prefect_api):
 
 
 def _iteration(directory, extra, ray_session=None):
-    from flows import session
-    from flows.iteration import iteration_flow
+    from sage.flows import session
+    from sage.flows.iteration import iteration_flow
 
     rid = scripted_run.prepare(directory, "scripted", extra)
     engines = session._ENGINES.setdefault(rid, {})
@@ -150,7 +150,7 @@ def test_automatic_task_size(ray_engines):
 
 
 def test_missing_ray_is_a_clear_error(monkeypatch):
-    import stages.fanout
+    import sage.stages.fanout
 
     monkeypatch.setattr(stages.fanout, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match=r"pip install 'sage-evolve\[ray\]'"):

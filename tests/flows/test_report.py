@@ -9,8 +9,8 @@ import re
 import pytest
 from matplotlib.image import imread
 
-from flows.report import PLOTS, artifact_key, report_artifacts, write_report
-from warehouse import Warehouse
+from sage.flows.report import PLOTS, artifact_key, report_artifacts, write_report
+from sage.warehouse import Warehouse
 
 RUN = "run-A1"
 # iteration -> generated questions: (admitted, rejection reason, s_q, difficulty)

@@ -7,7 +7,7 @@ import asyncio
 import typer
 from typer.testing import CliRunner
 
-from flows.serve import serve_command
+from sage.flows.serve import serve_command
 
 
 def _cli():
@@ -37,14 +37,14 @@ def test_serve_registers_four_deployments(prefect_api, tmp_path):
     assert evolve.parameters["directory"] == directory and evolve.parameters["run_id"] == "r1"
     assert evolve.parameters["iterations"] == 7
     assert [s.schedule.cron for s in evolve.schedules] == ["0 */6 * * *"]
-    assert evolve.entrypoint == "flows.evolve.evolve_flow"
+    assert evolve.entrypoint == "sage.flows.evolve.evolve_flow"
 
     it = found["sage-iteration/iteration"]
     assert it.parameters == {"directory": directory, "run_id": "r1", "iteration": 1} and it.schedules == []
 
     stage = found["sage-stage/stage"]
     assert stage.parameters["stage"] == "challenge" and stage.parameters["force"] is False
-    assert stage.entrypoint == "flows.iteration.stage_flow"
+    assert stage.entrypoint == "sage.flows.iteration.stage_flow"
 
     ev = found["sage-eval/eval"]
     assert ev.parameters["checkpoints"] == ["base", "best"] and ev.parameters["benchmarks"] == ["humaneval", "math500"]
@@ -52,7 +52,7 @@ def test_serve_registers_four_deployments(prefect_api, tmp_path):
     assert all("sage" in d.tags and "r1" in d.tags for d in found.values())
 
     # the run is recorded (as `sage run` would), and the warehouse is released for served runs
-    from warehouse import Warehouse
+    from sage.warehouse import Warehouse
 
     with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
         assert wh.scalar("SELECT count(*) FROM runs WHERE run_id = 'r1'") == 1

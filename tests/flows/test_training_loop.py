@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from warehouse import Warehouse
+from sage.warehouse import Warehouse
 
 SMALL = ["seeds.n_math=12", "seeds.n_code=4", "validate.n_math=2", "validate.n_code=2",
          "iteration.n_challenge=4", "iteration.n_plan=4", "iteration.n_probe=2", "iteration.n_solve=2",
@@ -19,7 +19,7 @@ SMALL = ["seeds.n_math=12", "seeds.n_code=4", "validate.n_math=2", "validate.n_c
 
 
 def sage_run(tiny_model, directory, *extra, iterations=1, **kw):
-    args = [sys.executable, "-m", "flows.cli", "run", "--run", "loop", "--iterations", str(iterations)]
+    args = [sys.executable, "-m", "sage.flows.cli", "run", "--run", "loop", "--iterations", str(iterations)]
     for s in [f"run.dir={directory}", f"model.name={tiny_model}", f"model.cache_dir={directory}/models",
               *SMALL, *extra]:
         args += ["--set", s]

@@ -8,13 +8,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from configs import load_config
-from engines.benchmarks import load_benchmark, pass_at_k
-from flows.evaluate import eval_command, side_by_side
-from stages import evaluate
-from stages.context import StageContext
+from sage.configs import load_config
+from sage.engines.data.benchmarks import load_benchmark, pass_at_k
+from sage.flows.evaluate import eval_command, side_by_side
+from sage.stages import evaluate
+from sage.stages.context import StageContext
 from tests.scripted import ScriptedLLM, prompt_text
-from warehouse import Warehouse
+from sage.warehouse import Warehouse
 
 GSM8K = [
     {"question": "Tom has 3 apples and buys 4 more. How many apples does he have?", "answer": "3 + 4 = 7\n#### 7"},

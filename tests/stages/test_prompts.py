@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from engines.tags import parse_challenger, parse_critic, parse_planner, parse_solver, role_key, role_regex
-from stages.prompts import KINDS, MAX_FIELD_CHARS, SYSTEM, TEMPLATE_VERSION, TEMPLATES, render
+from sage.engines.text.tags import parse_challenger, parse_critic, parse_planner, parse_solver, role_key, role_regex
+from sage.stages.prompts import KINDS, MAX_FIELD_CHARS, SYSTEM, TEMPLATE_VERSION, TEMPLATES, render
 
 EXPECTED_KINDS = {"challenger_math", "challenger_code", "critic_question", "critic_plan", "planner",
                   "solver_math", "solver_code", "solver_math_plan", "solver_code_plan"}

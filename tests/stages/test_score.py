@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from configs.schema import IterationConfig, RewardsConfig
-from engines.tags import parse_critic, parse_planner, parse_solver
-from stages.score import (
+from sage.configs.schema import IterationConfig, RewardsConfig
+from sage.engines.text.tags import parse_critic, parse_planner, parse_solver
+from sage.stages.score import (
     challenger_reward,
     critic_reward,
     difficulty,

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from engines.seeds import SeedFileError, default_code, default_math, load_file
-from warehouse import Warehouse
+from sage.engines.data.seeds import SeedFileError, default_code, default_math, load_file
+from sage.warehouse import Warehouse
 
 GOOD_MATH = {"domain": "math", "question": "What is 2+3?", "answer": "5"}
 GOOD_CODE = {"domain": "code", "question": "Write add(a, b).", "entry_point": "add",
@@ -13,7 +13,7 @@ GOOD_CODE = {"domain": "code", "question": "Write add(a, b).", "entry_point": "a
 
 
 def _sage(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sage.flows.cli", *args], capture_output=True, text=True,
                           timeout=600, cwd=cwd)
 
 

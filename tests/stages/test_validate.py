@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from configs import config_hash, config_json, load_config
-from stages import validate
-from stages.context import StageContext
+from sage.configs import config_hash, config_json, load_config
+from sage.stages import validate
+from sage.stages.context import StageContext
 from tests.flows.scripted_run import OVERRIDES
 from tests.scripted import ScriptedLLM, prompt_text
-from warehouse import Warehouse, content_id, norm_hash
-from warehouse.queries import record_checkpoint, start_iteration
+from sage.warehouse import Warehouse, content_id, norm_hash
+from sage.warehouse.queries import record_checkpoint, start_iteration
 
 # (question, verifier); the scripted Solver below gets math 2 of 3 right and code 1.0 + 0.5
 MATH = [("What is 2+3?", "5"), ("What is 6*7?", "42"), ("What is 10-4?", "6")]

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from sage.flows.cli import app
 from tests.flows.test_report import RUN, build
-from warehouse import Warehouse
-from warehouse.export import MANIFEST, TABLES, ExportError, export_run
+from sage.warehouse import Warehouse
+from sage.warehouse.export import MANIFEST, TABLES, ExportError, export_run
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from warehouse import Warehouse, WarehouseBusy, content_id, norm_hash
-from warehouse.db import migrations
+from sage.warehouse import Warehouse, WarehouseBusy, content_id, norm_hash
+from sage.warehouse.db import migrations
 
 
 def _run_row(run_id="r1"):
@@ -32,7 +32,7 @@ def test_every_table_and_view_exists(tmp_path):
 
 
 def _id_in_child(q):
-    from warehouse import content_id
+    from sage.warehouse import content_id
 
     q.put(content_id("rollout", "run", 3, {"b": 2, "a": 1}, [1, 2]))
 
@@ -93,7 +93,7 @@ def test_second_writer_gets_clear_error_and_file_untouched(tmp_path):
 
 def test_cli_second_writer_exits_nonzero(tmp_path):
     wh = Warehouse.open(tmp_path / "warehouse.duckdb")
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "sql", "SELECT 1", "--dir", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "sage.flows.cli", "sql", "SELECT 1", "--dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
     wh.close()
     assert r.returncode == 3 and "warehouse in use by PID" in r.stderr

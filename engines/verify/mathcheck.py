@@ -2,7 +2,7 @@
 
 math-verify's own timeouts use `signal.alarm` and fail off the main thread, so they are disabled
 (`parsing_timeout=None, timeout_seconds=None`) and every check runs in a warm worker process
-(`python -m engines.mathcheck`, RLIMIT_AS = `memory_mb`) under a hard external deadline: a worker that
+(`python -m sage.engines.verify.mathcheck`, RLIMIT_AS = `memory_mb`) under a hard external deadline: a worker that
 misses it is SIGKILLed and replaced, and the pair scores 0. Answers longer than `max_answer_chars` score
 0 unchecked. Beyond math-verify, a normalised exact-string match also counts (math-verify does not decide
 every equivalence a human would, e.g. plain-text answers).
@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 
-from configs.schema import MathCheckConfig
+from sage.configs.schema import MathCheckConfig
 
 STARTUP_TIMEOUT_S = 120.0
 
@@ -92,7 +92,7 @@ def _plain(answer: str) -> str:
 
 
 def _worker() -> None:
-    """Worker loop (runs as `python -m engines.mathcheck MEMORY_MB`)."""
+    """Worker loop (runs as `python -m sage.engines.verify.mathcheck MEMORY_MB`)."""
     import resource
 
     mem = int(sys.argv[1]) << 20
@@ -136,7 +136,7 @@ class _Worker:
     def __init__(self, memory_mb: int):
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engines.mathcheck", str(memory_mb)], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "sage.engines.verify.mathcheck", str(memory_mb)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         self.fd = self.proc.stdout.fileno()

@@ -6,7 +6,7 @@ Backends, tried in order (`available_backends()` probes each once per process):
   /tmp, /dev/shm and the work dir, read-only root and /dev; started under `setpriv` to a dedicated uid when
   we are root (bwrap would otherwise map the sandbox back to uid 0, where RLIMIT_NPROC does nothing).
 - `unshare` (root only): new mount/net/pid/ipc/uts namespaces; the child itself builds a tmpfs root with
-  read-only /usr, chroots and drops to the dedicated uid (see `sandbox_child._enter_root`).
+  read-only /usr, chroots and drops to the dedicated uid (see `child._enter_root`).
 - `rlimit`: plain rlimits, `no_new_privs` and (as root) the dedicated uid; no filesystem or network
   isolation, a last resort.
 
@@ -14,7 +14,7 @@ Always: a fresh `/usr/bin/python3 -I -S` (the virtualenv may live where other ui
 environment, hard=soft rlimits set by the child before any untrusted code, stdin from /dev/null, capped
 non-blocking reads, a wall-clock deadline in the parent, SIGKILL of the process group and (as root) of
 every process of the job's uid, temp dirs removed. Each concurrent job gets its own uid
-(`sandbox_os`), so RLIMIT_NPROC, `kill(-1)` and the final sweep stay per job. Results come back as typed JSON records on a separate pipe with a per-run nonce (`sandbox_child`).
+(`isolation`), so RLIMIT_NPROC, `kill(-1)` and the final sweep stay per job. Results come back as typed JSON records on a separate pipe with a per-run nonce (`child`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from configs.schema import SandboxConfig
-from engines.sandbox_child import decode_value
-from engines.sandbox_os import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TMPFS_BYTES, UIDS, backend_possible, \
+from sage.configs.schema import SandboxConfig
+from sage.engines.verify.child import decode_value
+from sage.engines.verify.isolation import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TMPFS_BYTES, UIDS, backend_possible, \
     child_env, command, interpreter, kill_job, remove_owned
 
 

@@ -10,7 +10,7 @@ Two jobs, kept apart on purpose (SAGE.md, "Format reward"; DESIGN.md, "Structure
   Text outside the tags (reasoning) is allowed; another SAGE tag (say `<plan>` in a Solver answer) is not.
 Tags are `<name>` / `</name>`, case-insensitive. Parsers never raise on model output: anything unexpected
 ends as a 0.0 format reward with the reason stored. The regexes for constrained decoding and the tag
-vocabulary live in `engines.tags_regex` (re-exported here).
+vocabulary live in `sage.engines.text.grammar` (re-exported here).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engines.code_text import code_from, entry_point, last_fenced, parse_inputs, syntax_error
-from engines.tags_regex import (CHARS_PER_TOKEN, DEFAULT_TOKENS, DOMAINS, REQUIRED_TAGS,  # noqa: F401 - re-exported
+from sage.engines.text.code import code_from, entry_point, last_fenced, parse_inputs, syntax_error
+from sage.engines.text.grammar import (CHARS_PER_TOKEN, DEFAULT_TOKENS, DOMAINS, REQUIRED_TAGS,  # noqa: F401 - re-exported
                                  ROLE_REGEX, TAG_NAMES, role_bounds, role_key, role_regex)
 
 _TAG_RX = re.compile(r"<(/?)(" + "|".join(TAG_NAMES) + r")>", re.IGNORECASE | re.ASCII)

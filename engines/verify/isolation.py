@@ -3,7 +3,7 @@
 Each concurrent job runs under its own uid (root only), taken from a process-wide pool and held with an
 exclusive `flock`, so two processes (say a test run and a pipeline) never share one; that keeps
 RLIMIT_NPROC, `kill(-1)` and the final "kill everything of this uid" sweep per job. The child module
-(`sandbox_child.py`) is compiled once by the sandbox interpreter into a root-owned, world-readable dir,
+(`child.py`) is compiled once by the sandbox interpreter into a root-owned, world-readable dir,
 which bwrap binds read-only at /sandbox.
 """
 
@@ -28,7 +28,7 @@ NOFILE = 64
 UID_BASE, UID_SPAN = 61000, 512  # dedicated sandbox uids (root only), skipping any in /etc/passwd
 LOCK_DIR = Path(tempfile.gettempdir()) / "sage-sandbox-uids"
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work"}
-_CHILD_SOURCE = Path(__file__).with_name("sandbox_child.py").read_text()
+_CHILD_SOURCE = Path(__file__).with_name("child.py").read_text()
 
 # ------------------------------------------------------------------------------------------ uids
 

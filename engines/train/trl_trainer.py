@@ -1,4 +1,4 @@
-"""The TRL machinery of `engines.trainer`: `StoredRowsTrainer`, its block sampler, and `_build_trainer`.
+"""The TRL machinery of `sage.engines.train.step`: `StoredRowsTrainer`, its block sampler, and `_build_trainer`.
 
 Nothing here imports TRL, torch or transformers at module import; they are imported inside the functions that need
 them. `StoredRowsTrainer` (a small `GRPOTrainer` subclass, built once by `_trainer_class()` because
@@ -31,9 +31,9 @@ import math
 import tempfile
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # a runtime import would be a cycle (engines.trainer imports this module)
-    from configs.schema import TrainConfig
-    from engines.trainer import TrainRow
+if TYPE_CHECKING:  # a runtime import would be a cycle (sage.engines.train.step imports this module)
+    from sage.configs.schema import TrainConfig
+    from sage.engines.train.step import TrainRow
 
 #: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch")
@@ -209,7 +209,7 @@ def _trainer_class():
     return StoredRowsTrainer
 
 
-def __getattr__(name: str):  # `engines.trainer_trl.StoredRowsTrainer` without importing TRL at module import
+def __getattr__(name: str):  # `sage.engines.train.trl_trainer.StoredRowsTrainer` without importing TRL at module import
     if name == "StoredRowsTrainer":
         return _trainer_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,11 +1,11 @@
 """Each role's output format as a regular expression, for constrained decoding, plus the tag vocabulary.
 
-Holds the names shared with `engines.tags` (which re-exports everything public here): `TAG_NAMES`,
+Holds the names shared with `sage.engines.text.tags` (which re-exports everything public here): `TAG_NAMES`,
 `REQUIRED_TAGS` (the tags each role key must write), `DOMAINS`, and `role_key` (a role's key in
-`REQUIRED_TAGS` / `ROLE_REGEX`). They live here, not in `engines.tags`, so that the parsers can import the
+`REQUIRED_TAGS` / `ROLE_REGEX`). They live here, not in `sage.engines.text.tags`, so that the parsers can import the
 regexes without an import cycle.
 
-`ROLE_REGEX` is the strict format the parsers in `engines.tags` check, as a regular expression in the dialect
+`ROLE_REGEX` is the strict format the parsers in `sage.engines.text.tags` check, as a regular expression in the dialect
 shared by Python `re` and xgrammar (DESIGN.md, "Structured output per role"). Every string it matches parses
 with format reward 1.0. Content may hold `<` except where it could start a SAGE tag (`<` followed by `/`, `<`, or
 the first letter of a tag name), and every part has a bounded length so the closing tag comes within a small

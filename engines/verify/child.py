@@ -1,6 +1,6 @@
 """The sandbox's child side and the typed value codec shared by both sides.
 
-This file runs twice over: the parent (`engines/sandbox.py`) imports it for `encode_value`/`decode_value`,
+This file runs twice over: the parent (`engines/verify/sandbox.py`) imports it for `encode_value`/`decode_value`,
 and its whole source is handed to a fresh system interpreter (`python3 -I -S -c <source> ...`) inside the
 sandbox, where `__name__ == "__main__"` runs `main()`. It therefore uses the standard library only and
 must stay importable by any Python >= 3.8.

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from configs.schema import TrainConfig
-from engines.trainer import (BATCH_KEYS, METRICS_FILE, OPTIONAL_BATCH_KEYS, TrainRow, load_policy, train_model,
+from sage.configs.schema import TrainConfig
+from sage.engines.train.step import (BATCH_KEYS, METRICS_FILE, OPTIONAL_BATCH_KEYS, TrainRow, load_policy, train_model,
                              train_step, write_rows)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def _params(model, lora: bool) -> dict:
 @pytest.fixture(scope="module")
 def trained(tiny_model, tmp_path_factory):
     """One train_step-equivalent run kept in memory: 4 rows, minibatch 2 -> 2 updates, saved like train_step."""
-    from engines.trainer import _atomic_save
+    from sage.engines.train.step import _atomic_save
 
     cfg = _cfg()
     model = load_policy(str(tiny_model), None, cfg, seed=0)
@@ -170,7 +170,7 @@ def test_stored_logprobs_are_the_old_policy(tiny_model):
 def test_every_row_once_and_empty_completions_skipped(tiny_model, monkeypatch):
     """11 rows (2 with empty completions) -> 9 used; minibatch 2 x grad_accum 2 -> 3 updates (the last one on one
     real row and a masked dummy), each row seen exactly once."""
-    import engines.trainer as T
+    import sage.engines.train.step as T
 
     cls = T.StoredRowsTrainer
     seen = []
@@ -192,7 +192,7 @@ def test_every_row_once_and_empty_completions_skipped(tiny_model, monkeypatch):
 
 
 def test_sampler_blocks_padding_and_seed():
-    from engines.trainer_trl import _block_sampler_class
+    from sage.engines.train.trl_trainer import _block_sampler_class
 
     S = _block_sampler_class()
     s = S(n_rows=5, block=4, repeats=2, dummy=5, shuffle=False, seed=0)
@@ -235,7 +235,7 @@ def test_trl_contract_pinned():
     import trl
     from trl import GRPOTrainer
 
-    assert trl.__version__.startswith("1.16."), f"trl {trl.__version__}: re-check engines/trainer_trl.py's overrides"
+    assert trl.__version__.startswith("1.16."), f"trl {trl.__version__}: re-check engines/train/trl_trainer.py's overrides"
     sig = inspect.signature(GRPOTrainer._generate_and_score_completions)
     assert list(sig.parameters) == ["self", "inputs"], sig
     assert list(inspect.signature(GRPOTrainer._get_train_sampler).parameters) == ["self", "dataset"]
@@ -262,7 +262,7 @@ def test_one_step_contract(tiny_model):
 
     import torch
 
-    import engines.trainer as T
+    import sage.engines.train.step as T
 
     cfg = _cfg(minibatch_size=2, grad_accum=2, kl_beta=0.1)
     rows = _rows(3, seed=5)
@@ -300,7 +300,7 @@ def test_subprocess_entry_point(tiny_model, tmp_path):
     out, metrics = tmp_path / "adapter", tmp_path / "m" / "metrics.json"
     cfg = _cfg(minibatch_size=2, grad_accum=1).model_dump_json()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "engines.trainer", "--in", str(path), "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "sage.engines.train.step", "--in", str(path), "--out", str(out),
                            "--model", str(tiny_model), "--config", cfg, "--metrics", str(metrics),
                            "--device", "cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

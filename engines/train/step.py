@@ -2,9 +2,9 @@
 
 SAGE scores and normalises advantages itself (TRR++: per role), so TRL must neither generate nor score nor
 re-normalise anything. This module holds the rows (`TrainRow`, `read_rows` / `write_rows`), model loading
-(`load_policy`, `lora_config`), the step (`train_step`, `train_model`) and the `python -m engines.trainer` entry
-point. The TRL machinery (`StoredRowsTrainer`, its block sampler, `_build_trainer`) is in `engines.trainer_trl`;
-`engines.trainer.StoredRowsTrainer` still works, built lazily because `from trl import GRPOTrainer` takes seconds.
+(`load_policy`, `lora_config`), the step (`train_step`, `train_model`) and the `python -m sage.engines.train.step` entry
+point. The TRL machinery (`StoredRowsTrainer`, its block sampler, `_build_trainer`) is in `sage.engines.train.trl_trainer`;
+`sage.engines.train.step.StoredRowsTrainer` still works, built lazily because `from trl import GRPOTrainer` takes seconds.
 
 Semantics of one `train_step`: one pass over all rows with a non-empty completion; one optimizer update per
 block of `cfg.minibatch_size * cfg.grad_accum` rows (per process), i.e. `ceil(n_rows / (minibatch_size *
@@ -21,7 +21,7 @@ equal within float rounding). `bnpo` divides by the tokens of each process's own
 update depends on the split. Only the main process saves the adapter and writes the metrics, which record
 the rows each process trained on (`rows_by_rank`).
 
-`python -m engines.trainer --in rows.parquet --out ADAPTER --model PATH --config JSON` runs the same step in its
+`python -m sage.engines.train.step --in rows.parquet --out ADAPTER --model PATH --config JSON` runs the same step in its
 own process (the train stage does that when `train.isolate` is set, or under `accelerate launch`).
 """
 
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from configs.schema import TrainConfig
-from engines.trainer_trl import BATCH_KEYS, OPTIONAL_BATCH_KEYS, _build_trainer, _trainer_class  # noqa: F401
+from sage.configs.schema import TrainConfig
+from sage.engines.train.trl_trainer import BATCH_KEYS, OPTIONAL_BATCH_KEYS, _build_trainer, _trainer_class  # noqa: F401
 
 #: File written next to the adapter weights, with the metrics of the step that produced them.
 METRICS_FILE = "sage_train_metrics.json"
@@ -90,7 +90,7 @@ def _role_means(rows: list[TrainRow]) -> dict[str, float]:
     return {role: sum(v) / len(v) for role, v in sorted(sums.items())}
 
 
-def __getattr__(name: str):  # `engines.trainer.StoredRowsTrainer` without importing TRL at module import
+def __getattr__(name: str):  # `sage.engines.train.step.StoredRowsTrainer` without importing TRL at module import
     if name == "StoredRowsTrainer":
         return _trainer_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -121,7 +121,7 @@ def resolve_dtype(dtype: str, device: str):
     stay float32 either way (peft upcasts adapters), so only the frozen base runs in bf16."""
     import torch
 
-    from engines.llm.models import cpu_supports_bf16
+    from sage.engines.llm.models import cpu_supports_bf16
 
     if dtype == "auto":
         if device.startswith("cuda"):
@@ -324,7 +324,7 @@ def read_rows(path: str | os.PathLike) -> list[TrainRow]:
 
 
 def write_rows(rows: list[TrainRow], path: str | os.PathLike) -> None:
-    """Write rows in the format `read_rows` (and `python -m engines.trainer --in`) reads."""
+    """Write rows in the format `read_rows` (and `python -m sage.engines.train.step --in`) reads."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -344,8 +344,8 @@ def _load_config(value: str) -> TrainConfig:
 
 
 def train_main(argv: list[str] | None = None) -> int:
-    """`python -m engines.trainer --in rows.parquet --out ADAPTER --model PATH --config JSON [--metrics FILE]`."""
-    ap = argparse.ArgumentParser(prog="python -m engines.trainer", description=__doc__.split("\n\n")[0])
+    """`python -m sage.engines.train.step --in rows.parquet --out ADAPTER --model PATH --config JSON [--metrics FILE]`."""
+    ap = argparse.ArgumentParser(prog="python -m sage.engines.train.step", description=__doc__.split("\n\n")[0])
     ap.add_argument("--in", dest="rows", required=True, help="Parquet rows (prompt_ids, completion_ids, advantage, "
                     "logprobs, role)")
     ap.add_argument("--out", required=True, help="adapter directory to write (replaced atomically)")

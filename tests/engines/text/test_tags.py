@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from engines.code_text import entry_point, parse_inputs
-from engines.tags import (
+from sage.engines.text.code import entry_point, parse_inputs
+from sage.engines.text.tags import (
     REQUIRED_TAGS,
     ROLE_REGEX,
     Parsed,
@@ -249,7 +249,7 @@ def test_garbage_gives_zero_with_reason():
 
 # ---------------------------------------------------------------------------------------------- regexes
 # Prose (questions, reasoning, plans, math answers) never holds `<` under constrained decoding; code does,
-# as long as it cannot open or close a tag (engines/tags_regex.py, the comment above `_TEXT`).
+# as long as it cannot open or close a tag (engines/text/grammar.py, the comment above `_TEXT`).
 _PROSE_POOL = list("abcxyzABC0123456789 .,;:!?+-*/=()[]{}'\"\\_^%$#@&|~\n\t`>") + ["\u00e9", "\u4e2d", "\u2211",
                                                                                  "\U0001F600"]
 _LT = ["<=", "< ", "<3", "<b", "<x", "a<b", "x <= y"]              # `<` as code uses it

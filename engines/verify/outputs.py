@@ -1,7 +1,7 @@
 """What sandboxed code returned, compared with what was expected: type-aware equality, the s_gt of one run,
 reference outputs from a solution that must agree with itself, and whether outputs survive JSON storage.
 
-The sandbox (`engines.sandbox`) only runs code and returns typed values; every decision about them is here,
+The sandbox (`sage.engines.verify.sandbox`) only runs code and returns typed values; every decision about them is here,
 in the parent process.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import math
 
-from engines.sandbox import ExecResult, Job, Sandbox
-from engines.sandbox_child import Opaque
+from sage.engines.verify.sandbox import ExecResult, Job, Sandbox
+from sage.engines.verify.child import Opaque
 
 
 def _num(x) -> bool:

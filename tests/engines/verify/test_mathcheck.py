@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from configs.schema import MathCheckConfig
-from engines.mathcheck import MathChecker, answer_parses, extract_answer, normalize
+from sage.configs.schema import MathCheckConfig
+from sage.engines.verify.mathcheck import MathChecker, answer_parses, extract_answer, normalize
 
 TIMEOUT_S = 3.0
 

@@ -27,11 +27,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from configs.schema import SandboxConfig
-from engines.sandbox_os import UIDS
-from engines.outputs import outputs_equal, reference_outputs, score_outputs
-from engines.sandbox import ExecResult, Job, Sandbox, available_backends
-from engines.sandbox_child import Opaque, decode_value, encode_value
+from sage.configs.schema import SandboxConfig
+from sage.engines.verify.isolation import UIDS
+from sage.engines.verify.outputs import outputs_equal, reference_outputs, score_outputs
+from sage.engines.verify.sandbox import ExecResult, Job, Sandbox, available_backends
+from sage.engines.verify.child import Opaque, decode_value, encode_value
 
 BACKENDS = available_backends()
 TIMEOUT_S = 2.0
@@ -240,7 +240,7 @@ def run_backend(backend: str) -> dict:
     return {"results": dict(zip(names + ["bystander"], results)), "decoy": decoy, "batch_s": batch_s,
             "leftover": _sandbox_processes(),
             "children": [c.pid for c in psutil.Process().children(recursive=True) if c.pid != decoy.pid
-                         and c.status() != psutil.STATUS_ZOMBIE and "engines.mathcheck" not in " ".join(c.cmdline())]}
+                         and c.status() != psutil.STATUS_ZOMBIE and "sage.engines.verify.mathcheck" not in " ".join(c.cmdline())]}
 
 
 def _cases():

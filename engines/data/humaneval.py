@@ -16,7 +16,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from engines.sandbox import ExecResult, Job, Sandbox
+from sage.engines.verify.sandbox import ExecResult, Job, Sandbox
 
 
 def humaneval_path() -> Path:

@@ -6,8 +6,8 @@ import importlib.util
 
 import pytest
 
-from engines.llm import models
-from engines.llm.models import ModelNotFoundError, resolve_model
+from sage.engines.llm import models
+from sage.engines.llm.models import ModelNotFoundError, resolve_model
 
 
 def test_local_directory_and_hf_id_pass_through(tiny_model, tmp_path):
@@ -42,8 +42,8 @@ def test_converted_model_is_reused_without_touching_the_gguf(monkeypatch, tmp_pa
 def test_smollm2_converts_from_the_wheel_and_answers(tmp_path):
     from transformers import AutoTokenizer
 
-    from configs.schema import ModelConfig
-    from engines.llm import GenRequest, load_llm
+    from sage.configs.schema import ModelConfig
+    from sage.engines.llm import GenRequest, load_llm
 
     gguf = models.bundled_gguf("smollm2-135m-instruct")
     assert gguf.name.endswith(".gguf") and gguf.stat().st_size > 50e6

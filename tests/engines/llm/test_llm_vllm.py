@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from configs.schema import ModelConfig
-from engines.llm import GenRequest, load_llm, sample_seed
+from sage.configs.schema import ModelConfig
+from sage.engines.llm import GenRequest, load_llm, sample_seed
 
 
 class FakeVLLMRequestOutputKind(enum.Enum):

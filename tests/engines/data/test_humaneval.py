@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from configs.schema import SandboxConfig
-from engines.humaneval import expected_outputs, literal_inputs, load_humaneval, record_missing_inputs, task_job
-from engines.outputs import score_outputs
-from engines.sandbox import Sandbox
+from sage.configs.schema import SandboxConfig
+from sage.engines.data.humaneval import expected_outputs, literal_inputs, load_humaneval, record_missing_inputs, task_job
+from sage.engines.verify.outputs import score_outputs
+from sage.engines.verify.sandbox import Sandbox
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import re
 import pytest
 import torch
 
-from configs.schema import ModelConfig
-from engines.llm import GenRequest, load_llm
-from engines.llm.hf import HFLLM, pick_dtype
+from sage.configs.schema import ModelConfig
+from sage.engines.llm import GenRequest, load_llm
+from sage.engines.llm.hf import HFLLM, pick_dtype
 
 SCORE_RX = r"<score>(10|[1-9])</score>"
 
@@ -263,7 +263,7 @@ def test_adapter_peft_cannot_fuse_runs_through_the_modules(llm, sharp_model, tmp
 
 @pytest.mark.parametrize("vocab", [4096, 1031])  # blocks of 1024; a prime: one block
 def test_sampling_helpers_match_their_plain_torch_definitions(vocab):
-    from engines.llm.sampling import argmax, inverse_cdf, log_normalizer
+    from sage.engines.llm.sampling import argmax, inverse_cdf, log_normalizer
 
     gen = torch.Generator().manual_seed(vocab)
     x = torch.randn(6, vocab, generator=gen)

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from engines.humaneval import literal_inputs, load_humaneval, record_missing_inputs
-from engines.outputs import reference_outputs
-from engines.sandbox import Job, Sandbox
+from sage.engines.data.humaneval import literal_inputs, load_humaneval, record_missing_inputs
+from sage.engines.verify.outputs import reference_outputs
+from sage.engines.verify.sandbox import Job, Sandbox
 
 
 class BenchmarkUnavailable(RuntimeError):

@@ -11,12 +11,12 @@ import zlib
 import pandas as pd
 import pytest
 
-from configs.schema import SandboxConfig
-from engines import benchmarks
-from engines.benchmarks import (BenchmarkUnavailable, code_job, complete_code_verifiers, decode_lcb_tests,
+from sage.configs.schema import SandboxConfig
+from sage.engines import benchmarks
+from sage.engines.data.benchmarks import (BenchmarkUnavailable, code_job, complete_code_verifiers, decode_lcb_tests,
                                 expected_of, load_benchmark, pass_at_k)
-from engines.outputs import score_outputs
-from engines.sandbox import Sandbox
+from sage.engines.verify.outputs import score_outputs
+from sage.engines.verify.sandbox import Sandbox
 
 
 def write_jsonl(path, rows):

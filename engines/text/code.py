@@ -1,6 +1,6 @@
 """Python code and test inputs read out of model text: fenced blocks, the entry point's name, syntax errors,
 and Challenger test inputs (one JSON array of arguments per line, leniently). Used by the role parsers in
-`engines.tags`; nothing here raises on model output.
+`sage.engines.text.tags`; nothing here raises on model output.
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from configs import ConfigError
-from configs.schema import SageConfig, TrainConfig
-from engines.trainer import METRICS_FILE, load_policy, rows_per_update, train_step
-from stages.train import ACCELERATE_DIR, _train_isolated, accelerate_config_path, trainer_command
-from tests.engines.test_trainer import _rows
+from sage.configs import ConfigError
+from sage.configs.schema import SageConfig, TrainConfig
+from sage.engines.train.step import METRICS_FILE, load_policy, rows_per_update, train_step
+from sage.stages.train import ACCELERATE_DIR, _train_isolated, accelerate_config_path, trainer_command
+from tests.engines.train.test_trainer import _rows
 
 TRAIN = dict(lora_rank=4, lora_alpha=8, lr=1e-3)
 SEED = 0  # run.seed; the stage trains iteration 1 with seed run.seed + 1
@@ -119,10 +119,10 @@ def test_accelerate_configs_by_short_name_and_path(tmp_path):
     assert accelerate_config_path(str(own)) == own.resolve()
     cmd = trainer_command(["--in", "x"], str(own))
     assert cmd[1:5] == ["-m", "accelerate.commands.launch", "--config_file", str(own.resolve())]
-    assert cmd[5:] == ["-m", "engines.trainer", "--in", "x"]
+    assert cmd[5:] == ["-m", "sage.engines.train.step", "--in", "x"]
     # use_cpu reaches the trainer, which the multi-process CPU launcher would not tell
     assert trainer_command(["--in", "x"], "cpu-2proc")[-2:] == ["--device", "cpu"]
-    assert trainer_command(["--in", "x"])[1:] == ["-m", "engines.trainer", "--in", "x"]
+    assert trainer_command(["--in", "x"])[1:] == ["-m", "sage.engines.train.step", "--in", "x"]
 
 
 def test_unknown_accelerate_config_names_the_choices():
