@@ -55,8 +55,8 @@ def main() -> None:
     from sage.engines.llm import load_llm
     from sage.engines.verify.mathcheck import MathChecker
     from sage.engines.verify.sandbox import Sandbox
-    from sage.flows import session
     from sage.flows.evolve import evolve_flow
+    from sage.flows.session import Session
     from sage.flows.record import run_recorded
     from sage.stages import seed as seed_stage
     from tests.tiny import build_tiny_model
@@ -69,25 +69,23 @@ def main() -> None:
         if args.model == "tiny":
             overrides.append(f"model.name={build_tiny_model(tmp / 'tiny')}")
         cfg = load_config("cpu", overrides + args.overrides)
-        run_id = session.create_run(cfg, "bench")
         totals: dict[str, float] = {}
         start = time.perf_counter()
-        engines = session._ENGINES.setdefault(run_id, {})
-        engines["llm"] = Timed(load_llm(cfg.model), "generation", ("generate",), totals)
+        engines = {"llm": Timed(load_llm(cfg.model), "generation", ("generate",), totals)}
         load_s = time.perf_counter() - start
         engines["sandbox"] = Timed(Sandbox(cfg.sandbox), "sandbox", ("execute",), totals)
         engines["mathcheck"] = Timed(MathChecker(cfg.mathcheck), "math checks", ("check_many",), totals)
-        wh = session.warehouse(cfg.run.dir)
-        ctx = session.context(cfg.run.dir, run_id, 0)
-        run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)  # not timed
-        _warm_up_prefect()  # the ephemeral API server starts once per process, not per iteration
-        totals.clear()
-        start = time.perf_counter()
-        evolve_flow(str(cfg.run.dir), run_id, 1)
-        wall = time.perf_counter() - start
-        stages = {r["stage"]: r["seconds"] for r in stage_states(wh, run_id)}
+        with Session(cfg.run.dir, engines=engines) as s:
+            run_id = s.create_run(cfg, "bench")
+            ctx = s.context(run_id, 0)
+            run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)  # not timed
+            _warm_up_prefect()  # the ephemeral API server starts once per process, not per iteration
+            totals.clear()
+            start = time.perf_counter()
+            evolve_flow(str(cfg.run.dir), run_id, 1)
+            wall = time.perf_counter() - start
+            stages = {r["stage"]: r["seconds"] for r in stage_states(s.warehouse, run_id)}
         totals["training (train stage)"] = stages.get("train", 0.0)
-        session.close_all()
 
     print(f"\none iteration, model {args.model} (load {load_s:.1f} s, not counted)")
     print(f"{'part':<28}{'seconds':>10}{'share':>9}")

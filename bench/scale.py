@@ -18,6 +18,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # as flows/ does: an offline tool
@@ -28,6 +29,7 @@ from sage.configs import load_config  # noqa: E402
 from sage.configs.schema import SandboxConfig  # noqa: E402
 from sage.engines.data.humaneval import expected_outputs, load_humaneval, record_missing_inputs  # noqa: E402
 from sage.engines.verify.sandbox import Sandbox  # noqa: E402
+from sage.flows.session import Session  # noqa: E402
 from sage.stages.context import StageContext  # noqa: E402
 from sage.stages.verify import verdicts  # noqa: E402
 
@@ -83,11 +85,11 @@ def same(a: list[dict], b: list[dict]) -> bool:
 @flow(name="bench-scale")
 def measure(n_math: int, chunk_size: int, ray_cpus: int, n_tasks: int) -> list[tuple[str, str, str, str, str]]:
     ray_set = ["orchestration.runner=ray", f"orchestration.ray_num_cpus={ray_cpus}"]
-    local = StageContext(cfg=load_config("cpu"), wh=None)
-    ray = StageContext(cfg=load_config("cpu", [*ray_set, f"orchestration.chunk_size={chunk_size}"]), wh=None)
+    session = Session(tempfile.mkdtemp(prefix="bench-scale-"))
+    local = session.context_for(load_config("cpu"), "local")
+    ray = session.context_for(load_config("cpu", [*ray_set, f"orchestration.chunk_size={chunk_size}"]), "ray")
     # one row per task, on the same Ray instance
-    single = StageContext(cfg=load_config("cpu", [*ray_set, "orchestration.chunk_size=1"]), wh=None,
-                          _engines=ray._engines)
+    single = session.context_for(load_config("cpu", [*ray_set, "orchestration.chunk_size=1"]), "single")
     try:
         code, maths = code_rows(), math_rows(n_math)
         start = time.perf_counter()
@@ -109,8 +111,7 @@ def measure(n_math: int, chunk_size: int, ray_cpus: int, n_tasks: int) -> list[t
         rows.append(("Ray start + warm-up (s)", "", f"{warm:.1f}", "", "first use: ray.init, worker imports"))
         return rows
     finally:
-        local.close()
-        ray.close()
+        session.close()
 
 
 def main() -> None:

@@ -3,27 +3,19 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
+
+from sage.flows.session import Session, warehouse_path
+from sage.flows.terminal import BUSY, console, err, fail, print_rows
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="SAGE: four roles (Challenger, Planner, Critic, Solver) evolve one LLM from seed problems.")
-console = Console()
-err = Console(stderr=True)
-
 ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="Profile name in configs/ (cpu, paper-7b) or a YAML path.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override one field: section.field=value (repeatable).")]
 DirOpt = Annotated[Path, typer.Option("--dir", help="Project directory holding warehouse.duckdb.")]
-
-
-def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code)
 
 
 def _config(config: str, overrides: list[str] | None):
@@ -32,13 +24,7 @@ def _config(config: str, overrides: list[str] | None):
     try:
         return load_config(config, overrides or [])
     except ConfigError as e:
-        _fail(str(e))
-
-
-def warehouse_path(directory: str | Path) -> Path:
-    from sage.flows.session import warehouse_path as path
-
-    return path(directory)
+        fail(str(e))
 
 
 def _open(path: Path, read_only: bool = False):
@@ -47,27 +33,7 @@ def _open(path: Path, read_only: bool = False):
     try:
         return Warehouse.open(path, read_only=read_only)
     except (WarehouseBusy, FileNotFoundError) as e:
-        _fail(str(e), code=3)
-
-
-def print_rows(rows: list[dict], fmt: str = "table", title: str | None = None) -> None:
-    if fmt == "json":
-        console.print_json(json.dumps(rows, default=str)) if sys.stdout.isatty() else print(json.dumps(rows, default=str))
-        return
-    if fmt == "csv":
-        import csv
-
-        if rows:
-            w = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        return
-    table = Table(title=title, show_lines=False)
-    for name in (rows[0] if rows else []):
-        table.add_column(str(name), overflow="fold")
-    for r in rows:
-        table.add_row(*["" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v)) for v in r.values()])
-    console.print(table)
+        fail(str(e), code=BUSY)
 
 
 @app.command()
@@ -76,25 +42,24 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None) -> None:
     from sage.engines.data.seeds import SeedFileError
     from sage.flows.record import run_recorded
     from sage.stages import seed as seed_stage
-    from sage.stages.context import StageContext
+    from sage.warehouse import WarehouseBusy
     from sage.warehouse.queries import question_counts
 
     cfg = _config(config, set_)
-    wh = _open(warehouse_path(cfg.run.dir))
-    ctx = StageContext(cfg=cfg, wh=wh)
     try:
-        with console.status("loading seeds (code tasks run in the sandbox)..."):
+        with Session(cfg.run.dir) as s, console.status("loading seeds (code tasks run in the sandbox)..."):
+            ctx = s.context_for(cfg, None)
             report = run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
+            counts = question_counts(s.warehouse)
+    except WarehouseBusy as e:
+        fail(str(e), code=BUSY)
     except SeedFileError as e:
-        _fail(f"{e}\nnothing was written")
-    finally:
-        ctx.close()
+        fail(f"{e}\nnothing was written")
     if report is None:
         console.print("seeds already loaded (nothing to do)")
     else:
         console.print(f"seed: {report.rows_out} new question(s) of {report.rows_in} loaded")
-    print_rows(question_counts(wh), title=f"questions in {wh.path}")
-    wh.close()
+    print_rows(counts, title=f"questions in {warehouse_path(cfg.run.dir)}")
 
 
 @app.command()
@@ -106,13 +71,13 @@ def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"select * f
     import duckdb
 
     if fmt not in ("table", "csv", "json"):
-        _fail(f"--format {fmt!r}: use table, csv or json")
+        fail(f"--format {fmt!r}: use table, csv or json")
     wh = _open(warehouse_path(directory), read_only=not write)
     try:
         cur = wh.con.execute(query)
         rows = [] if cur.description is None else [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
     except duckdb.Error as e:
-        _fail(f"{type(e).__name__}: {e}")
+        fail(f"{type(e).__name__}: {e}")
     finally:
         wh.close()
     print_rows(rows, fmt)
@@ -151,18 +116,12 @@ def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
                   f"try: sage sql \"select * from curriculum_drift where run_id = '{run_id}'\" --dir {directory}")
 
 
-def _run_flow(fn, *args, **kwargs):
-    from sage.flows import iteration as iteration_mod
-    from sage.flows import session
+def _run_flow(directory: str, fn, *args, engines: dict | None = None):
+    """Run flow `fn` in a session for `directory` that shows progress on the terminal."""
     from sage.flows.progress import StageProgress
 
-    with StageProgress(err) as progress:
-        iteration_mod._PROGRESS["fn"] = progress
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            iteration_mod._PROGRESS.clear()
-            session.close_all()
+    with StageProgress(err) as progress, Session(directory, progress=progress, engines=engines):
+        return fn(*args)
 
 
 @app.command()
@@ -170,19 +129,22 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None,
         iterations: Annotated[Optional[int], typer.Option("--iterations", "-n", help="Iterations to run (default: run.iterations).")] = None,
         run_id: Annotated[Optional[str], typer.Option("--run", help="Run name (default: run-<config hash>, so the same config resumes).")] = None) -> None:
     """Seed if needed, then run SAGE iterations as Prefect flows; resumes a run where it stopped."""
-    from sage.flows import session
     from sage.flows.evolve import evolve_flow
     from sage.warehouse import WarehouseBusy
+    from sage.warehouse.runs import RunConfigMismatch
 
     cfg = _config(config, set_)
     n = iterations or cfg.run.iterations
     directory = str(Path(cfg.run.dir).expanduser())
     try:
-        rid = session.create_run(cfg, run_id)
-    except (session.RunConfigMismatch, WarehouseBusy) as e:
-        _fail(str(e), code=3 if isinstance(e, WarehouseBusy) else 2)
+        with Session(directory) as s:
+            rid = s.create_run(cfg, run_id)
+    except WarehouseBusy as e:
+        fail(str(e), code=BUSY)
+    except RunConfigMismatch as e:
+        fail(str(e))
     console.print(f"run {rid}: {n} iteration(s) of {cfg.model.name} ({cfg.model.backend}); warehouse {warehouse_path(directory)}")
-    summaries = _run_flow(evolve_flow, directory, rid, n)
+    summaries = _run_flow(directory, evolve_flow, directory, rid, n)
     wh = _open(warehouse_path(directory), read_only=True)
     for k in range(1, len(summaries) + 1):  # early stopping may end the run before n
         _summary(wh, rid, k, directory)
@@ -198,14 +160,16 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
     """Re-run exactly one stage of one iteration (skipped if done, unless --force)."""
     from sage.flows.iteration import RUNNABLE, stage_flow
 
+    from sage.warehouse.runs import RunNotFound
+
     if name not in RUNNABLE:
-        _fail(f"unknown stage {name!r}; one of: {', '.join(RUNNABLE)}")
+        fail(f"unknown stage {name!r}; one of: {', '.join(RUNNABLE)}")
     if not warehouse_path(directory).exists():
-        _fail(f"no warehouse at {warehouse_path(directory)}")
+        fail(f"no warehouse at {warehouse_path(directory)}")
     try:
-        result = _run_flow(stage_flow, str(directory), run_id, iteration, name, force)
-    except KeyError as e:
-        _fail(str(e.args[0]))
+        result = _run_flow(str(directory), stage_flow, str(directory), run_id, iteration, name, force)
+    except RunNotFound as e:
+        fail(str(e))
     console.print(f"{name}: already done (use --force to redo)" if result is None else f"{name}: {result}")
 
 
@@ -220,7 +184,7 @@ def report(run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage 
     try:
         html = write_report(wh, run_id, out or Path(directory) / "reports" / run_id)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     finally:
         wh.close()
     console.print(f"report: {html}")
@@ -237,7 +201,7 @@ def export_parquet(run_id: Annotated[str, typer.Option("--run", help="Run id (se
     try:
         counts = export_run(wh, run_id, dest)
     except (ExportError, ImportError, ValueError) as e:
-        _fail(str(e))
+        fail(str(e))
     finally:
         wh.close()
     print_rows([{"table": t, "rows": n} for t, n in counts.items()], title=f"exported run {run_id} to {dest}")

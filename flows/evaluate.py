@@ -1,7 +1,7 @@
 """`sage eval`: the base model and checkpoints of a run on benchmarks, as a Prefect flow, side by side.
 
-One task per (checkpoint, benchmark). Checkpoints are the outer loop so the model switches adapter once
-per checkpoint; each benchmark's problems load once. Rows land in `evaluations` (see stages/evaluate.py for
+One task per benchmark: its problems load once (code references run in the sandbox), then each checkpoint
+is evaluated on them. Every checkpoint name resolves before anything generates. Rows land in `evaluations` (see stages/evaluate.py for
 the id and what is stored); asking again for a stored evaluation generates nothing and shows the stored
 numbers. Without a run, the base model of `--config/--set` is evaluated (rows with run_id NULL).
 """
@@ -10,36 +10,29 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
-from sage.configs import ConfigError, apply_override, config_from_dict, load_config
+from sage.configs import ConfigError, load_config
 from sage.configs.schema import SageConfig
 from sage.flows import session
 from sage.stages import evaluate as evaluate_stage
-from sage.stages.context import StageContext
+from sage.warehouse.checkpoints import resolve_checkpoint
 from sage.warehouse.eval_queries import evaluations_by_id
-from sage.warehouse.queries import run_config
 
 DEFAULT_CHECKPOINTS = ("base", "best")
 DEFAULT_BENCHMARKS = ("humaneval", "math500")
 
 
-def eval_config(directory: str, run_id: str | None, config: str = "cpu",
+def eval_config(s: session.Session, run_id: str | None, config: str = "cpu",
                 overrides: list[str] | None = None) -> SageConfig:
     """A run's stored config (plus `overrides`, e.g. model.backend=vllm), or the profile `config` without a run."""
     if run_id is None:
         return load_config(config, overrides or [])
-    stored = run_config(session.warehouse(directory), run_id)
-    if stored is None:
-        raise KeyError(f"no run {run_id!r} in {session.warehouse_path(directory)}; `sage status` lists the runs")
-    data = json.loads(stored[0])
-    for assignment in overrides or []:
-        apply_override(data, assignment)
-    return config_from_dict(data, source=f"run {run_id}")
+    return s.run_config(run_id, overrides or [])
 
 
 def default_ks(n: int) -> list[int]:
@@ -47,11 +40,21 @@ def default_ks(n: int) -> list[int]:
     return sorted({k for k in (1, 5, 10) if k <= n} | {n}) if n > 1 else []
 
 
-@task(task_run_name="evaluate-{spec}-{label}", cache_policy=NONE)
-def evaluate_task(ctx: StageContext, target: evaluate_stage.Target, spec: str, problems: list, n: int,
-                  ks: list[int], label: str) -> list[str]:
-    ctx.adapter = target.adapter
-    return evaluate_stage.run(ctx, target, spec, problems, n=n, ks=ks).info["eval_ids"]
+@task(task_run_name="evaluate-{benchmark}", cache_policy=NONE)
+def evaluate_task(directory: str, run_id: Optional[str], benchmark: str, checkpoints: list[str], limit: Optional[int],
+                  n: int, ks: list[int], config: str, overrides: Optional[list[str]]) -> list[tuple[str, str]]:
+    """One benchmark for each checkpoint (its problems load once): (eval_id, checkpoint label) of every row."""
+    with session.opened(directory) as s:
+        cfg = eval_config(s, run_id, config, overrides)
+        ctx = s.context_for(cfg, run_id)
+        problems = evaluate_stage.load_problems(ctx, benchmark, limit)
+        out = []
+        for name in checkpoints:
+            target = resolve_checkpoint(s.warehouse, run_id, name)
+            ctx.adapter = target.adapter
+            out += [(row_id, target.label)
+                    for row_id in evaluate_stage.run(ctx, target, benchmark, problems, n=n, ks=ks).info["eval_ids"]]
+        return out
 
 
 @flow(name="sage-eval", flow_run_name="eval-{run_id}")
@@ -61,22 +64,17 @@ def eval_flow(directory: str, run_id: Optional[str] = None, checkpoints: list[st
     """Evaluate each checkpoint ('base', 'best', 'latest', an iteration) on each benchmark (`name` or
     `name=local-file`): greedy pass@1, plus pass@k over n samples when n > 1. Returns the `evaluations`
     rows it stands for, each with a `label` (checkpoint as asked) and `setting` (greedy or sampled)."""
-    cfg = eval_config(directory, run_id, config, overrides)
-    wh = session.warehouse(directory)
-    targets = [evaluate_stage.resolve_checkpoint(wh, run_id, c) for c in checkpoints]
     ks = sorted(set(k)) if k else default_ks(n)
-    engines = session._ENGINES.setdefault(run_id or f"eval:{cfg.model.name}", {})
-    ctx = StageContext(cfg=cfg, wh=wh, run_id=run_id, iteration=0, progress=_PROGRESS.get("fn"), _engines=engines)
-    problems: dict[str, list] = {}
-    labels: dict[str, list[str]] = {}  # 'best' and 'latest' may name the same adapter: one row, two columns
-    for target in targets:
+    with session.opened(directory) as s:
+        for name in checkpoints:  # every name resolves before anything is generated
+            resolve_checkpoint(s.warehouse, run_id, name)
+        labels: dict[str, list[str]] = {}  # 'best' and 'latest' may name the same adapter: one row, two columns
         for spec in benchmarks:
-            if spec not in problems:
-                problems[spec] = evaluate_stage.load_problems(ctx, spec, limit)
-            for row_id in evaluate_task(ctx, target, spec, problems[spec], n, ks, target.label):
-                labels.setdefault(row_id, []).append(target.label)
+            for row_id, label in evaluate_task(directory, run_id, spec, checkpoints, limit, n, ks, config, overrides):
+                labels.setdefault(row_id, []).append(label)
+        stored = evaluations_by_id(s.warehouse, list(labels))
     rows = []
-    for r in evaluations_by_id(wh, list(labels)):
+    for r in stored:
         decoding = json.loads(r["decoding"]) if isinstance(r["decoding"], str) else r["decoding"]
         setting = "greedy" if decoding["samples"] == 1 else f"n={decoding['samples']} T={decoding['temperature']:g}"
         rows += [{**r, "label": label, "setting": setting, "decoding": decoding} for label in labels[r["eval_id"]]]
@@ -97,9 +95,6 @@ def side_by_side(rows: list[dict]) -> list[dict]:
                                                  int(x["metric"].split("@")[1].split()[0])))
 
 
-# The CLI installs a progress callback here (flow parameters must stay JSON-serialisable).
-_PROGRESS: dict[str, Callable] = {}
-
 
 def eval_command(
         run_id: Annotated[Optional[str], typer.Option("--run", help="Run whose checkpoints to evaluate (see `sage status`); without it only the base model of --config.")] = None,
@@ -113,18 +108,12 @@ def eval_command(
         set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one field: section.field=value (repeatable; with --run, applied to the run's config).")] = None,
 ) -> None:
     """Evaluate the base model and checkpoints on benchmarks (greedy pass@1, pass@k with --n); print them side by side."""
-    from rich.console import Console
     from rich.table import Table
 
     from sage.engines.data.benchmarks import BenchmarkUnavailable
     from sage.flows.progress import StageProgress
+    from sage.flows.terminal import BUSY, console, err, fail
     from sage.warehouse import WarehouseBusy
-
-    console, err = Console(), Console(stderr=True)
-
-    def fail(message: str, code: int = 2):
-        err.print(f"[bold red]error:[/] {message}", highlight=False)
-        raise typer.Exit(code)
 
     checkpoints = list(checkpoint or (DEFAULT_CHECKPOINTS if run_id else ("base",)))
     benchmarks = list(benchmark or DEFAULT_BENCHMARKS)
@@ -137,24 +126,12 @@ def eval_command(
         for spec in benchmarks:
             evaluate_stage.parse_benchmark(spec)
         directory = str(Path(directory or cfg.run.dir).expanduser())
-        if run_id is not None:
-            eval_config(directory, run_id, config, set_)
-        wh = session.warehouse(directory)
-        for c in checkpoints:
-            evaluate_stage.resolve_checkpoint(wh, run_id, c)
-    except (ConfigError, ValueError, KeyError, WarehouseBusy) as e:
-        session.close_all()
-        fail(str(e.args[0] if isinstance(e, KeyError) else e), code=3 if isinstance(e, WarehouseBusy) else 2)
-
-    try:
-        with StageProgress(err) as progress:
-            _PROGRESS["fn"] = progress
+        with StageProgress(err) as progress, session.Session(directory, progress=progress):
             rows = eval_flow(directory, run_id, checkpoints, benchmarks, limit, n, k, config, set_)
-    except BenchmarkUnavailable as e:
+    except WarehouseBusy as e:
+        fail(str(e), code=BUSY)
+    except (ConfigError, ValueError, BenchmarkUnavailable) as e:
         fail(str(e))
-    finally:
-        _PROGRESS.clear()
-        session.close_all()
     table = Table(title=f"evaluations{f' of run {run_id}' if run_id else ''} (pass rates, 0-1)")
     lines = side_by_side(rows)
     for name in (lines[0] if lines else ["benchmark"]):

@@ -20,7 +20,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from sage.flows import session
-from sage.flows.iteration import _PROGRESS, iteration_flow, stage_task
+from sage.flows.iteration import iteration_flow, stage_task
 from sage.flows.record import run_recorded
 from sage.stages import seed as seed_stage
 from sage.warehouse.queries import set_run_status
@@ -54,10 +54,9 @@ def validates_after(k: int, every: int, last: int) -> bool:
     return k % every == 0 or k == last
 
 
-def _validate(directory: str, run_id: str, iteration: int, patience: int) -> StopDecision:
+def _validate(directory: str, wh, run_id: str, iteration: int, patience: int) -> StopDecision:
     """Validate iteration `iteration` (skipped when done), re-mark the best and decide from the warehouse."""
-    stage_task(session.context(directory, run_id, iteration, progress=_PROGRESS.get("fn")), "validate")
-    wh = session.warehouse(directory)
+    stage_task(directory, run_id, iteration, "validate")
     mark_best(wh, run_id)
     history = validation_history(wh, run_id, upto_iteration=iteration)
     _publish(run_id, history)
@@ -66,17 +65,22 @@ def _validate(directory: str, run_id: str, iteration: int, patience: int) -> Sto
 
 @flow(name="sage-run", flow_run_name="{run_id}")
 def evolve_flow(directory: str, run_id: str, iterations: int) -> list[dict]:
+    with session.opened(directory) as s:
+        return _evolve(s, directory, run_id, iterations)
+
+
+def _evolve(s: session.Session, directory: str, run_id: str, iterations: int) -> list[dict]:
     log = get_run_logger()
-    ctx = session.context(directory, run_id, 0)
-    v = ctx.cfg.validate
-    set_run_status(ctx.wh, run_id, "running")
+    ctx = s.context(run_id, 0)
+    wh, v = s.warehouse, ctx.cfg.validate
+    set_run_status(wh, run_id, "running")
     summaries = []
     try:
         run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
-        validating = count_validation_questions(ctx.wh) > 0
+        validating = count_validation_questions(wh) > 0
         if not validating:
             log.warning("no validation questions in the warehouse: no validation, best checkpoint or early stopping")
-        decision = _validate(directory, run_id, 0, v.patience) if validating else None
+        decision = _validate(directory, wh, run_id, 0, v.patience) if validating else None
         for k in range(1, iterations + 1):
             if decision is not None and decision.stop and ctx.cfg.train.enabled:
                 log.info(f"early stop before iteration {k}: {decision.reason}; best checkpoint is iteration "
@@ -84,14 +88,14 @@ def evolve_flow(directory: str, run_id: str, iterations: int) -> list[dict]:
                 break
             summaries.append(iteration_flow(directory, run_id, k))
             if validating and validates_after(k, v.every, iterations):
-                decision = _validate(directory, run_id, k, v.patience)
+                decision = _validate(directory, wh, run_id, k, v.patience)
                 log.info(f"validated iteration {k}: best val_accuracy {decision.best_accuracy} at iteration "
                          f"{decision.best_iteration}, {decision.since_best} validation(s) since")
     except BaseException:
-        set_run_status(ctx.wh, run_id, "failed")
+        set_run_status(wh, run_id, "failed")
         raise
-    set_run_status(ctx.wh, run_id, "done")
-    _publish_report(ctx.wh, run_id)
+    set_run_status(wh, run_id, "done")
+    _publish_report(wh, run_id)
     return summaries
 
 

@@ -10,7 +10,6 @@ temporary sibling directory and a rename, so a failed export leaves nothing half
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -19,43 +18,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from sage.configs import config_from_dict
 from sage.warehouse import Warehouse
-from sage.warehouse.queries import run_config
-from sage.warehouse.validate_queries import BASE, checkpoints_of
+from sage.warehouse.checkpoints import CheckpointNotFound, resolve_checkpoint
+from sage.warehouse.runs import RunNotFound, load_run_config
 
 
 class ExportError(ValueError):
     """The run or checkpoint asked for does not exist, or cannot be exported as asked."""
-
-
-def resolve_checkpoint(wh: Warehouse, run_id: str, checkpoint: str) -> dict:
-    """The checkpoints row named by `checkpoint`: 'best', 'latest' (the last trained adapter) or an iteration."""
-    if run_config(wh, run_id) is None:
-        raise ExportError(f"no run {run_id!r} in {wh.path}; `sage status` lists the runs")
-    rows = checkpoints_of(wh, run_id)
-    have = ", ".join(str(r["iteration"]) for r in rows) or "none"
-    key = str(checkpoint).strip().lower()
-    if key == "best":
-        best = [r for r in rows if r["is_best"]]
-        if not best:
-            raise ExportError(f"run {run_id!r} has no best checkpoint yet: no validation has scored it (the best is "
-                              f"marked after each `validate`); pass --checkpoint latest or an iteration "
-                              f"(checkpoints: {have})")
-        return best[0]
-    if key == "latest":
-        trained = [r for r in rows if r["adapter_path"] != BASE]
-        if not trained:
-            raise ExportError(f"run {run_id!r} has no trained adapter yet (checkpoints: {have})")
-        return trained[-1]
-    try:
-        iteration = int(key)
-    except ValueError:
-        raise ExportError(f"checkpoint {checkpoint!r}: use 'best', 'latest' or an iteration number") from None
-    found = [r for r in rows if r["iteration"] == iteration]
-    if not found:
-        raise ExportError(f"run {run_id!r} has no checkpoint for iteration {iteration} (checkpoints: {have})")
-    return found[0]
 
 
 def _fresh_dest(dest: Path) -> Path:
@@ -97,14 +66,18 @@ def _merge(base_path: str, adapter: str | None, out: Path) -> None:
 def export_adapter(wh: Warehouse, run_id: str, checkpoint: str, dest: Path, merge: bool) -> Path:
     """Write checkpoint `checkpoint` of `run_id` to `dest` (a new or empty directory) and return `dest`:
     the peft adapter directory, or with `merge` a merged model directory with its tokenizer."""
-    row = resolve_checkpoint(wh, run_id, checkpoint)
-    adapter = None if row["adapter_path"] == BASE else Path(row["adapter_path"])
+    try:
+        cfg = load_run_config(wh, run_id)
+        target = resolve_checkpoint(wh, run_id, checkpoint)
+    except (RunNotFound, CheckpointNotFound) as e:
+        raise ExportError(str(e)) from None
+    adapter = None if target.adapter is None else Path(target.adapter)
     if adapter is None and not merge:
-        raise ExportError(f"checkpoint {checkpoint!r} of run {run_id!r} is iteration {row['iteration']}, the base "
+        raise ExportError(f"checkpoint {checkpoint!r} of run {run_id!r} is iteration {target.iteration}, the base "
                           f"model itself: there is no adapter to copy; pass --merge to write the base model "
                           f"directory, or serve the base model directly")
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
-        raise ExportError(f"adapter directory {adapter} of iteration {row['iteration']} is missing or incomplete "
+        raise ExportError(f"adapter directory {adapter} of iteration {target.iteration} is missing or incomplete "
                           f"(no adapter_config.json)")
     dest = _fresh_dest(dest)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
@@ -112,7 +85,6 @@ def export_adapter(wh: Warehouse, run_id: str, checkpoint: str, dest: Path, merg
         if merge:
             from sage.engines.llm.models import resolve_model
 
-            cfg = config_from_dict(json.loads(run_config(wh, run_id)[0]), source=f"run {run_id}")
             _merge(resolve_model(cfg.model.name, cfg.model.cache_dir), None if adapter is None else str(adapter), tmp)
         else:
             shutil.rmtree(tmp)
@@ -135,27 +107,27 @@ def export_command(
                                             "model directory (with tokenizer) that transformers and vLLM load.")]
         = False) -> None:
     """Export a checkpoint's LoRA adapter as peft saved it, or with --merge a merged model directory."""
+    from sage.flows.session import warehouse_path
+    from sage.flows.terminal import BUSY, console, fail
     from sage.warehouse import WarehouseBusy
 
-    path = Path(directory).expanduser() / "warehouse.duckdb"
     try:
-        wh = Warehouse.open(path, read_only=True)
+        wh = Warehouse.open(warehouse_path(directory), read_only=True)
     except (WarehouseBusy, FileNotFoundError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(3) from None
+        fail(str(e), code=BUSY)
     try:
         if dest is None:
             dest = Path(directory).expanduser() / "exports" / f"{run_id}-{checkpoint}{'-merged' if merge else ''}"
-        row = resolve_checkpoint(wh, run_id, checkpoint)
+        target = resolve_checkpoint(wh, run_id, checkpoint)
         out = export_adapter(wh, run_id, checkpoint, dest, merge)
-    except ExportError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    except ValueError as e:  # ExportError, an unknown run or checkpoint
+        fail(str(e))
     finally:
         wh.close()
-    acc = "" if row["val_accuracy"] is None else f", val_accuracy {row['val_accuracy']:.4f}"
+    acc = "" if target.val_accuracy is None else f", val_accuracy {target.val_accuracy:.4f}"
     what = "merged model (with tokenizer)" if merge else "adapter"
-    typer.echo(f"run {run_id}, checkpoint {checkpoint} = iteration {row['iteration']} ({row['adapter_path']}{acc})")
-    typer.echo(f"wrote {what} to {out}")
+    console.print(f"run {run_id}, checkpoint {checkpoint} = iteration {target.iteration} ({target.stored}{acc})",
+                  highlight=False, soft_wrap=True)
+    console.print(f"wrote {what} to {out}", highlight=False, soft_wrap=True)
     for f in sorted(p for p in out.rglob("*") if p.is_file()):
-        typer.echo(f"  {f.relative_to(out)}  {f.stat().st_size:,} bytes")
+        console.print(f"  {f.relative_to(out)}  {f.stat().st_size:,} bytes", highlight=False, soft_wrap=True)

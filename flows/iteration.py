@@ -57,25 +57,28 @@ def _transient(task, task_run, state) -> bool:
 
 
 @task(task_run_name="{name}", retries=2, retry_delay_seconds=5, retry_condition_fn=_transient, cache_policy=NONE)
-def stage_task(ctx: StageContext, name: str, force: bool = False) -> dict | None:
-    fn = RUNNABLE[name]
-    report = run_recorded(ctx, name, fn, run_id=ctx.run_id, iteration=ctx.iteration, force=force)
+def stage_task(directory: str, run_id: str, iteration: int, name: str, force: bool = False) -> dict | None:
+    """Run stage `name` of (run, iteration) under the `stage_runs` contract, in the flow's session."""
+    with session.opened(directory) as s:
+        report = run_recorded(s.context(run_id, iteration), name, RUNNABLE[name], run_id=run_id,
+                              iteration=iteration, force=force)
     return None if report is None else {"rows_in": report.rows_in, "rows_out": report.rows_out, **report.info}
 
 
 @flow(name="sage-iteration", flow_run_name="{run_id}-iteration-{iteration}")
 def iteration_flow(directory: str, run_id: str, iteration: int) -> dict:
     """Run every stage of one iteration that is not done yet; publish its numbers as a table artifact."""
-    ctx = session.context(directory, run_id, iteration, progress=_PROGRESS.get("fn"))
-    start_iteration(ctx.wh, run_id, iteration, ctx.adapter)
-    try:
-        for name in STAGE_NAMES:
-            stage_task(ctx, name)
-    except BaseException:
-        finish_iteration(ctx.wh, run_id, iteration, "failed")
-        raise
-    finish_iteration(ctx.wh, run_id, iteration, "done")
-    summary = iteration_summary(ctx.wh, run_id, iteration)
+    with session.opened(directory) as s:
+        wh = s.warehouse
+        start_iteration(wh, run_id, iteration, s.context(run_id, iteration).adapter)
+        try:
+            for name in STAGE_NAMES:
+                stage_task(directory, run_id, iteration, name)
+        except BaseException:
+            finish_iteration(wh, run_id, iteration, "failed")
+            raise
+        finish_iteration(wh, run_id, iteration, "done")
+        summary = iteration_summary(wh, run_id, iteration)
     _publish(run_id, iteration, summary)
     return summary
 
@@ -85,10 +88,10 @@ def stage_flow(directory: str, run_id: str, iteration: int, stage: str, force: b
     """Re-run exactly one stage of one iteration (`force` redoes a finished one)."""
     if stage not in RUNNABLE:
         raise ValueError(f"unknown stage {stage!r}; one of {', '.join(RUNNABLE)}")
-    ctx = session.context(directory, run_id, iteration, progress=_PROGRESS.get("fn"))
-    if stage in STAGE_NAMES:
-        start_iteration(ctx.wh, run_id, iteration, ctx.adapter)
-    return stage_task(ctx, stage, force=force)
+    with session.opened(directory) as s:
+        if stage in STAGE_NAMES:
+            start_iteration(s.warehouse, run_id, iteration, s.context(run_id, iteration).adapter)
+        return stage_task(directory, run_id, iteration, stage, force=force)
 
 
 def _publish(run_id: str, iteration: int, summary: dict[str, list[dict]]) -> None:
@@ -96,7 +99,3 @@ def _publish(run_id: str, iteration: int, summary: dict[str, list[dict]]) -> Non
             for name, table in summary.items() for r in table]
     key = f"{run_id}-iteration-{iteration}".lower().replace("_", "-")
     create_table_artifact(table=rows, key=key, description=f"SAGE run {run_id}, iteration {iteration}")
-
-
-# The CLI installs a progress callback here (the flow's parameters must stay JSON-serialisable).
-_PROGRESS: dict[str, Callable] = {}

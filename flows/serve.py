@@ -83,17 +83,10 @@ def serve_command(
         register_only: Annotated[bool, typer.Option("--register-only", help="Create or update the deployments and return, without serving them.")] = False,
 ) -> None:
     """Register Prefect deployments (evolve, iteration, stage, eval) on a running server and serve them."""
-    from rich.console import Console
-
     from sage.configs import ConfigError, load_config
-    from sage.flows import session
+    from sage.flows.session import Session
+    from sage.flows.terminal import BUSY, console, fail
     from sage.warehouse import WarehouseBusy
-
-    console, err = Console(), Console(stderr=True)
-
-    def fail(message: str, code: int = 2):
-        err.print(f"[bold red]error:[/] {message}", highlight=False)
-        raise typer.Exit(code)
 
     url = _api_url()
     if not url:
@@ -103,11 +96,12 @@ def serve_command(
         _check_cron(cron)
         cfg = load_config(config, set_ or [])
         directory = str(Path(cfg.run.dir).expanduser().resolve())
-        rid = session.create_run(cfg, run_id)
-    except (ConfigError, ValueError, WarehouseBusy) as e:
-        fail(str(e), code=3 if isinstance(e, WarehouseBusy) else 2)
-    finally:
-        session.close_all()  # served runs open the warehouse in their own processes
+        with Session(directory) as s:  # closed before serving: served runs open the warehouse in their own processes
+            rid = s.create_run(cfg, run_id)
+    except WarehouseBusy as e:
+        fail(str(e), code=BUSY)
+    except (ConfigError, ValueError) as e:
+        fail(str(e))
     deployments = build_deployments(directory, rid, iterations or cfg.run.iterations, cron)
     if register_only:
         for d in deployments:

@@ -1,73 +1,120 @@
-"""One process-wide session per project directory: the warehouse connection (DuckDB allows one writer, the
-flow process) and the engines (a model loads once per process), shared by every flow and stage run here."""
+"""The session a `sage` process works in: one project directory's warehouse (DuckDB allows one writer, the flow
+process), the engines of each run (a model loads once per process), the Ray fan-out when a run asks for it,
+and the progress callback of the live display.
+
+Flows and their tasks take plain parameters (directory, run id, iteration, stage name), as Prefect's own
+examples do, so deployments and the UI can start them and nothing unpicklable travels with a task to Ray.
+Whoever calls a flow may open a session and make it current (`with Session(dir, ...) as s:`): the CLI does,
+to show progress; tests do, to hand in a scripted generator (`engines={"llm": ...}`); a benchmark does, to
+time the engines. A flow started without one (a deployment) opens its own (`opened`) and closes it when it
+ends. The flow's tasks find the session through `opened` too: the current session is a context variable,
+set only inside that `with` block.
+"""
 
 from __future__ import annotations
 
-import json
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
+from typing import Any, Iterator
 
-from sage.configs import config_from_dict, config_hash, config_json
 from sage.configs.schema import SageConfig
-from sage.stages.context import ProgressFn, StageContext
+from sage.stages.context import Engines, ProgressFn, StageContext
 from sage.warehouse import Warehouse
-from sage.warehouse.queries import iteration_adapter, run_config, set_run_config
+from sage.warehouse.queries import iteration_adapter
+from sage.warehouse.runs import create_run, load_run_config
 
-_WAREHOUSES: dict[str, Warehouse] = {}
-_ENGINES: dict[str, dict] = {}
+_CURRENT: ContextVar["Session | None"] = ContextVar("sage_session", default=None)
 
 
 def warehouse_path(directory: str | Path) -> Path:
     return Path(directory).expanduser() / "warehouse.duckdb"
 
 
-def warehouse(directory: str | Path) -> Warehouse:
-    path = str(warehouse_path(directory).resolve())
-    if path not in _WAREHOUSES:
-        _WAREHOUSES[path] = Warehouse.open(path)
-    return _WAREHOUSES[path]
+class Session:
+    """What the flows of one project directory share in this process; `close()` releases all of it."""
+
+    def __init__(self, directory: str | Path, *, progress: ProgressFn | None = None,
+                 engines: dict[str, Any] | None = None, ray: Any = None):
+        self.directory = Path(directory).expanduser().resolve()
+        self.progress = progress
+        self.given = dict(engines or {})      # engines used as they are, for every run (scripted, timed)
+        self._warehouse: Warehouse | None = None
+        self._engines: dict[str, Engines] = {}
+        self.ray, self._own_ray = ray, ray is None  # the Ray fan-out (flows/fanout.py), once a run asks for it
+        self._token = None
+
+    # -- the warehouse and runs
+
+    @property
+    def warehouse(self) -> Warehouse:
+        if self._warehouse is None:
+            self._warehouse = Warehouse.open(warehouse_path(self.directory))
+        return self._warehouse
+
+    def create_run(self, cfg: SageConfig, run_id: str | None = None) -> str:
+        return create_run(self.warehouse, cfg, run_id)
+
+    def run_config(self, run_id: str, overrides: list[str] | tuple[str, ...] = ()) -> SageConfig:
+        return load_run_config(self.warehouse, run_id, overrides)
+
+    # -- contexts for stages
+
+    def context(self, run_id: str, iteration: int) -> StageContext:
+        """A stage context for (run, iteration): the run's stored config, the adapter the iteration generates
+        with (the one iteration k - 1 produced), this session's engines and fan-out."""
+        cfg = self.run_config(run_id)
+        adapter = iteration_adapter(self.warehouse, run_id, iteration - 1) if iteration > 1 else None
+        return self.context_for(cfg, run_id, iteration, adapter)
+
+    def context_for(self, cfg: SageConfig, run_id: str | None, iteration: int = 0,
+                    adapter: str | None = None) -> StageContext:
+        """A stage context for a config that need not be a stored run's (seeding, evaluating a base model)."""
+        key = run_id or f"model:{cfg.model.name}"
+        if key not in self._engines:
+            self._engines[key] = Engines(cfg, **self.given)
+        engines = self._engines[key]
+        return StageContext(cfg=cfg, wh=self.warehouse, run_id=run_id, iteration=iteration, adapter=adapter,
+                            progress=self.progress, engines=engines, fanout=self._fanout(cfg, engines))
+
+    def _fanout(self, cfg: SageConfig, engines: Engines):
+        if cfg.orchestration.runner == "local":
+            return None  # the context's default: in this process, with its engines
+        from sage.flows.fanout import Ray, RaySession
+
+        if self.ray is None:
+            self.ray = RaySession(cfg.orchestration)
+        return Ray(self.ray, cfg)
+
+    # -- lifetime
+
+    def close(self) -> None:
+        for engines in self._engines.values():
+            engines.close()
+        self._engines.clear()
+        if self.ray is not None and self._own_ray:
+            self.ray.close()
+            self.ray = None
+        if self._warehouse is not None:
+            self._warehouse.close()
+            self._warehouse = None
+
+    def __enter__(self) -> "Session":
+        self._token = _CURRENT.set(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _CURRENT.reset(self._token)
+        self.close()
 
 
-class RunConfigMismatch(ValueError):
-    pass
-
-
-def create_run(cfg: SageConfig, run_id: str | None = None) -> str:
-    """Record a run (or find it again). The default id is the config's hash, so `sage run` with the same
-    config resumes the same run; an existing id with a different config is an error."""
-    wh = warehouse(cfg.run.dir)
-    h = config_hash(cfg)
-    run_id = run_id or f"run-{h[:8]}"
-    existing = run_config(wh, run_id)
-    if existing is None:
-        wh.insert_batch("runs", [dict(run_id=run_id, config=config_json(cfg), config_hash=h,
-                                      base_model=cfg.model.name, seed=cfg.run.seed)])
-    elif existing[1] != h:
-        raise RunConfigMismatch(f"run {run_id!r} exists with a different config (hash {existing[1]} != {h}); "
-                                f"pick a new name with --run, or drop the --set overrides that changed")
-    elif existing[0] != config_json(cfg):
-        # same run, launched with other placement (e.g. orchestration.runner=ray): later stages use it
-        set_run_config(wh, run_id, config_json(cfg))
-    return run_id
-
-
-def context(directory: str | Path, run_id: str, iteration: int, progress: ProgressFn | None = None) -> StageContext:
-    """A stage context for (run, iteration), with the run's stored config and this process's engines."""
-    wh = warehouse(directory)
-    stored = run_config(wh, run_id)
-    if stored is None:
-        raise KeyError(f"no run {run_id!r} in {wh.path}; `sage status` lists the runs")
-    cfg = config_from_dict(json.loads(stored[0]), source=f"run {run_id}")
-    engines = _ENGINES.setdefault(run_id, {})
-    adapter = iteration_adapter(wh, run_id, iteration - 1) if iteration > 1 else None
-    return StageContext(cfg=cfg, wh=wh, run_id=run_id, iteration=iteration, adapter=adapter,
-                        progress=progress, _engines=engines)
-
-
-def close_all() -> None:
-    for engines in _ENGINES.values():
-        for engine in engines.values():
-            getattr(engine, "close", lambda: None)()
-    _ENGINES.clear()
-    for wh in _WAREHOUSES.values():
-        wh.close()
-    _WAREHOUSES.clear()
+@contextmanager
+def opened(directory: str | Path) -> Iterator[Session]:
+    """The current session when the caller opened one for `directory`, else a new one for the time of the
+    `with` block (a flow started by a deployment, a task run on its own)."""
+    current = _CURRENT.get()
+    if current is not None and current.directory == Path(directory).expanduser().resolve():
+        yield current
+        return
+    with Session(directory) as session:
+        yield session

@@ -1,7 +1,9 @@
-"""What every stage receives: the config, the warehouse, which run and iteration, and lazily built engines.
+"""What every stage receives: the config, the warehouse, which run and iteration, the engines, where its
+fan-out runs, and where it reports progress.
 
-Engines are created on first use and kept for the life of the flow process, so a model loads once per run.
-`fanout` says where a stage's parallel work (verification, scoring) runs: here, or on Ray (stages/fanout.py).
+Engines (`Engines`) are built on first use and belong to whoever builds the contexts (the flow's session, a
+test, a benchmark), so a model loads once per process and a test can hand in a scripted generator. The
+fan-out (`stages/fanout.py`) is local unless the flow injects another.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sage.configs.schema import SageConfig
+from sage.stages.fanout import Fanout, Local
 from sage.warehouse import Warehouse
 
 # progress(stage, done, total, tokens): how a stage reports rows done and tokens generated so far
@@ -24,21 +27,61 @@ class StageReport:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+class Engines:
+    """The generation backend, sandbox and math checker for one config, each built on first use; `given`
+    engines (a scripted generator, timed wrappers) are used as they are. `close()` stops what was built."""
+
+    def __init__(self, cfg: SageConfig, **given: Any):
+        self.cfg = cfg
+        self._built: dict[str, Any] = dict(given)
+
+    def _get(self, name: str, build: Callable[[], Any]) -> Any:
+        if name not in self._built:
+            self._built[name] = build()
+        return self._built[name]
+
+    @property
+    def sandbox(self):
+        from sage.engines.verify.sandbox import Sandbox
+
+        return self._get("sandbox", lambda: Sandbox(self.cfg.sandbox))
+
+    @property
+    def mathcheck(self):
+        from sage.engines.verify.mathcheck import MathChecker
+
+        return self._get("mathcheck", lambda: MathChecker(self.cfg.mathcheck))
+
+    @property
+    def llm(self):
+        from sage.engines.llm import load_llm
+
+        return self._get("llm", lambda: load_llm(self.cfg.model))
+
+    def close(self) -> None:
+        for engine in self._built.values():
+            close = getattr(engine, "close", None)
+            if close:
+                close()
+        self._built.clear()
+
+
 @dataclass
 class StageContext:
     cfg: SageConfig
-    wh: Warehouse
+    wh: Warehouse | None
     run_id: str | None = None
     iteration: int = 0
     adapter: str | None = None          # adapter this iteration generates with (None = base model)
     progress: ProgressFn | None = None
-    _engines: dict[str, Any] = field(default_factory=dict, repr=False)
+    engines: Engines | None = None      # None: this context's own (closed by `close`)
+    fanout: Fanout | None = None        # None: in this process, with `engines`
 
     def __post_init__(self) -> None:
-        if self.cfg.orchestration.runner == "ray":
-            from sage.stages.fanout import require_ray
-
-            require_ray()
+        if self.engines is None:
+            self.engines = Engines(self.cfg)
+        if self.fanout is None:
+            self.fanout = Local(self.engines)
 
     def report(self, stage: str, done: int, total: int, tokens: int = 0) -> None:
         if self.progress:
@@ -46,51 +89,20 @@ class StageContext:
 
     @property
     def sandbox(self):
-        if "sandbox" not in self._engines:
-            from sage.engines.verify.sandbox import Sandbox
-
-            self._engines["sandbox"] = Sandbox(self.cfg.sandbox)
-        return self._engines["sandbox"]
+        return self.engines.sandbox
 
     @property
     def mathcheck(self):
-        if "mathcheck" not in self._engines:
-            from sage.engines.verify.mathcheck import MathChecker
-
-            self._engines["mathcheck"] = MathChecker(self.cfg.mathcheck)
-        return self._engines["mathcheck"]
+        return self.engines.mathcheck
 
     @property
     def llm(self):
-        """The generation backend, switched to this iteration's adapter."""
-        if "llm" not in self._engines:
-            from sage.engines.llm import load_llm
-
-            self._engines["llm"] = load_llm(self.cfg.model)
-        llm = self._engines["llm"]
+        """The generation backend, switched to this context's adapter."""
+        llm = self.engines.llm
         if llm.adapter != self.adapter:
             llm.use_adapter(self.adapter)
         return llm
 
-    @property
-    def fanout(self):
-        """`fanout.map(fn, rows, batch)`: in this process, or as Prefect tasks on the Ray instance this
-        context started or joined (kept with the engines, stopped by `close`)."""
-        from sage.stages import fanout
-
-        if self.cfg.orchestration.runner == "local":
-            return fanout.Local(self)
-        if "ray" not in self._engines:
-            self._engines["ray"] = fanout.RaySession(self.cfg.orchestration)
-        return fanout.Ray(self._engines["ray"], self.cfg)
-
-    def set_engine(self, name: str, engine: Any) -> None:
-        """Install an engine explicitly (tests use a scripted generator this way)."""
-        self._engines[name] = engine
-
     def close(self) -> None:
-        for engine in self._engines.values():
-            close = getattr(engine, "close", None)
-            if close:
-                close()
-        self._engines.clear()
+        """Stop the engines (pools, workers, model); for contexts that own them (tests, one-off commands)."""
+        self.engines.close()

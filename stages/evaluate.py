@@ -11,13 +11,12 @@ scored, `decoding` = the settings that determine the number plus `correct`, the 
 correct samples it was computed from (not part of the id).
 Idempotency key: eval_id = content hash of (run, checkpoint, benchmark, metric, n, decoding settings); a
 (checkpoint, benchmark) whose rows are all stored generates nothing. Fails: BenchmarkUnavailable when the
-data cannot be read, ValueError for an unknown checkpoint; engine errors propagate; model output never fails.
+data cannot be read; engine errors propagate; model output never fails.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from sage.engines.text import tags
 from sage.engines.data.benchmarks import BENCHMARKS, Problem, code_job, complete_code_verifiers, expected_of, \
@@ -27,41 +26,10 @@ from sage.engines.verify.outputs import score_outputs
 from sage.stages.context import StageContext, StageReport
 from sage.stages.prompts import TEMPLATE_VERSION, render
 from sage.warehouse import content_id, seed_from_id
-from sage.warehouse.eval_queries import checkpoint as checkpoint_row
-from sage.warehouse.eval_queries import checkpoint_iterations, insert_evaluations, stored_evaluations
+from sage.warehouse.checkpoints import Checkpoint
+from sage.warehouse.eval_queries import insert_evaluations, stored_evaluations
 
-BASE = "base"
 _IMPORT_LINE = re.compile(r"^(?:from\s+[\w.]+\s+import\s+[^\n]+|import\s+[\w., ]+)$", re.M)
-
-
-@dataclass
-class Target:
-    """One model to evaluate: `label` as the user named it, `checkpoint` as stored ('base' or the adapter path)."""
-    label: str
-    checkpoint: str
-    adapter: str | None = None
-    iteration: int | None = None
-
-
-def resolve_checkpoint(wh, run_id: str | None, which: str) -> Target:
-    """'base', 'best', 'latest' or an iteration number of `run_id`, with its adapter path from `checkpoints`."""
-    which = str(which).strip().lower()
-    if which == BASE:
-        return Target(BASE, BASE)
-    if which not in ("best", "latest") and not which.isdigit():
-        raise ValueError(f"checkpoint {which!r}: use base, best, latest or an iteration number")
-    if run_id is None:
-        raise ValueError(f"checkpoint {which!r} belongs to a run: pass --run (only 'base' works without one)")
-    row = checkpoint_row(wh, run_id, which)
-    if row is None:
-        have = checkpoint_iterations(wh, run_id)
-        hint = (f"run {run_id!r} has checkpoints at iterations {have}" if have
-                else f"run {run_id!r} has no checkpoints yet (the train stage writes them)")
-        if which == "best" and have:
-            hint += "; none is marked best yet (validation marks it)"
-        raise ValueError(f"no checkpoint {which!r} in run {run_id!r}: {hint}")
-    label = f"iteration {row['iteration']}" if which.isdigit() else f"{which} (iteration {row['iteration']})"
-    return Target(label, row["adapter_path"], row["adapter_path"], row["iteration"])
 
 
 def parse_benchmark(spec: str) -> tuple[str, str | None]:
@@ -167,7 +135,7 @@ def score_chunk(engines, items: list[tuple[Problem, str]]) -> list[bool]:
 
 # ------------------------------------------------------------------------------------------ the stage
 
-def run(ctx: StageContext, target: Target, spec: str, problems: list[Problem], n: int = 1,
+def run(ctx: StageContext, target: Checkpoint, spec: str, problems: list[Problem], n: int = 1,
         ks: list[int] | tuple[int, ...] = ()) -> StageReport:
     """Evaluate `target` (its adapter must be `ctx.adapter`) on `problems` of benchmark `spec`; write the
     missing `evaluations` rows. `info["eval_ids"]` names every row this evaluation stands for."""
@@ -177,7 +145,7 @@ def run(ctx: StageContext, target: Target, spec: str, problems: list[Problem], n
     greedy_set = decoding_settings(ctx, spec, problems, 1)
     sampled_set = decoding_settings(ctx, spec, problems, n) if n > 1 and ks else None
     metrics = _metrics(greedy_set, sampled_set, list(ks))
-    ids = [eval_id(ctx.run_id, target.checkpoint, name, m, len(problems), s) for m, _, s in metrics]
+    ids = [eval_id(ctx.run_id, target.stored, name, m, len(problems), s) for m, _, s in metrics]
     have = stored_evaluations(ctx.wh, ids)
     info = {"eval_ids": ids, "benchmark": name, "checkpoint": target.label}
     if not problems or len(have) == len(ids):
@@ -202,7 +170,7 @@ def run(ctx: StageContext, target: Target, spec: str, problems: list[Problem], n
             continue
         samples = settings["samples"]
         value = sum(pass_at_k(samples, c, k) for c in counts) / len(counts)
-        rows.append(dict(eval_id=row_id, run_id=ctx.run_id, checkpoint=target.checkpoint, benchmark=name,
+        rows.append(dict(eval_id=row_id, run_id=ctx.run_id, checkpoint=target.stored, benchmark=name,
                          metric=metric, value=value, n=len(problems),
                          decoding={**settings, "correct": {p.problem_id: c for p, c in zip(problems, counts)}}))
     written = insert_evaluations(ctx.wh, rows)

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import sage.configs
+from sage import configs
 from sage.configs import ConfigError
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.queries import checkpoint_path, record_checkpoint, training_rows

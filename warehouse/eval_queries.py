@@ -1,29 +1,9 @@
-"""Named queries behind `sage eval`: which adapter a checkpoint name means, and the `evaluations` rows."""
+"""Named queries behind `sage eval`: the `evaluations` rows (checkpoint names are resolved in checkpoints.py)."""
 
 from __future__ import annotations
 
 from sage.warehouse.db import Warehouse
 from sage.warehouse.queries import existing_ids
-
-
-def checkpoint(wh: Warehouse, run_id: str, which: str) -> dict | None:
-    """The checkpoints row (iteration, adapter_path, val_accuracy, is_best) that `which` names in a run:
-    'best' (marked by validation; the latest of them if several), 'latest' (highest iteration), or an
-    iteration number. None when there is no such checkpoint."""
-    cols = "iteration, adapter_path, val_accuracy, is_best"
-    if which == "best":
-        rows = wh.rows(f"SELECT {cols} FROM checkpoints WHERE run_id = ? AND is_best "
-                       f"ORDER BY iteration DESC LIMIT 1", [run_id])
-    elif which == "latest":
-        rows = wh.rows(f"SELECT {cols} FROM checkpoints WHERE run_id = ? ORDER BY iteration DESC LIMIT 1", [run_id])
-    else:
-        rows = wh.rows(f"SELECT {cols} FROM checkpoints WHERE run_id = ? AND iteration = ?", [run_id, int(which)])
-    return rows[0] if rows else None
-
-
-def checkpoint_iterations(wh: Warehouse, run_id: str) -> list[int]:
-    return [r["iteration"] for r in wh.rows("SELECT iteration FROM checkpoints WHERE run_id = ? ORDER BY iteration",
-                                            [run_id])]
 
 
 def stored_evaluations(wh: Warehouse, eval_ids: list[str]) -> set[str]:

@@ -67,12 +67,3 @@ def mark_best(wh: Warehouse, run_id: str) -> int | None:
         wh.con.execute("UPDATE checkpoints SET is_best = coalesce(iteration = ?, false) WHERE run_id = ?",
                        [best, run_id])
     return best
-
-
-# -- export -----------------------------------------------------------------------------------------------
-
-def checkpoints_of(wh: Warehouse, run_id: str) -> list[dict]:
-    return wh.rows("""
-        SELECT iteration, adapter_path, val_accuracy, val_math, val_code, is_best FROM checkpoints
-        WHERE run_id = ? ORDER BY iteration""", [run_id])
-

@@ -77,18 +77,18 @@ def test_wrong_type_in_dict():
 def test_placement_stays_out_of_the_run_identity(tmp_path):
     """A run started with the local runner resumes on Ray (same id, stored config updated); a change to what
     the run computes is still refused."""
-    from sage.flows import session
+    from sage.flows.session import Session
+    from sage.warehouse.queries import run_config
+    from sage.warehouse.runs import RunConfigMismatch
 
     base = ["run.dir=" + str(tmp_path)]
     local = load_config("cpu", base)
     ray = load_config("cpu", base + ["orchestration.runner=ray"])
     assert config_hash(local) == config_hash(ray)
-    try:
-        run_id = session.create_run(local)
-        assert session.create_run(ray) == run_id
-        stored = session.run_config(session.warehouse(str(tmp_path)), run_id)
+    with Session(tmp_path) as s:
+        run_id = s.create_run(local)
+        assert s.create_run(ray) == run_id
+        stored = run_config(s.warehouse, run_id)
         assert '"runner": "ray"' in stored[0] and stored[1] == config_hash(local)
-        with pytest.raises(session.RunConfigMismatch, match="different config"):
-            session.create_run(load_config("cpu", base + ["train.lr=0.5"]), run_id)
-    finally:
-        session.close_all()
+        with pytest.raises(RunConfigMismatch, match="different config"):
+            s.create_run(load_config("cpu", base + ["train.lr=0.5"]), run_id)

@@ -82,33 +82,29 @@ OVERRIDES = ["iteration.n_challenge=5", "iteration.n_probe=2", "iteration.n_plan
 def prepare(directory: Path, run_id: str = "scripted", extra: list[str] = ()) -> str:
     """Create the run and its seeds (the `seed` stage marked done: these tests bring their own seeds)."""
     from sage.configs import load_config
-    from sage.flows import session
+    from sage.flows.session import Session
     from sage.stages.seed import seeds_key
-    from sage.stages.context import StageContext
     from sage.warehouse.queries import mark_stage_finished, mark_stage_running
 
     cfg = load_config("cpu", [f"run.dir={directory}", *OVERRIDES, *extra])
-    rid = session.create_run(cfg, run_id)
-    wh = session.warehouse(directory)
-    wh.insert_batch("questions", seed_rows())
-    key = seeds_key(StageContext(cfg=cfg, wh=wh))
-    mark_stage_running(wh, key, 0, "seed")
-    mark_stage_finished(wh, key, 0, "seed", "done", 0, 0, 0.0, None)
+    with Session(directory) as s:
+        rid = s.create_run(cfg, run_id)
+        wh = s.warehouse
+        wh.insert_batch("questions", seed_rows())
+        key = seeds_key(s.context_for(cfg, None))
+        mark_stage_running(wh, key, 0, "seed")
+        mark_stage_finished(wh, key, 0, "seed", "done", 0, 0, 0.0, None)
     return rid
 
 
 def run(directory: Path, iterations: int = 1, pause_at: int | None = None, marker: Path | None = None,
         run_id: str = "scripted") -> list[dict]:
-    from sage.flows import session
     from sage.flows.evolve import evolve_flow
+    from sage.flows.session import Session, warehouse_path
 
-    wh_file = session.warehouse_path(directory)
-    rid = run_id if wh_file.exists() else prepare(directory, run_id)
-    session._ENGINES.setdefault(rid, {})["llm"] = PausingScriptedLLM(pause_at, marker)
-    try:
+    rid = run_id if warehouse_path(directory).exists() else prepare(directory, run_id)
+    with Session(directory, engines={"llm": PausingScriptedLLM(pause_at, marker)}):
         return evolve_flow(str(directory), rid, iterations)
-    finally:
-        session.close_all()
 
 
 def main() -> None:

@@ -49,24 +49,22 @@ def run_evolve(monkeypatch, directory, run_id, iterations, llm, train: bool) -> 
 
     def fake_iteration(directory, run_id, k):
         ran.append(k)
-        wh = session.warehouse(directory)
-        start_iteration(wh, run_id, k, None)
-        if train:
-            record_checkpoint(wh, run_id, k, f"adapter-{k}", {})
+        with session.opened(directory) as s:  # the evolve flow's own session
+            wh = s.warehouse
+            start_iteration(wh, run_id, k, None)
+            if train:
+                record_checkpoint(wh, run_id, k, f"adapter-{k}", {})
         return {"iteration": k}
 
     monkeypatch.setattr(evolve, "iteration_flow", fake_iteration)
-    session._ENGINES.setdefault(run_id, {})["llm"] = llm
-    try:
+    with session.Session(directory, engines={"llm": llm}):
         return evolve.evolve_flow(str(directory), run_id, iterations), ran
-    finally:
-        session.close_all()
 
 
 def prepare(directory, run_id, *extra):
     rid = scripted_run.prepare(directory, run_id, list(extra))
-    session.warehouse(directory).insert_batch("questions", validation_rows(QUESTIONS, []))
-    session.close_all()
+    with session.Session(directory) as s:
+        s.warehouse.insert_batch("questions", validation_rows(QUESTIONS, []))
     return rid
 
 

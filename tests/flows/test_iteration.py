@@ -135,11 +135,8 @@ def test_garbage_output_never_fails_a_stage(prefect_api, tmp_path):
     garbage = ["", "x" * 10_000, "<question><question>\u202e\ud800 \x00</answer>", "<answer>```python\ndef (:\n```",
                "<score>11</score><score>", "\u0000" * 50 + "<plan></plan>", "🙂" * 500]
     rid = scripted_run.prepare(tmp_path, "garbage")
-    session._ENGINES.setdefault(rid, {})["llm"] = ScriptedLLM(lambda req: garbage[req.seed % len(garbage)])
-    try:
+    with session.Session(tmp_path, engines={"llm": ScriptedLLM(lambda req: garbage[req.seed % len(garbage)])}):
         evolve_flow(str(tmp_path), rid, 1)
-    finally:
-        session.close_all()
     with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
         assert wh.scalar("SELECT count(*) FROM stage_runs WHERE run_id = 'garbage' AND status = 'done'") == 11
         assert wh.scalar("SELECT count(*) FROM questions WHERE origin = 'generated' AND admitted") == 0

@@ -13,43 +13,34 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip ins
 pytest.importorskip("prefect_ray", reason="the ray extra is not installed (pip install 'sage-evolve[ray]')")
 
 from sage.configs import load_config  # noqa: E402
+from sage.flows.session import Session  # noqa: E402
 from sage.stages import evaluate  # noqa: E402
-from sage.stages.context import StageContext  # noqa: E402
+from sage.warehouse.checkpoints import resolve_checkpoint  # noqa: E402
 from tests.flows import scripted_run  # noqa: E402
 from tests.flows.test_iteration import dump  # noqa: E402
 from tests.scripted import ScriptedLLM, prompt_text  # noqa: E402
 from tests.stages.test_evaluate import GSM8K  # noqa: E402
-from sage.warehouse import Warehouse  # noqa: E402
 
 # tasks of 3 rows, larger than the scripted run's commits (run.batch_rows 2), smaller than a benchmark
 RAY = ["orchestration.runner=ray", "orchestration.ray_num_cpus=2", "orchestration.chunk_size=3"]
 
 
 @pytest.fixture(scope="module")
-def ray_engines(prefect_api):
-    """Engines holding the Ray session a StageContext started (as `sage run` would); closed at the end."""
-    engines: dict = {}
-    ctx = StageContext(cfg=load_config("cpu", RAY), wh=None, _engines=engines)
-    ctx.fanout  # starts the local Ray instance
+def ray_owner(prefect_api, tmp_path_factory):
+    """A session that started the module's Ray instance (as `sage run` would); closed by the last test."""
+    s = Session(tmp_path_factory.mktemp("ray-owner"))
+    s.context_for(load_config("cpu", RAY), None)  # a context of a Ray run starts the local Ray instance
     assert ray.is_initialized()
-    yield engines
-    ctx.close()
+    yield s
+    s.close()
 
 
 def _iteration(directory, extra, ray_session=None):
-    from sage.flows import session
     from sage.flows.iteration import iteration_flow
 
     rid = scripted_run.prepare(directory, "scripted", extra)
-    engines = session._ENGINES.setdefault(rid, {})
-    engines["llm"] = scripted_run.PausingScriptedLLM(None, None)
-    if ray_session is not None:
-        engines["ray"] = ray_session
-    try:
-        iteration_flow(str(directory), rid, 1)
-    finally:
-        engines.pop("ray", None)  # the module's Ray instance outlives this run
-        session.close_all()
+    with Session(directory, engines={"llm": scripted_run.PausingScriptedLLM(None, None)}, ray=ray_session):
+        iteration_flow(str(directory), rid, 1)  # a Ray instance handed in outlives the session
     return dump(directory)
 
 
@@ -75,9 +66,9 @@ def _task_run_name(task_run_id) -> str:
         return client.read_task_run(task_run_id).name
 
 
-def test_iteration_through_ray_matches_local(ray_engines, tmp_path):
+def test_iteration_through_ray_matches_local(ray_owner, tmp_path):
     local = _iteration(tmp_path / "local", [])
-    remote = _iteration(tmp_path / "ray", RAY, ray_engines["ray"])
+    remote = _iteration(tmp_path / "ray", RAY, ray_owner.ray)
 
     verdicts = remote["verdicts"]
     solver = [r for r in remote["rollouts"] if r["purpose"] in ("probe", "solve")]
@@ -95,7 +86,7 @@ def test_iteration_through_ray_matches_local(ray_engines, tmp_path):
     assert {_task_run_name(r.task_inputs["__parents__"][0].id) for r in runs} == {"verify_probe", "verify"}
 
 
-def _eval(tmp_path, overrides, engines, spec, limit=None):
+def _eval(tmp_path, overrides, spec, limit=None, ray_session=None):
     golds = {r["question"]: r["answer"].rsplit("####", 1)[1].strip().replace(",", "") for r in GSM8K}
     he = {p.question: p.verifier["reference"] for p in evaluate.load_benchmark("humaneval", limit=3)}
 
@@ -108,40 +99,33 @@ def _eval(tmp_path, overrides, engines, spec, limit=None):
         return [f"<answer>\n```python\n{body if s % 3 else 'return None'}\n```\n</answer>" for s in range(req.n)]
 
     cfg = load_config("cpu", [f"run.dir={tmp_path}", "roles.solver.constrain=false", *overrides])
-    ctx = StageContext(cfg=cfg, wh=Warehouse.open(tmp_path / "warehouse.duckdb"), _engines=engines)
-    ctx.set_engine("llm", ScriptedLLM(script))
-    try:
+    with Session(tmp_path, engines={"llm": ScriptedLLM(script)}, ray=ray_session) as s:
+        ctx = s.context_for(cfg, None)
         problems = evaluate.load_problems(ctx, spec, limit)
-        target = evaluate.resolve_checkpoint(ctx.wh, None, "base")
-        evaluate.run(ctx, target, spec, problems, n=4, ks=[1, 2, 4])
+        evaluate.run(ctx, resolve_checkpoint(ctx.wh, None, "base"), spec, problems, n=4, ks=[1, 2, 4])
         return ctx.wh.rows("SELECT eval_id, metric, value, n, decoding FROM evaluations ORDER BY eval_id")
-    finally:
-        ctx.wh.close()
 
 
 @pytest.mark.parametrize("bench", ["gsm8k", "humaneval"])
-def test_evaluation_through_ray_matches_local(ray_engines, tmp_path, bench):
+def test_evaluation_through_ray_matches_local(ray_owner, tmp_path, bench):
     if bench == "gsm8k":
         path = tmp_path / "gsm8k.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in GSM8K), encoding="utf-8")
         spec, limit = f"gsm8k={path}", None
     else:
         spec, limit = "humaneval", 3
-    local_engines: dict = {}
-    try:
-        local = _eval(tmp_path / "local", [], local_engines, spec, limit)
-    finally:
-        StageContext(cfg=load_config("cpu"), wh=None, _engines=local_engines).close()
-    remote = _eval(tmp_path / "ray", RAY, {"ray": ray_engines["ray"]}, spec, limit)
+    local = _eval(tmp_path / "local", [], spec, limit)
+    remote = _eval(tmp_path / "ray", RAY, spec, limit, ray_owner.ray)
 
     assert len(local) == 4 and remote == local  # pass@1 greedy, pass@1/2/4 sampled: same ids, values, counts
     correct = [json.loads(r["decoding"])["correct"] for r in remote]
     assert all(len(c) == 3 for c in correct) and any(0 < v < 4 for c in correct for v in c.values())
 
 
-def test_automatic_task_size(ray_engines):
-    fanout = StageContext(cfg=load_config("cpu", [*RAY, "orchestration.chunk_size=0"]), wh=None,
-                          _engines=ray_engines).fanout
+def test_automatic_task_size(ray_owner):
+    from sage.flows.fanout import Ray
+
+    fanout = Ray(ray_owner.ray, load_config("cpu", [*RAY, "orchestration.chunk_size=0"]))
     # two tasks per Ray CPU (2 here), never under 16 rows
     assert [fanout.rows_per_task(n) for n in (10, 64, 400)] == [16, 16, 100]
     batches = list(fanout.map(lambda engines, rows: rows, list(range(40)), batch=10))
@@ -149,29 +133,30 @@ def test_automatic_task_size(ray_engines):
     assert [x for b in batches for x in b] == list(range(40))
 
 
-def test_missing_ray_is_a_clear_error(monkeypatch):
-    import sage.stages.fanout
+def test_missing_ray_is_a_clear_error(monkeypatch, tmp_path):
+    import sage.flows.fanout
 
-    monkeypatch.setattr(stages.fanout, "find_spec", lambda name: None)
-    with pytest.raises(ImportError, match=r"pip install 'sage-evolve\[ray\]'"):
-        StageContext(cfg=load_config("cpu", RAY), wh=None)
-    StageContext(cfg=load_config("cpu"), wh=None)  # the local runner never looks for Ray
+    monkeypatch.setattr(sage.flows.fanout, "find_spec", lambda name: None)
+    with Session(tmp_path) as s:
+        with pytest.raises(ImportError, match=r"pip install 'sage-evolve\[ray\]'"):
+            s.context_for(load_config("cpu", RAY), None)
+        s.context_for(load_config("cpu"), None)  # the local runner never looks for Ray
 
 
-def test_local_runner_never_imports_ray():
+def test_local_runner_never_imports_ray(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; from configs import load_config; from stages.context import StageContext; "
-            "ctx = StageContext(cfg=load_config('cpu'), wh=None); "
+    code = ("import sys; from sage.configs import load_config; from sage.flows.session import Session; "
+            f"ctx = Session({str(tmp_path)!r}).context_for(load_config('cpu'), None); "
             "assert list(ctx.fanout.map(lambda engines, rows: rows, [1, 2, 3], 2)) == [[1, 2], [3]]; "
-            "print(sorted(m for m in ('ray', 'prefect_ray') if m in sys.modules))")
+            "print(sorted(m for m in ('ray', 'prefect_ray', 'prefect') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
 
-def test_closing_the_context_stops_the_ray_it_started(ray_engines):
+def test_closing_the_session_stops_the_ray_it_started(ray_owner):
     assert ray.is_initialized()
-    StageContext(cfg=load_config("cpu", RAY), wh=None, _engines=ray_engines).close()
-    assert not ray.is_initialized() and not ray_engines
+    ray_owner.close()
+    assert not ray.is_initialized() and ray_owner.ray is None

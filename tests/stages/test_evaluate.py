@@ -12,7 +12,8 @@ from sage.configs import load_config
 from sage.engines.data.benchmarks import load_benchmark, pass_at_k
 from sage.flows.evaluate import eval_command, side_by_side
 from sage.stages import evaluate
-from sage.stages.context import StageContext
+from sage.stages.context import Engines, StageContext
+from sage.warehouse.checkpoints import resolve_checkpoint
 from tests.scripted import ScriptedLLM, prompt_text
 from sage.warehouse import Warehouse
 
@@ -83,9 +84,7 @@ def test_sage_eval_rejects_bad_arguments(tmp_path):
 
 def _ctx(tmp_path, llm) -> StageContext:
     cfg = load_config("cpu", [f"run.dir={tmp_path}", "roles.solver.constrain=false"])
-    ctx = StageContext(cfg=cfg, wh=Warehouse.open(tmp_path / "warehouse.duckdb"))
-    ctx.set_engine("llm", llm)
-    return ctx
+    return StageContext(cfg=cfg, wh=Warehouse.open(tmp_path / "warehouse.duckdb"), engines=Engines(cfg, llm=llm))
 
 
 def test_right_answers_score_one_and_wrong_zero(tmp_path, gsm8k_file):
@@ -110,7 +109,7 @@ def test_right_answers_score_one_and_wrong_zero(tmp_path, gsm8k_file):
     try:
         spec = f"gsm8k={gsm8k_file}"
         problems = evaluate.load_problems(ctx, spec)
-        target = evaluate.resolve_checkpoint(ctx.wh, None, "base")
+        target = resolve_checkpoint(ctx.wh, None, "base")
         report = evaluate.run(ctx, target, spec, problems, n=4, ks=[1, 4])
         assert llm.calls == [6]  # one generate call: 3 greedy requests + 3 sampled
         rows = {(r["metric"], json.loads(r["decoding"])["samples"]): r for r in ctx.wh.rows("SELECT * FROM evaluations")}
@@ -129,23 +128,6 @@ def test_right_answers_score_one_and_wrong_zero(tmp_path, gsm8k_file):
     finally:
         ctx.close()
         ctx.wh.close()
-
-
-def test_checkpoint_names_resolve_from_the_checkpoints_table(tmp_path):
-    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
-        with pytest.raises(ValueError, match="no checkpoints yet"):
-            evaluate.resolve_checkpoint(wh, "r1", "latest")
-        wh.insert_batch("checkpoints", [dict(run_id="r1", iteration=i, adapter_path=f"/a/{i}", is_best=i == 2)
-                                        for i in (1, 2, 3)])
-        assert evaluate.resolve_checkpoint(wh, "r1", "base") == evaluate.Target("base", "base")
-        best = evaluate.resolve_checkpoint(wh, "r1", "best")
-        assert (best.adapter, best.iteration, best.checkpoint, best.label) == ("/a/2", 2, "/a/2", "best (iteration 2)")
-        assert evaluate.resolve_checkpoint(wh, "r1", "latest").adapter == "/a/3"
-        assert evaluate.resolve_checkpoint(wh, "r1", "1").adapter == "/a/1"
-        with pytest.raises(ValueError, match=r"iterations \[1, 2, 3\]"):
-            evaluate.resolve_checkpoint(wh, "r1", "7")
-        with pytest.raises(ValueError, match="--run"):
-            evaluate.resolve_checkpoint(wh, None, "best")
 
 
 def test_side_by_side_puts_checkpoints_in_columns():

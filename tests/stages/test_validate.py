@@ -6,7 +6,7 @@ import pytest
 
 from sage.configs import config_hash, config_json, load_config
 from sage.stages import validate
-from sage.stages.context import StageContext
+from sage.stages.context import Engines, StageContext
 from tests.flows.scripted_run import OVERRIDES
 from tests.scripted import ScriptedLLM, prompt_text
 from sage.warehouse import Warehouse, content_id, norm_hash
@@ -73,11 +73,11 @@ def make_ctx(tmp_path):
                                            verifier={"answer": "2"}, norm_hash=norm_hash(seed_q))]
                         + (validation_rows() if questions else []))
         llm = Recorder()
-        engines = {"llm": llm}  # one set of engines (math checker, sandbox) per test, closed at teardown
-        whs.append(StageContext(cfg=cfg, wh=wh, _engines=engines))
+        engines = Engines(cfg, llm=llm)  # one set of engines (math checker, sandbox) per test, closed at teardown
+        whs.append(engines)
 
         def ctx(iteration: int) -> StageContext:
-            return StageContext(cfg=cfg, wh=wh, run_id="v", iteration=iteration, _engines=engines)
+            return StageContext(cfg=cfg, wh=wh, run_id="v", iteration=iteration, engines=engines)
 
         return ctx, wh, llm
 

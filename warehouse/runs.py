@@ -1,0 +1,49 @@
+"""A run's identity and its stored config: recording a run, finding it again, and loading the config every
+stage of it runs with (one loader for the flows, `sage eval` and `sage export`)."""
+
+from __future__ import annotations
+
+import json
+
+from sage.configs import apply_override, config_from_dict, config_hash, config_json
+from sage.configs.schema import SageConfig
+from sage.warehouse.db import Warehouse
+from sage.warehouse.queries import run_config, set_run_config
+
+
+class RunNotFound(ValueError):
+    """No run of that id in the warehouse."""
+
+
+class RunConfigMismatch(ValueError):
+    """A run id that exists with another config."""
+
+
+def create_run(wh: Warehouse, cfg: SageConfig, run_id: str | None = None) -> str:
+    """Record a run (or find it again). The default id is the config's hash, so `sage run` with the same
+    config resumes the same run; an existing id with a different config is an error."""
+    h = config_hash(cfg)
+    run_id = run_id or f"run-{h[:8]}"
+    existing = run_config(wh, run_id)
+    if existing is None:
+        wh.insert_batch("runs", [dict(run_id=run_id, config=config_json(cfg), config_hash=h,
+                                      base_model=cfg.model.name, seed=cfg.run.seed)])
+    elif existing[1] != h:
+        raise RunConfigMismatch(f"run {run_id!r} exists with a different config (hash {existing[1]} != {h}); "
+                                f"pick a new name with --run, or drop the --set overrides that changed")
+    elif existing[0] != config_json(cfg):
+        # same run, launched with other placement (e.g. orchestration.runner=ray): later stages use it
+        set_run_config(wh, run_id, config_json(cfg))
+    return run_id
+
+
+def load_run_config(wh: Warehouse, run_id: str, overrides: list[str] | tuple[str, ...] = ()) -> SageConfig:
+    """The config run `run_id` was recorded with, plus `overrides` (`section.field=value`, e.g. to evaluate
+    its checkpoints on another backend)."""
+    stored = run_config(wh, run_id)
+    if stored is None:
+        raise RunNotFound(f"no run {run_id!r} in {wh.path}; `sage status` lists the runs")
+    data = json.loads(stored[0])
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return config_from_dict(data, source=f"run {run_id}")
