@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import random
 
+from sage.configs.names import Purpose, Role, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate
 from sage.warehouse import content_id, norm_hash
 from sage.warehouse.queries import existing_ids, pool_questions, questions_by_id, rollouts_for
 
-STAGE = "challenge"
+STAGE = Stage.CHALLENGE
 
 
 def references(ctx: StageContext) -> list[dict]:
@@ -77,7 +78,7 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
             verifier = {"entry_point": f.get("entry_point"), "signature": f.get("signature"),
                         "inputs": f.get("inputs") or [], "outputs": it.get("outputs")}
         row = dict(question_id=content_id("question", "generated", r["rollout_id"]), origin="generated",
-                   domain=it["domain"], text=it["question"], verifier=verifier, source="challenger",
+                   domain=it["domain"], text=it["question"], verifier=verifier, source=Role.CHALLENGER,
                    norm_hash=norm_hash(it["question"]), parent_id=r["question_id"], run_id=ctx.run_id,
                    iteration=ctx.iteration, rollout_id=r["rollout_id"], verifier_valid=it.get("valid", False),
                    verifier_error=it.get("error"))
@@ -91,8 +92,8 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
 def run(ctx: StageContext) -> StageReport:
     refs = references(ctx)
     units = [Unit(f"challenger_{q['domain']}", q["question_id"], q["domain"], {"question": q["text"]}) for q in refs]
-    _, written = generate(ctx, STAGE, "challenge", units)
-    rollouts = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, "challenge")
+    _, written = generate(ctx, STAGE, Purpose.CHALLENGE, units)
+    rollouts = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.CHALLENGE)
     done = existing_ids(ctx.wh, "questions", "rollout_id", [r["rollout_id"] for r in rollouts])
     todo = [r for r in rollouts if r["rollout_id"] not in done]
     step = ctx.cfg.run.batch_rows

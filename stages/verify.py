@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 
+from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.queries import set_difficulty_from_probes, unverified_rollouts
 
@@ -61,7 +62,7 @@ def verdicts(engines, rows: list[dict]) -> list[dict]:
             + _code_verdicts(engines, [r for r in rows if r["domain"] == "code"]))
 
 
-def verify_rollouts(ctx: StageContext, purpose: str, stage: str) -> StageReport:
+def verify_rollouts(ctx: StageContext, purpose: Purpose, stage: str) -> StageReport:
     """Verdicts for every unverified Solver rollout of `purpose` this iteration (validate uses it too)."""
     pending = unverified_rollouts(ctx.wh, ctx.run_id, ctx.iteration, purpose)
     written = done = 0
@@ -72,15 +73,15 @@ def verify_rollouts(ctx: StageContext, purpose: str, stage: str) -> StageReport:
         written += ctx.wh.insert_batch("verdicts", chunk)
         done += len(chunk)
         ctx.report(stage, done, len(pending))
-    if purpose == "probe":
+    if purpose == Purpose.PROBE:
         with ctx.wh.transaction():
             set_difficulty_from_probes(ctx.wh, ctx.run_id, ctx.iteration)
     return StageReport(stage, rows_in=len(pending), rows_out=written)
 
 
 def run_probe(ctx: StageContext) -> StageReport:
-    return verify_rollouts(ctx, "probe", "verify_probe")
+    return verify_rollouts(ctx, Purpose.PROBE, Stage.VERIFY_PROBE)
 
 
 def run_solve(ctx: StageContext) -> StageReport:
-    return verify_rollouts(ctx, "solve", "verify")
+    return verify_rollouts(ctx, Purpose.SOLVE, Stage.VERIFY)

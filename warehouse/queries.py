@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from sage.configs.names import Purpose
 from sage.warehouse.db import Warehouse
 
 
@@ -115,7 +116,7 @@ def questions_by_id(wh: Warehouse, ids: list[str]) -> dict[str, dict]:
     return {r["question_id"]: r for r in rows}
 
 
-def rollouts_for(wh: Warehouse, run_id: str, iteration: int, purpose: str) -> list[dict]:
+def rollouts_for(wh: Warehouse, run_id: str, iteration: int, purpose: Purpose) -> list[dict]:
     return wh.rows("""
         SELECT rollout_id, question_id, plan_id, role, sample_index, completion_text, parsed, format_reward,
                format_reason, finish_reason
@@ -123,7 +124,7 @@ def rollouts_for(wh: Warehouse, run_id: str, iteration: int, purpose: str) -> li
                    [run_id, iteration, purpose])
 
 
-def unverified_rollouts(wh: Warehouse, run_id: str, iteration: int, purpose: str) -> list[dict]:
+def unverified_rollouts(wh: Warehouse, run_id: str, iteration: int, purpose: Purpose) -> list[dict]:
     """Solver rollouts of `purpose` without a verdict, with their question's domain and verifier."""
     return wh.rows("""
         SELECT r.rollout_id, r.parsed, q.domain, q.verifier

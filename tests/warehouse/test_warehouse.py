@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from sage.configs.names import Purpose, Role, Stage
 from sage.warehouse import Warehouse, WarehouseBusy, content_id, norm_hash
 from sage.warehouse.db import migrations
 
@@ -72,6 +73,16 @@ def test_json_and_list_columns_roundtrip(tmp_path):
                                            norm_hash="n")])
         got = wh.rows("SELECT verifier->>'$.entry_point' AS e, verifier->'$.outputs' AS o FROM questions")
         assert got == [{"e": "f", "o": "[2]"}]
+
+
+def test_names_are_the_stored_strings():
+    """The values are stored and hashed into row ids: changing one changes every id that contains it."""
+    assert [str(r) for r in Role] == ["challenger", "planner", "critic", "solver"]
+    assert [str(p) for p in Purpose] == ["challenge", "critique_question", "probe", "plan", "critique_plan",
+                                         "solve", "validate"]
+    assert [str(s) for s in Stage] == ["seed", "challenge", "critique_question", "probe", "verify_probe", "admit",
+                                       "plan", "critique_plan", "solve", "verify", "score", "train", "validate"]
+    assert content_id("unit", Purpose.SOLVE, Role.SOLVER) == content_id("unit", "solve", "solver")
 
 
 def test_second_writer_gets_clear_error_and_file_untouched(tmp_path):
