@@ -12,7 +12,6 @@ Fails: engine errors propagate (the flow retries); model output never fails the 
 
 from __future__ import annotations
 
-import json
 import random
 
 from sage.configs.names import Purpose, Role, Stage
@@ -64,7 +63,7 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
     domain_of = {qid: q["domain"] for qid, q in questions_by_id(ctx.wh, list(parents)).items()}
     items = []
     for r in rollouts:
-        fields = json.loads(r["parsed"] or "{}")
+        fields = r["parsed"]
         items.append({"rollout": r, "domain": domain_of.get(r["question_id"], "math"), "fields": fields,
                       "question": (fields.get("question") or "").strip()})
     _check_math(ctx, [it for it in items if it["domain"] == "math" and it["question"]])

@@ -11,8 +11,6 @@ Fails: engine errors propagate; model output never fails the stage.
 
 from __future__ import annotations
 
-import json
-
 from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate
@@ -22,8 +20,8 @@ from sage.warehouse.queries import generated_questions, questions_by_id, rollout
 NEUTRAL = 0.5
 
 
-def _score(parsed: str | None) -> float:
-    value = json.loads(parsed or "{}").get("score")
+def _score(parsed: dict) -> float:
+    value = parsed.get("score")
     return NEUTRAL if value is None else float(value)
 
 
@@ -46,7 +44,7 @@ def run_plans(ctx: StageContext) -> StageReport:
     plans = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.PLAN)
     qs = questions_by_id(ctx.wh, [p["question_id"] for p in plans])
     units = [Unit("critic_plan", p["question_id"], qs[p["question_id"]]["domain"],
-                  {"question": qs[p["question_id"]]["text"], "plan": json.loads(p["parsed"] or "{}").get("plan") or ""},
+                  {"question": qs[p["question_id"]]["text"], "plan": p["parsed"].get("plan") or ""},
                   plan_id=p["rollout_id"]) for p in plans]
     _, written = generate(ctx, stage, Purpose.CRITIQUE_PLAN, units)
     critiques = {r["plan_id"]: r for r in rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.CRITIQUE_PLAN)}

@@ -10,8 +10,6 @@ Idempotency key: rollout id. Fails: engine errors propagate; model output never 
 
 from __future__ import annotations
 
-import json
-
 from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate
@@ -21,7 +19,7 @@ from sage.warehouse.queries import generated_questions, plans_for, questions_by_
 def _fields(question: dict, plan: str | None = None) -> dict:
     fields = {"question": question["text"]}
     if question["domain"] == "code":
-        signature = json.loads(question["verifier"] or "{}").get("signature")
+        signature = question["verifier"].get("signature")
         if signature:
             fields["signature"] = signature
     if plan is not None:
@@ -46,7 +44,7 @@ def run_solve(ctx: StageContext) -> StageReport:
     for p in plans:
         q = qs[p["question_id"]]
         if p["passed"]:
-            plan_text = json.loads(p["parsed"] or "{}").get("plan") or ""
+            plan_text = p["parsed"].get("plan") or ""
             kind, fields = f"solver_{q['domain']}_plan", _fields(q, plan_text)
         else:
             kind, fields = f"solver_{q['domain']}", _fields(q)

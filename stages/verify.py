@@ -12,7 +12,6 @@ Idempotency key: verdict id = rollout id. Fails: engine errors propagate; bad an
 
 from __future__ import annotations
 
-import json
 import time
 
 from sage.configs.names import Purpose, Stage
@@ -25,9 +24,9 @@ def _math_verdicts(engines, rows: list[dict]) -> list[dict]:
 
     preds = []
     for r in rows:
-        answer = json.loads(r["parsed"] or "{}").get("answer") or ""
+        answer = r["parsed"].get("answer") or ""
         preds.append(extract_answer(answer) or answer.strip())
-    golds = [str(json.loads(r["verifier"])["answer"]) for r in rows]
+    golds = ["" if r["verifier"].get("answer") is None else str(r["verifier"]["answer"]) for r in rows]
     start = time.perf_counter()
     scores = engines.mathcheck.check_many(list(zip(golds, preds)))
     each = (time.perf_counter() - start) / max(1, len(rows))
@@ -42,11 +41,11 @@ def _code_verdicts(engines, rows: list[dict]) -> list[dict]:
 
     jobs, verdicts = [], []
     for r in rows:
-        v = json.loads(r["verifier"])
-        code = json.loads(r["parsed"] or "{}").get("answer") or ""
+        v = r["verifier"]
+        code = r["parsed"].get("answer") or ""
         jobs.append(Job(code, v.get("entry_point") or "", v.get("inputs") or []))
     for r, job, res in zip(rows, jobs, engines.sandbox.execute(jobs)):
-        expected = json.loads(r["verifier"]).get("outputs") or []
+        expected = r["verifier"].get("outputs") or []
         s_gt, passed = score_outputs(expected, res) if job.code.strip() and expected else (0.0, [])
         error = None if job.code.strip() else "no code"
         verdicts.append(dict(rollout_id=r["rollout_id"], kind="code", s_gt=float(s_gt),
