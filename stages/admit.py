@@ -10,10 +10,11 @@ Idempotency: only undecided questions are touched. Fails: never on model output.
 
 from __future__ import annotations
 
+from sage.configs.names import Stage
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.queries import generated_questions, pool_norm_hashes, update_rows
 
-STAGE = "admit"
+STAGE = Stage.ADMIT
 
 
 def decide(q: dict, alpha: float, seen: set[str]) -> str | None:

@@ -12,15 +12,15 @@ Fails: engine errors propagate (the flow retries); model output never fails the 
 
 from __future__ import annotations
 
-import json
 import random
 
+from sage.configs.names import Purpose, Role, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate
 from sage.warehouse import content_id, norm_hash
 from sage.warehouse.queries import existing_ids, pool_questions, questions_by_id, rollouts_for
 
-STAGE = "challenge"
+STAGE = Stage.CHALLENGE
 
 
 def references(ctx: StageContext) -> list[dict]:
@@ -63,7 +63,7 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
     domain_of = {qid: q["domain"] for qid, q in questions_by_id(ctx.wh, list(parents)).items()}
     items = []
     for r in rollouts:
-        fields = json.loads(r["parsed"] or "{}")
+        fields = r["parsed"]
         items.append({"rollout": r, "domain": domain_of.get(r["question_id"], "math"), "fields": fields,
                       "question": (fields.get("question") or "").strip()})
     _check_math(ctx, [it for it in items if it["domain"] == "math" and it["question"]])
@@ -77,7 +77,7 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
             verifier = {"entry_point": f.get("entry_point"), "signature": f.get("signature"),
                         "inputs": f.get("inputs") or [], "outputs": it.get("outputs")}
         row = dict(question_id=content_id("question", "generated", r["rollout_id"]), origin="generated",
-                   domain=it["domain"], text=it["question"], verifier=verifier, source="challenger",
+                   domain=it["domain"], text=it["question"], verifier=verifier, source=Role.CHALLENGER,
                    norm_hash=norm_hash(it["question"]), parent_id=r["question_id"], run_id=ctx.run_id,
                    iteration=ctx.iteration, rollout_id=r["rollout_id"], verifier_valid=it.get("valid", False),
                    verifier_error=it.get("error"))
@@ -91,8 +91,8 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
 def run(ctx: StageContext) -> StageReport:
     refs = references(ctx)
     units = [Unit(f"challenger_{q['domain']}", q["question_id"], q["domain"], {"question": q["text"]}) for q in refs]
-    _, written = generate(ctx, STAGE, "challenge", units)
-    rollouts = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, "challenge")
+    _, written = generate(ctx, STAGE, Purpose.CHALLENGE, units)
+    rollouts = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.CHALLENGE)
     done = existing_ids(ctx.wh, "questions", "rollout_id", [r["rollout_id"] for r in rollouts])
     todo = [r for r in rollouts if r["rollout_id"] not in done]
     step = ctx.cfg.run.batch_rows

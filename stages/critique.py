@@ -1,18 +1,17 @@
 """critique: the Critic scores new questions (s_q) and plans (s_p); the plan gate is decided here.
 
-Questions (`run_questions`): reads this iteration's generated questions that have text; writes one Critic
-rollout each (purpose `critique_question`), then `questions.s_q` from its parsed score (normalised
-s = (N - 1) / 9; unparseable or out of range gives the neutral 0.5).
-Plans (`run_plans`): reads this iteration's plans; writes one Critic rollout each (purpose `critique_plan`),
-then a `plans` row: s_p and whether it passed the gate (s_p >= beta: the Solver sees the plan).
+Questions (`run_questions`, stage and purpose `critique_question`): reads this iteration's generated
+questions that have text; writes one Critic rollout each, then `questions.s_q` from its parsed score
+(normalised s = (N - 1) / 9; unparseable or out of range gives the neutral 0.5).
+Plans (`run_plans`, stage and purpose `critique_plan`): reads this iteration's plans; writes one Critic
+rollout each, then a `plans` row: s_p and whether it passed the gate (s_p >= beta: the Solver sees the plan).
 Idempotency key: rollout id; `plans.plan_id` = the Planner rollout; s_q is only set where it is NULL.
 Fails: engine errors propagate; model output never fails the stage.
 """
 
 from __future__ import annotations
 
-import json
-
+from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate
 from sage.stages.score import gate
@@ -21,17 +20,18 @@ from sage.warehouse.queries import generated_questions, questions_by_id, rollout
 NEUTRAL = 0.5
 
 
-def _score(parsed: str | None) -> float:
-    value = json.loads(parsed or "{}").get("score")
+def _score(parsed: dict) -> float:
+    value = parsed.get("score")
     return NEUTRAL if value is None else float(value)
 
 
 def run_questions(ctx: StageContext) -> StageReport:
-    stage = "critique_questions"
+    stage = Stage.CRITIQUE_QUESTION
     questions = [q for q in generated_questions(ctx.wh, ctx.run_id, ctx.iteration) if q["text"]]
     units = [Unit("critic_question", q["question_id"], q["domain"], {"question": q["text"]}) for q in questions]
-    _, written = generate(ctx, stage, "critique_question", units)
-    critiques = {r["question_id"]: r for r in rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, "critique_question")}
+    _, written = generate(ctx, stage, Purpose.CRITIQUE_QUESTION, units)
+    critiques = {r["question_id"]: r
+                 for r in rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.CRITIQUE_QUESTION)}
     updates = [{"question_id": q["question_id"], "s_q": _score(critiques[q["question_id"]]["parsed"])}
                for q in questions if q["s_q"] is None and q["question_id"] in critiques]
     with ctx.wh.transaction():
@@ -40,14 +40,14 @@ def run_questions(ctx: StageContext) -> StageReport:
 
 
 def run_plans(ctx: StageContext) -> StageReport:
-    stage = "critique_plans"
-    plans = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, "plan")
+    stage = Stage.CRITIQUE_PLAN
+    plans = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.PLAN)
     qs = questions_by_id(ctx.wh, [p["question_id"] for p in plans])
     units = [Unit("critic_plan", p["question_id"], qs[p["question_id"]]["domain"],
-                  {"question": qs[p["question_id"]]["text"], "plan": json.loads(p["parsed"] or "{}").get("plan") or ""},
+                  {"question": qs[p["question_id"]]["text"], "plan": p["parsed"].get("plan") or ""},
                   plan_id=p["rollout_id"]) for p in plans]
-    _, written = generate(ctx, stage, "critique_plan", units)
-    critiques = {r["plan_id"]: r for r in rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, "critique_plan")}
+    _, written = generate(ctx, stage, Purpose.CRITIQUE_PLAN, units)
+    critiques = {r["plan_id"]: r for r in rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.CRITIQUE_PLAN)}
     rows = []
     for p in plans:
         s_p = _score(critiques[p["rollout_id"]]["parsed"])

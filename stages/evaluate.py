@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 
+from sage.configs.names import Role
 from sage.engines.text import tags
 from sage.engines.data.benchmarks import BENCHMARKS, Problem, code_job, complete_code_verifiers, expected_of, \
     load_benchmark, pass_at_k
@@ -82,7 +83,7 @@ def _metrics(settings_greedy: dict, settings_sampled: dict | None, ks: list[int]
 
 def _request(ctx: StageContext, p: Problem, samples: int) -> GenRequest:
     solver = ctx.cfg.roles.solver
-    regex = tags.role_regex(tags.role_key("solver", p.domain), solver.max_new_tokens) if solver.constrain else None
+    regex = tags.role_regex(tags.role_key(Role.SOLVER, p.domain), solver.max_new_tokens) if solver.constrain else None
     seed = seed_from_id(content_id(ctx.cfg.run.seed, "evaluate", p.benchmark, p.problem_id, samples))
     greedy = samples == 1
     return GenRequest(messages=render(f"solver_{p.domain}", question=p.question), n=samples,

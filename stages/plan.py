@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import random
 
+from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate
 from sage.warehouse import content_id
 from sage.warehouse.queries import pool_questions
 
-STAGE = "plan"
+STAGE = Stage.PLAN
 
 
 def sample(ctx: StageContext) -> list[dict]:
@@ -27,5 +28,5 @@ def sample(ctx: StageContext) -> list[dict]:
 def run(ctx: StageContext) -> StageReport:
     questions = sample(ctx)
     units = [Unit("planner", q["question_id"], q["domain"], {"question": q["text"]}) for q in questions]
-    _, written = generate(ctx, STAGE, "plan", units)
+    _, written = generate(ctx, STAGE, Purpose.PLAN, units)
     return StageReport(STAGE, rows_in=len(questions), rows_out=written)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sage.configs.names import Purpose, Role, Stage
 from sage.engines.text import tags
 from sage.engines.llm.base import GenRequest
 from sage.stages.context import StageContext
@@ -18,9 +19,9 @@ from sage.stages.prompts import TEMPLATE_VERSION, render
 from sage.warehouse import content_id, seed_from_id
 from sage.warehouse.queries import existing_ids
 
-ROLE_OF_KIND = {"challenger_math": "challenger", "challenger_code": "challenger", "planner": "planner",
-                "critic_question": "critic", "critic_plan": "critic", "solver_math": "solver",
-                "solver_code": "solver", "solver_math_plan": "solver", "solver_code_plan": "solver"}
+ROLE_OF_KIND = {"challenger_math": Role.CHALLENGER, "challenger_code": Role.CHALLENGER, "planner": Role.PLANNER,
+                "critic_question": Role.CRITIC, "critic_plan": Role.CRITIC, "solver_math": Role.SOLVER,
+                "solver_code": Role.SOLVER, "solver_math_plan": Role.SOLVER, "solver_code_plan": Role.SOLVER}
 
 
 @dataclass
@@ -34,32 +35,32 @@ class Unit:
     extra: dict[str, Any] = field(default_factory=dict)   # kept for the caller, not stored
 
     @property
-    def role(self) -> str:
+    def role(self) -> Role:
         return ROLE_OF_KIND[self.kind]
 
-    def unit_id(self, ctx: StageContext, purpose: str) -> str:
+    def unit_id(self, ctx: StageContext, purpose: Purpose) -> str:
         return content_id("unit", ctx.run_id, ctx.iteration, purpose, self.question_id, self.plan_id,
                           TEMPLATE_VERSION[self.kind])
 
-    def rollout_id(self, ctx: StageContext, purpose: str, sample: int) -> str:
+    def rollout_id(self, ctx: StageContext, purpose: Purpose, sample: int) -> str:
         return content_id("rollout", self.unit_id(ctx, purpose), sample)
 
 
-def parse(role: str, domain: str, text: str) -> tags.Parsed:
-    if role == "challenger":
+def parse(role: Role, domain: str, text: str) -> tags.Parsed:
+    if role == Role.CHALLENGER:
         return tags.parse_challenger(text, domain)
-    if role == "planner":
+    if role == Role.PLANNER:
         return tags.parse_planner(text)
-    if role == "critic":
+    if role == Role.CRITIC:
         return tags.parse_critic(text)
     return tags.parse_solver(text, domain)
 
 
-def _request(ctx: StageContext, unit: Unit, purpose: str, greedy: bool = False) -> GenRequest:
+def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool = False) -> GenRequest:
     role_cfg = getattr(ctx.cfg.roles, unit.role)
     regex = None
     if role_cfg.constrain:
-        key = tags.role_key(unit.role, unit.domain if unit.role in ("challenger", "solver") else None)
+        key = tags.role_key(unit.role, unit.domain if unit.role in (Role.CHALLENGER, Role.SOLVER) else None)
         regex = tags.role_regex(key, role_cfg.max_new_tokens)
     seed = seed_from_id(content_id(ctx.cfg.run.seed, unit.unit_id(ctx, purpose)))
     return GenRequest(messages=render(unit.kind, **unit.fields), n=unit.n,
@@ -67,7 +68,8 @@ def _request(ctx: StageContext, unit: Unit, purpose: str, greedy: bool = False) 
                       top_p=role_cfg.top_p, seed=seed, regex=regex)
 
 
-def generate(ctx: StageContext, stage: str, purpose: str, units: list[Unit], greedy: bool = False) -> tuple[int, int]:
+def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit],
+             greedy: bool = False) -> tuple[int, int]:
     """Generate every missing rollout of `units`; returns (units processed, rollouts written)."""
     ids = {id(u): [u.rollout_id(ctx, purpose, j) for j in range(u.n)] for u in units}
     have = existing_ids(ctx.wh, "rollouts", "rollout_id", [r for rs in ids.values() for r in rs])

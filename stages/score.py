@@ -16,6 +16,7 @@ import math
 from collections import defaultdict
 from typing import Any, Iterable
 
+from sage.configs.names import Purpose, Role, Stage
 from sage.configs.schema import RewardsConfig
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.queries import scoring_inputs
@@ -102,12 +103,12 @@ def trr_advantages(rewards: list[float], groups: list[str], eps: float) -> list[
 # ------------------------------------------------------------------------------------------ the stage
 def _reward(row: dict, ctx: StageContext) -> tuple[float, dict[str, Any]]:
     w, r_f = ctx.cfg.rewards, float(row["format_reward"] or 0.0)
-    if row["purpose"] == "challenge":
+    if row["purpose"] == Purpose.CHALLENGE:
         return challenger_reward(float(row["s_q"] or 0.0), row["difficulty"], r_f, bool(row["verifier_valid"]),
                                  ctx.cfg.iteration.alpha)
-    if row["role"] == "critic":
+    if row["role"] == Role.CRITIC:
         return critic_reward(r_f)
-    if row["purpose"] == "plan":
+    if row["purpose"] == Purpose.PLAN:
         return planner_reward(float(row["plan_s_p"] if row["plan_s_p"] is not None else 0.0), r_f, w)
     s_p_tilde = float(row["plan_s_p"]) if row["plan_passed"] else 0.0
     return solver_reward(s_p_tilde, float(row["s_gt"] or 0.0), r_f, w)
@@ -122,4 +123,4 @@ def run(ctx: StageContext) -> StageReport:
                 domain=r["domain"], reward=reward, components=components, group_key=g, advantage=a)
            for r, (reward, components), g, a in zip(rows, scored, groups, advantages)]
     added = ctx.wh.insert_batch("scores", out)
-    return StageReport("score", rows_in=len(rows), rows_out=added)
+    return StageReport(Stage.SCORE, rows_in=len(rows), rows_out=added)

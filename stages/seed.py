@@ -12,13 +12,14 @@ Fails: a bad user file raises SeedFileError naming file and line; nothing is wri
 
 from __future__ import annotations
 
+from sage.configs.names import Stage
 from sage.engines.data.seeds import (INPUTS_ENTRY, SeedItem, default_code, default_math, function_params,
                            input_generator_job_code, load_source, CODEIO_INPUTS_PER_TASK)
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse import content_id, norm_hash
 from sage.warehouse.queries import existing_ids
 
-STAGE = "seed"
+STAGE = Stage.SEED
 
 
 def seeds_key(ctx: StageContext) -> str:

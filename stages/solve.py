@@ -10,8 +10,7 @@ Idempotency key: rollout id. Fails: engine errors propagate; model output never 
 
 from __future__ import annotations
 
-import json
-
+from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate
 from sage.warehouse.queries import generated_questions, plans_for, questions_by_id
@@ -20,7 +19,7 @@ from sage.warehouse.queries import generated_questions, plans_for, questions_by_
 def _fields(question: dict, plan: str | None = None) -> dict:
     fields = {"question": question["text"]}
     if question["domain"] == "code":
-        signature = json.loads(question["verifier"] or "{}").get("signature")
+        signature = question["verifier"].get("signature")
         if signature:
             fields["signature"] = signature
     if plan is not None:
@@ -34,8 +33,8 @@ def run_probe(ctx: StageContext) -> StageReport:
                  if q["verifier_valid"] and q["s_q"] is not None and q["s_q"] >= alpha]
     units = [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], _fields(q), n=ctx.cfg.iteration.n_probe)
              for q in questions]
-    _, written = generate(ctx, "probe", "probe", units)
-    return StageReport("probe", rows_in=len(questions), rows_out=written)
+    _, written = generate(ctx, Stage.PROBE, Purpose.PROBE, units)
+    return StageReport(Stage.PROBE, rows_in=len(questions), rows_out=written)
 
 
 def run_solve(ctx: StageContext) -> StageReport:
@@ -45,12 +44,12 @@ def run_solve(ctx: StageContext) -> StageReport:
     for p in plans:
         q = qs[p["question_id"]]
         if p["passed"]:
-            plan_text = json.loads(p["parsed"] or "{}").get("plan") or ""
+            plan_text = p["parsed"].get("plan") or ""
             kind, fields = f"solver_{q['domain']}_plan", _fields(q, plan_text)
         else:
             kind, fields = f"solver_{q['domain']}", _fields(q)
         units.append(Unit(kind, q["question_id"], q["domain"], fields, n=ctx.cfg.iteration.n_solve,
                           plan_id=p["plan_id"]))
-    _, written = generate(ctx, "solve", "solve", units)
-    return StageReport("solve", rows_in=len(plans), rows_out=written,
+    _, written = generate(ctx, Stage.SOLVE, Purpose.SOLVE, units)
+    return StageReport(Stage.SOLVE, rows_in=len(plans), rows_out=written,
                        info={"with_plan": sum(bool(p["passed"]) for p in plans)})

@@ -23,10 +23,11 @@ from pathlib import Path
 
 from sage import configs
 from sage.configs import ConfigError
+from sage.configs.names import Stage
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.queries import checkpoint_path, record_checkpoint, training_rows
 
-STAGE = "train"
+STAGE = Stage.TRAIN
 #: The accelerate config files `train.accelerate_config` can name without a path.
 ACCELERATE_DIR = Path(configs.__file__).resolve().parent / "accelerate"
 

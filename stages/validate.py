@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate
 from sage.stages.solve import _fields as solver_fields
@@ -24,7 +25,7 @@ from sage.stages.verify import verify_rollouts
 from sage.warehouse.queries import iteration_adapter
 from sage.warehouse.validate_queries import BASE, record_validation, validation_questions, validation_scores
 
-STAGE = "validate"
+STAGE = Stage.VALIDATE
 
 
 def model_of(ctx: StageContext) -> str | None:
@@ -52,8 +53,8 @@ def run(ctx: StageContext) -> StageReport:
     adapter = model_of(ctx)
     vctx = _validation_context(ctx, adapter)
     units = [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], solver_fields(q)) for q in questions]
-    _, written = generate(vctx, STAGE, "validate", units, greedy=True)
-    verify_rollouts(vctx, "validate", "validate_verify")
+    _, written = generate(vctx, STAGE, Purpose.VALIDATE, units, greedy=True)
+    verify_rollouts(vctx, Purpose.VALIDATE, "validate_verify")
     scores = validation_scores(ctx.wh, ctx.run_id, ctx.iteration)
     with ctx.wh.transaction():
         record_validation(ctx.wh, ctx.run_id, ctx.iteration, adapter or BASE, scores)

@@ -12,9 +12,9 @@ Idempotency key: verdict id = rollout id. Fails: engine errors propagate; bad an
 
 from __future__ import annotations
 
-import json
 import time
 
+from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.queries import set_difficulty_from_probes, unverified_rollouts
 
@@ -24,9 +24,9 @@ def _math_verdicts(engines, rows: list[dict]) -> list[dict]:
 
     preds = []
     for r in rows:
-        answer = json.loads(r["parsed"] or "{}").get("answer") or ""
+        answer = r["parsed"].get("answer") or ""
         preds.append(extract_answer(answer) or answer.strip())
-    golds = [str(json.loads(r["verifier"])["answer"]) for r in rows]
+    golds = ["" if r["verifier"].get("answer") is None else str(r["verifier"]["answer"]) for r in rows]
     start = time.perf_counter()
     scores = engines.mathcheck.check_many(list(zip(golds, preds)))
     each = (time.perf_counter() - start) / max(1, len(rows))
@@ -41,11 +41,11 @@ def _code_verdicts(engines, rows: list[dict]) -> list[dict]:
 
     jobs, verdicts = [], []
     for r in rows:
-        v = json.loads(r["verifier"])
-        code = json.loads(r["parsed"] or "{}").get("answer") or ""
+        v = r["verifier"]
+        code = r["parsed"].get("answer") or ""
         jobs.append(Job(code, v.get("entry_point") or "", v.get("inputs") or []))
     for r, job, res in zip(rows, jobs, engines.sandbox.execute(jobs)):
-        expected = json.loads(r["verifier"]).get("outputs") or []
+        expected = r["verifier"].get("outputs") or []
         s_gt, passed = score_outputs(expected, res) if job.code.strip() and expected else (0.0, [])
         error = None if job.code.strip() else "no code"
         verdicts.append(dict(rollout_id=r["rollout_id"], kind="code", s_gt=float(s_gt),
@@ -61,7 +61,7 @@ def verdicts(engines, rows: list[dict]) -> list[dict]:
             + _code_verdicts(engines, [r for r in rows if r["domain"] == "code"]))
 
 
-def verify_rollouts(ctx: StageContext, purpose: str, stage: str) -> StageReport:
+def verify_rollouts(ctx: StageContext, purpose: Purpose, stage: str) -> StageReport:
     """Verdicts for every unverified Solver rollout of `purpose` this iteration (validate uses it too)."""
     pending = unverified_rollouts(ctx.wh, ctx.run_id, ctx.iteration, purpose)
     written = done = 0
@@ -72,15 +72,15 @@ def verify_rollouts(ctx: StageContext, purpose: str, stage: str) -> StageReport:
         written += ctx.wh.insert_batch("verdicts", chunk)
         done += len(chunk)
         ctx.report(stage, done, len(pending))
-    if purpose == "probe":
+    if purpose == Purpose.PROBE:
         with ctx.wh.transaction():
             set_difficulty_from_probes(ctx.wh, ctx.run_id, ctx.iteration)
     return StageReport(stage, rows_in=len(pending), rows_out=written)
 
 
 def run_probe(ctx: StageContext) -> StageReport:
-    return verify_rollouts(ctx, "probe", "verify_probe")
+    return verify_rollouts(ctx, Purpose.PROBE, Stage.VERIFY_PROBE)
 
 
 def run_solve(ctx: StageContext) -> StageReport:
-    return verify_rollouts(ctx, "solve", "verify")
+    return verify_rollouts(ctx, Purpose.SOLVE, Stage.VERIFY)

@@ -2,6 +2,9 @@
 
 DuckDB allows one writing process. `Warehouse.open` turns DuckDB's lock conflict into
 `WarehouseBusy("warehouse in use by PID N")` without touching the file.
+
+JSON columns go in as dicts (`insert` stores their canonical text) and come back decoded from `records`, the
+read the named queries use, so stages never parse JSON themselves; `rows` returns what DuckDB returns.
 """
 
 from __future__ import annotations
@@ -18,10 +21,23 @@ import pyarrow as pa
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 _LOCK_PID = re.compile(r"\(PID (\d+)\)")
+#: Every JSON column of the tables, by name; each holds an object. `records` decodes them.
+JSON_COLUMNS = frozenset({"config", "verifier", "parsed", "tests", "components", "metrics", "decoding"})
 
 
 class WarehouseBusy(RuntimeError):
     """Another process holds the warehouse file."""
+
+
+def decode_json(value) -> dict:
+    """A stored JSON object as a dict. NULL, JSON null, text that does not parse and any value that is not an
+    object all give {}, so code reading a bad row finds no fields instead of raising."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -154,6 +170,15 @@ class Warehouse:
         cur = self.con.execute(sql, params or [])
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    def records(self, sql: str, params: list | None = None) -> list[dict]:
+        """`rows`, with every selected column named in JSON_COLUMNS decoded by `decode_json` (always a dict)."""
+        rows = self.rows(sql, params)
+        decode = [c for c in (rows[0] if rows else ()) if c in JSON_COLUMNS]
+        for r in rows:
+            for c in decode:
+                r[c] = decode_json(r[c])
+        return rows
 
     def scalar(self, sql: str, params: list | None = None):
         row = self.con.execute(sql, params or []).fetchall()

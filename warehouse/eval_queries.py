@@ -17,17 +17,17 @@ def insert_evaluations(wh: Warehouse, rows: list[dict]) -> int:
 
 
 def evaluations_by_id(wh: Warehouse, eval_ids: list[str]) -> list[dict]:
-    """The `evaluations` rows with these ids (decoding as JSON text), oldest first."""
+    """The `evaluations` rows with these ids (`decoding` decoded), oldest first."""
     if not eval_ids:
         return []
     marks = ", ".join("?" for _ in eval_ids)
-    return wh.rows(f"SELECT eval_id, run_id, checkpoint, benchmark, metric, value, n, decoding, created_at "
-                   f"FROM evaluations WHERE eval_id IN ({marks}) ORDER BY created_at, benchmark, metric",
-                   list(eval_ids))
+    return wh.records(f"SELECT eval_id, run_id, checkpoint, benchmark, metric, value, n, decoding, created_at "
+                      f"FROM evaluations WHERE eval_id IN ({marks}) ORDER BY created_at, benchmark, metric",
+                      list(eval_ids))
 
 
 def run_evaluations(wh: Warehouse, run_id: str | None) -> list[dict]:
     """Every evaluation of a run (run_id None: evaluations made without a run)."""
-    return wh.rows("SELECT eval_id, run_id, checkpoint, benchmark, metric, value, n, decoding, created_at "
-                   "FROM evaluations WHERE run_id IS NOT DISTINCT FROM ? ORDER BY created_at, benchmark, metric",
-                   [run_id])
+    return wh.records("SELECT eval_id, run_id, checkpoint, benchmark, metric, value, n, decoding, created_at "
+                      "FROM evaluations WHERE run_id IS NOT DISTINCT FROM ? ORDER BY created_at, benchmark, metric",
+                      [run_id])

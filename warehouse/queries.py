@@ -1,9 +1,14 @@
-"""Named queries used by the stages and the CLI. Each is small and says what it returns."""
+"""Named queries used by the stages and the CLI. Each is small and says what it returns.
+
+Rows come back as dicts with their JSON columns (`verifier`, `parsed`, ...) already decoded, `{}` where
+nothing usable is stored (`Warehouse.records`).
+"""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
+from sage.configs.names import Purpose
 from sage.warehouse.db import Warehouse
 
 
@@ -11,7 +16,7 @@ def _rows_with_ids(wh: Warehouse, sql: str, ids: list[str]) -> list[dict]:
     """Run `sql`, which reads the given ids from a table named `_ids` (column `id`)."""
     wh.con.register("_ids", pa.table({"id": list(dict.fromkeys(ids))}))
     try:
-        return wh.rows(sql)
+        return wh.records(sql)
     finally:
         wh.con.unregister("_ids")
 
@@ -86,7 +91,7 @@ def update_rows(wh: Warehouse, table: str, key: str, rows: list[dict]) -> None:
 
 def pool_questions(wh: Warehouse, run_id: str, upto_iteration: int, domains: list[str]) -> list[dict]:
     """Seeds plus this run's questions admitted at or before `upto_iteration`, in a stable order."""
-    return wh.rows("""
+    return wh.records("""
         SELECT question_id, domain, text, verifier FROM questions
         WHERE domain IN (SELECT unnest(?::VARCHAR[]))
           AND (origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted AND admitted_iteration <= ?))
@@ -100,11 +105,11 @@ def pool_norm_hashes(wh: Warehouse, run_id: str) -> set[str]:
 
 
 def generated_questions(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
-    return wh.rows("""
+    return wh.records("""
         SELECT question_id, domain, text, verifier, rollout_id, s_q, difficulty, verifier_valid, verifier_error,
                admitted, rejection_reason, norm_hash
         FROM questions WHERE origin = 'generated' AND run_id = ? AND iteration = ? ORDER BY question_id""",
-                   [run_id, iteration])
+                      [run_id, iteration])
 
 
 def questions_by_id(wh: Warehouse, ids: list[str]) -> dict[str, dict]:
@@ -115,17 +120,17 @@ def questions_by_id(wh: Warehouse, ids: list[str]) -> dict[str, dict]:
     return {r["question_id"]: r for r in rows}
 
 
-def rollouts_for(wh: Warehouse, run_id: str, iteration: int, purpose: str) -> list[dict]:
-    return wh.rows("""
+def rollouts_for(wh: Warehouse, run_id: str, iteration: int, purpose: Purpose) -> list[dict]:
+    return wh.records("""
         SELECT rollout_id, question_id, plan_id, role, sample_index, completion_text, parsed, format_reward,
                format_reason, finish_reason
         FROM rollouts WHERE run_id = ? AND iteration = ? AND purpose = ? ORDER BY rollout_id""",
-                   [run_id, iteration, purpose])
+                      [run_id, iteration, purpose])
 
 
-def unverified_rollouts(wh: Warehouse, run_id: str, iteration: int, purpose: str) -> list[dict]:
+def unverified_rollouts(wh: Warehouse, run_id: str, iteration: int, purpose: Purpose) -> list[dict]:
     """Solver rollouts of `purpose` without a verdict, with their question's domain and verifier."""
-    return wh.rows("""
+    return wh.records("""
         SELECT r.rollout_id, r.parsed, q.domain, q.verifier
         FROM rollouts r JOIN questions q ON q.question_id = r.question_id
         LEFT JOIN verdicts v ON v.rollout_id = r.rollout_id
@@ -145,7 +150,7 @@ def set_difficulty_from_probes(wh: Warehouse, run_id: str, iteration: int) -> No
 
 
 def plans_for(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
-    return wh.rows("""
+    return wh.records("""
         SELECT p.plan_id, p.question_id, p.s_p, p.passed, r.parsed
         FROM plans p JOIN rollouts r ON r.rollout_id = p.plan_id
         WHERE p.run_id = ? AND p.iteration = ? ORDER BY p.plan_id""", [run_id, iteration])

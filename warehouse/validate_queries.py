@@ -14,8 +14,8 @@ BASE = "base"  # adapter_path of a checkpoint that is the base model itself
 
 def validation_questions(wh: Warehouse) -> list[dict]:
     """Every held-out validation question (shared by all runs of the warehouse), in a stable order."""
-    return wh.rows("SELECT question_id, domain, text, verifier FROM questions WHERE origin = 'validation' "
-                   "ORDER BY question_id")
+    return wh.records("SELECT question_id, domain, text, verifier FROM questions WHERE origin = 'validation' "
+                      "ORDER BY question_id")
 
 
 def count_validation_questions(wh: Warehouse) -> int:

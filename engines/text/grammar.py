@@ -14,13 +14,15 @@ token budget: `role_bounds` sizes the parts, `role_regex` builds the regex for a
 
 from __future__ import annotations
 
+from sage.configs.names import Role
+
 TAG_NAMES = ("question", "answer", "signature", "solution", "inputs", "plan", "score")
 
 REQUIRED_TAGS: dict[str, tuple[str, ...]] = {
     "challenger_math": ("question", "answer"),
     "challenger_code": ("question", "signature", "solution", "inputs"),
-    "planner": ("plan",),
-    "critic": ("score",),
+    Role.PLANNER: ("plan",),
+    Role.CRITIC: ("score",),
     "solver_math": ("answer",),
     "solver_code": ("answer",),
 }
@@ -42,7 +44,7 @@ _FIRST = r"[!-;=-~]"                      # printable ASCII, not a space and not
 
 CHARS_PER_TOKEN = 3.0   # rough average over prose, code and tags; the budget keeps a fifth in reserve
 # Token budgets ROLE_REGEX is sized for; `role_regex(key, max_new_tokens)` sizes for any other budget.
-DEFAULT_TOKENS = {"challenger_math": 256, "challenger_code": 640, "planner": 256, "critic": 128,
+DEFAULT_TOKENS = {"challenger_math": 256, "challenger_code": 640, Role.PLANNER: 256, Role.CRITIC: 128,
                   "solver_math": 256, "solver_code": 512}
 
 
@@ -55,11 +57,11 @@ def role_bounds(key: str, max_new_tokens: int | None = None,
     """Most characters (content units) each free part of a role's output may take, so that the whole output,
     tags included, fits in about 80% of `max_new_tokens` at `chars_per_token`."""
     if key not in REQUIRED_TAGS:
-        raise ValueError(f"unknown role key {key!r}; expected one of {sorted(REQUIRED_TAGS)}")
+        raise ValueError(f"unknown role key {key!r}; expected one of {sorted(map(str, REQUIRED_TAGS))}")
     chars = int((max_new_tokens or DEFAULT_TOKENS[key]) * chars_per_token * 0.8)
-    if key == "critic":
+    if key == Role.CRITIC:
         return {"reasoning": max(0, chars - 16)}
-    if key == "planner":
+    if key == Role.PLANNER:
         return {"plan": max(1, chars - 14)}
     if key == "solver_math":
         answer = _clamp(chars // 5, 8, 120)
@@ -89,9 +91,9 @@ def role_regex(key: str, max_new_tokens: int | None = None, chars_per_token: flo
     """The role's output format as a regex (Python `re` and xgrammar dialect), sized for the token budget.
     Lower `chars_per_token` for tokenizers with short tokens (the tests' tiny one averages about 1.4)."""
     b = role_bounds(key, max_new_tokens, chars_per_token)
-    if key == "critic":
+    if key == Role.CRITIC:
         return rf"{_TEXT}{{0,{b['reasoning']}}}<score>(?:10|[1-9])</score>"
-    if key == "planner":
+    if key == Role.PLANNER:
         return rf"<plan>\n?{_text(b['plan'])}</plan>"
     if key == "solver_math":
         return rf"{_TEXT}{{0,{b['reasoning']}}}<answer>{_text(b['answer'])}</answer>"
@@ -109,12 +111,12 @@ def role_regex(key: str, max_new_tokens: int | None = None, chars_per_token: flo
 ROLE_REGEX: dict[str, str] = {key: role_regex(key) for key in REQUIRED_TAGS}
 
 
-def role_key(role: str, domain: str | None = None) -> str:
+def role_key(role: Role | str, domain: str | None = None) -> str:
     """The key of `ROLE_REGEX` / `REQUIRED_TAGS` for a role: challenger and solver depend on the domain."""
-    if role in ("challenger", "solver"):
+    if role in (Role.CHALLENGER, Role.SOLVER):
         if domain not in DOMAINS:
-            raise ValueError(f"role {role!r} needs domain 'math' or 'code', got {domain!r}")
+            raise ValueError(f"role '{role}' needs domain 'math' or 'code', got {domain!r}")
         return f"{role}_{domain}"
-    if role not in ("planner", "critic"):
+    if role not in (Role.PLANNER, Role.CRITIC):
         raise ValueError(f"unknown role {role!r}; expected challenger, planner, critic or solver")
     return role

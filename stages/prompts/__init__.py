@@ -8,9 +8,8 @@ Each prompt shows one worked example of the exact output format, the tags `engin
 reply scores 1.0 there and fits the role's constraint regex). Challenger, Planner and Solver show it as an
 earlier turn: the same template filled with the example's fields as a user message, the reply as the
 assistant's, then the real task. Shown inline ("Example reply:" after the task), SmolLM2-135M copied it
-into unrelated answers ("7 boxes of 12 pens: 7 * 12 = 84" in 32 of 40 validation answers, which then
-looped to the token limit; 7 of 12 Challenger questions); after a separate turn it answers the last
-message (0 copies; `bench/prompts.py` measures both). Those examples are tasks unlike the seeds' (a train's
+into unrelated answers, which then looped to the token limit; after a separate turn it answers the last
+message (`bench/prompts.py` measures both). Those examples are tasks unlike the seeds' (a train's
 speed, counting vowels) and write no placeholder such as `\\boxed{...}`, which the model wrote literally.
 The Critic keeps its inline example: as a turn it copied no less and told good questions from bad ones no
 better.

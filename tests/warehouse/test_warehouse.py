@@ -4,8 +4,10 @@ import sys
 
 import pytest
 
+from sage.configs.names import Purpose, Role, Stage
 from sage.warehouse import Warehouse, WarehouseBusy, content_id, norm_hash
-from sage.warehouse.db import migrations
+from sage.warehouse.db import JSON_COLUMNS, decode_json, migrations
+from sage.warehouse.queries import questions_by_id, rollouts_for
 
 
 def _run_row(run_id="r1"):
@@ -72,6 +74,49 @@ def test_json_and_list_columns_roundtrip(tmp_path):
                                            norm_hash="n")])
         got = wh.rows("SELECT verifier->>'$.entry_point' AS e, verifier->'$.outputs' AS o FROM questions")
         assert got == [{"e": "f", "o": "[2]"}]
+
+
+def _rollout_row(rollout_id, parsed):
+    return dict(rollout_id=rollout_id, run_id="r", iteration=1, stage=Stage.PLAN, role=Role.PLANNER,
+                purpose=Purpose.PLAN, question_id="q1", template="planner@2", prompt_text="p", completion_text="c",
+                prompt_ids=[1], completion_ids=[2], sample_index=0, seed=0, parsed=parsed)
+
+
+def test_named_queries_hand_json_columns_decoded_and_never_null(tmp_path):
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        wh.insert_batch("questions", [dict(question_id="q1", origin="seed", domain="math", text="t",
+                                           verifier={"answer": "7"}, norm_hash="n")])
+        wh.insert_batch("rollouts", [_rollout_row("a", {"plan": "1. add"}), _rollout_row("b", None),
+                                     _rollout_row("c", "null"), _rollout_row("d", "[1, 2]")])
+        parsed = {r["rollout_id"]: r["parsed"] for r in rollouts_for(wh, "r", 1, Purpose.PLAN)}
+        assert parsed == {"a": {"plan": "1. add"}, "b": {}, "c": {}, "d": {}}  # NULL, null, non-object: {}
+        assert questions_by_id(wh, ["q1"])["q1"]["verifier"] == {"answer": "7"}
+        assert wh.rows("SELECT parsed FROM rollouts WHERE rollout_id = 'a'") == [{"parsed": '{"plan": "1. add"}'}]
+
+
+def test_decode_json_gives_a_dict_for_anything_stored():
+    assert decode_json('{"answer": 0}') == {"answer": 0}
+    assert decode_json({"answer": 0}) == {"answer": 0}
+    for bad in (None, "", "null", "not json", "[1]", "3", '"text"'):
+        assert decode_json(bad) == {}
+
+
+def test_json_columns_lists_every_json_column(tmp_path):
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        stored = {r["column_name"] for r in wh.rows(
+            "SELECT column_name FROM information_schema.columns c JOIN information_schema.tables t "
+            "USING (table_schema, table_name) WHERE t.table_type = 'BASE TABLE' AND c.data_type = 'JSON'")}
+    assert stored == JSON_COLUMNS
+
+
+def test_names_are_the_stored_strings():
+    """The values are stored and hashed into row ids: changing one changes every id that contains it."""
+    assert [str(r) for r in Role] == ["challenger", "planner", "critic", "solver"]
+    assert [str(p) for p in Purpose] == ["challenge", "critique_question", "probe", "plan", "critique_plan",
+                                         "solve", "validate"]
+    assert [str(s) for s in Stage] == ["seed", "challenge", "critique_question", "probe", "verify_probe", "admit",
+                                       "plan", "critique_plan", "solve", "verify", "score", "train", "validate"]
+    assert content_id("unit", Purpose.SOLVE, Role.SOLVER) == content_id("unit", "solve", "solver")
 
 
 def test_second_writer_gets_clear_error_and_file_untouched(tmp_path):

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from sage.configs.names import Role
 from sage.engines.text.code import entry_point, parse_inputs
 from sage.engines.text.tags import (
     REQUIRED_TAGS,
@@ -206,9 +207,9 @@ def test_entry_point_and_inputs():
 def test_domain_is_checked():
     with pytest.raises(ValueError, match="domain"):
         parse_solver("x", "poetry")
-    assert role_key("solver", "code") == "solver_code" and role_key("critic") == "critic"
+    assert role_key(Role.SOLVER, "code") == "solver_code" and role_key(Role.CRITIC) == "critic"
     with pytest.raises(ValueError):
-        role_key("challenger")
+        role_key(Role.CHALLENGER)
 
 
 # ---------------------------------------------------------------------------------------------- garbage
