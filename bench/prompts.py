@@ -67,7 +67,7 @@ def validation_problems(cfg, run_dir: str | None, origin: str = "validation",
     items = default_math(v.n_math, s.seed, "validation") + _complete_code(ctx, default_code(2 * v.n_code, s.seed,
                                                                                            "validation"))[:v.n_code]
     ctx.close()
-    rows = [dict(question_id=question_id(i), domain=i.domain, text=i.question, verifier=json.dumps(i.verifier))
+    rows = [dict(question_id=question_id(i), domain=i.domain, text=i.question, verifier=i.verifier)
             for i in items]
     rows = sorted(rows, key=lambda r: r["question_id"])
     return [r for d in ("math", "code") for r in [r for r in rows if r["domain"] == d][:per_domain]]
@@ -149,7 +149,7 @@ def _s_gt(units: list[dict], parsed: list[tags.Parsed], checker, sandbox) -> lis
 
     from sage.stages.verify import verdicts
 
-    rows = [dict(rollout_id=i, domain=u["domain"], parsed=json.dumps(parsed[i].fields),
+    rows = [dict(rollout_id=i, domain=u["domain"], parsed=parsed[i].fields,
                  verifier=u["problem"]["verifier"]) for i, u in enumerate(units) if u["greedy"]]
     out: list[float | None] = [None] * len(units)
     for v in verdicts(SimpleNamespace(mathcheck=checker, sandbox=sandbox), rows) if rows else []:

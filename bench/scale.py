@@ -42,12 +42,12 @@ def code_rows() -> list[dict]:
     rows = []
     for t, expected in zip(tasks, expected_outputs(tasks, setup)):
         try:
-            verifier = json.dumps({"entry_point": t["entry_point"], "inputs": t["inputs"], "outputs": expected})
+            verifier = {"entry_point": t["entry_point"], "inputs": t["inputs"], "outputs": expected}
         except (TypeError, ValueError):
             continue
         if expected is not None:
             rows.append({"rollout_id": t["task_id"], "domain": "code", "verifier": verifier,
-                         "parsed": json.dumps({"answer": t["canonical_solution"]})})
+                         "parsed": {"answer": t["canonical_solution"]}})
     return rows
 
 
@@ -58,8 +58,8 @@ def math_rows(n: int) -> list[dict]:
     for i in range(n):
         a, b = rng.randint(1, 999), rng.randint(1, 999)
         pred = rng.choice([f"{a / b:.6f}", f"\\frac{{{2 * a}}}{{{2 * b}}}", f"{a}/{b + 1}", f"{a * b}"])
-        rows.append({"rollout_id": f"m{i}", "domain": "math", "parsed": json.dumps({"answer": f"\\boxed{{{pred}}}"}),
-                     "verifier": json.dumps({"answer": f"\\frac{{{a}}}{{{b}}}"})})
+        rows.append({"rollout_id": f"m{i}", "domain": "math", "parsed": {"answer": f"\\boxed{{{pred}}}"},
+                     "verifier": {"answer": f"\\frac{{{a}}}{{{b}}}"}})
     return rows
 
 
@@ -97,7 +97,7 @@ def measure(n_math: int, chunk_size: int, ray_cpus: int, n_tasks: int) -> list[t
             timed(ctx, code[:4 * ray_cpus] + maths[:4 * ray_cpus], batch=4, repeats=1)
         warm = time.perf_counter() - start
         # trivial chunks: one math row without an answer each (no check runs), so only the path is timed
-        empty = [{**m, "parsed": "{}"} for m in maths[:n_tasks]]
+        empty = [{**m, "parsed": {}} for m in maths[:n_tasks]]
         rows = []
         for name, data, unit in (("HumanEval canonical (exec/s)", code, "exec"),
                                  ("math checks (checks/s)", maths, "check")):

@@ -39,6 +39,7 @@ def _open(path: Path, read_only: bool = False):
 @app.command()
 def seed(config: ConfigOpt = "cpu", set_: SetOpt = None) -> None:
     """Load the seed pool and the held-out validation set into the warehouse (idempotent)."""
+    from sage.configs.names import Stage
     from sage.engines.data.seeds import SeedFileError
     from sage.flows.record import run_recorded
     from sage.stages import seed as seed_stage
@@ -49,7 +50,7 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None) -> None:
     try:
         with Session(cfg.run.dir) as s, console.status("loading seeds (code tasks run in the sandbox)..."):
             ctx = s.context_for(cfg, None)
-            report = run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
+            report = run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
             counts = question_counts(s.warehouse)
     except WarehouseBusy as e:
         fail(str(e), code=BUSY)

@@ -75,9 +75,9 @@ def eval_flow(directory: str, run_id: Optional[str] = None, checkpoints: list[st
         stored = evaluations_by_id(s.warehouse, list(labels))
     rows = []
     for r in stored:
-        decoding = json.loads(r["decoding"]) if isinstance(r["decoding"], str) else r["decoding"]
+        decoding = r["decoding"]
         setting = "greedy" if decoding["samples"] == 1 else f"n={decoding['samples']} T={decoding['temperature']:g}"
-        rows += [{**r, "label": label, "setting": setting, "decoding": decoding} for label in labels[r["eval_id"]]]
+        rows += [{**r, "label": label, "setting": setting} for label in labels[r["eval_id"]]]
     return rows
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from sage.configs.names import Stage
 from sage.flows import session
 from sage.flows.iteration import iteration_flow, stage_task
 from sage.flows.record import run_recorded
@@ -56,7 +57,7 @@ def validates_after(k: int, every: int, last: int) -> bool:
 
 def _validate(directory: str, wh, run_id: str, iteration: int, patience: int) -> StopDecision:
     """Validate iteration `iteration` (skipped when done), re-mark the best and decide from the warehouse."""
-    stage_task(directory, run_id, iteration, "validate")
+    stage_task(directory, run_id, iteration, Stage.VALIDATE)
     mark_best(wh, run_id)
     history = validation_history(wh, run_id, upto_iteration=iteration)
     _publish(run_id, history)
@@ -76,7 +77,7 @@ def _evolve(s: session.Session, directory: str, run_id: str, iterations: int) ->
     set_run_status(wh, run_id, "running")
     summaries = []
     try:
-        run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
+        run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
         validating = count_validation_questions(wh) > 0
         if not validating:
             log.warning("no validation questions in the warehouse: no validation, best checkpoint or early stopping")

@@ -13,6 +13,7 @@ from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NONE
 
+from sage.configs.names import Stage
 from sage.flows import session
 from sage.flows.record import run_recorded
 from sage.stages import admit, challenge, critique, plan, score, solve, train, validate, verify
@@ -21,23 +22,23 @@ from sage.warehouse.queries import finish_iteration, iteration_summary, start_it
 
 # (stage name in stage_runs, function). Order is SAGE.md's: challenge, critique questions, probe, verify,
 # admit (the filter), plan, critique plans + gate, solve, verify, score, train.
-STAGES: tuple[tuple[str, Callable[[StageContext], StageReport]], ...] = (
-    ("challenge", challenge.run),
-    ("critique_questions", critique.run_questions),
-    ("probe", solve.run_probe),
-    ("verify_probe", verify.run_probe),
-    ("admit", admit.run),
-    ("plan", plan.run),
-    ("critique_plans", critique.run_plans),
-    ("solve", solve.run_solve),
-    ("verify", verify.run_solve),
-    ("score", score.run),
-    ("train", train.run),
+STAGES: tuple[tuple[Stage, Callable[[StageContext], StageReport]], ...] = (
+    (Stage.CHALLENGE, challenge.run),
+    (Stage.CRITIQUE_QUESTION, critique.run_questions),
+    (Stage.PROBE, solve.run_probe),
+    (Stage.VERIFY_PROBE, verify.run_probe),
+    (Stage.ADMIT, admit.run),
+    (Stage.PLAN, plan.run),
+    (Stage.CRITIQUE_PLAN, critique.run_plans),
+    (Stage.SOLVE, solve.run_solve),
+    (Stage.VERIFY, verify.run_solve),
+    (Stage.SCORE, score.run),
+    (Stage.TRAIN, train.run),
 )
 STAGE_NAMES = tuple(name for name, _ in STAGES)
 # Run outside the per-iteration order: validation of iteration k's adapter (0 = the base model), which
 # flows/evolve.py schedules every `validate.every` iterations.
-EXTRA_STAGES: dict[str, Callable[[StageContext], StageReport]] = {"validate": validate.run}
+EXTRA_STAGES: dict[Stage, Callable[[StageContext], StageReport]] = {Stage.VALIDATE: validate.run}
 RUNNABLE = {**dict(STAGES), **EXTRA_STAGES}
 
 _TRANSIENT = (ConnectionError, TimeoutError, BrokenPipeError, MemoryError)
