@@ -38,19 +38,10 @@ import torch
 from sage.configs.schema import ModelConfig
 from sage.engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
 from sage.engines.llm.hf_fast import FusedDecoder, module_layer
-from sage.engines.llm.models import cpu_supports_bf16, resolve_model
+from sage.engines.llm.models import resolve_dtype, resolve_model
 from sage.engines.llm.sampling import argmax, draw, log_normalizer, uniform
 
 FAST_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
-
-
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: bf16 on GPUs and on CPUs with native bf16 (AVX512-BF16 / AMX), else fp32."""
-    if name != "auto":
-        return getattr(torch, name)
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
 
 
 @dataclass
@@ -80,7 +71,7 @@ class HFLLM:
         self.adapter: str | None = None
         self.path = resolve_model(cfg.name, cfg.cache_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = pick_dtype(cfg.dtype, self.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"the tokenizer of {cfg.name!r} has no chat template; use an instruct/chat model")
