@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from sage.engines.data.files import RowFileError, read_records
 from sage.engines.data.humaneval import literal_inputs, load_humaneval, record_missing_inputs
 from sage.engines.verify.outputs import reference_outputs
 from sage.engines.verify.sandbox import Job, Sandbox
@@ -250,21 +251,11 @@ OFFLINE = ("humaneval", "math500", "aime")
 BENCHMARKS = OFFLINE + tuple(HUB)
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a local JSONL, JSON (a list) or Parquet file."""
-    path = Path(path)
-    if not path.exists():
-        raise BenchmarkUnavailable(f"{path}: no such file")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq  # not pandas: it turns missing strings into NaN
-
-        return pq.read_table(path).to_pylist()
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        return json.loads(text)
-    if path.suffix not in (".jsonl", ".json"):
-        raise BenchmarkUnavailable(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or .parquet")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+def _file_rows(path: str | Path) -> list[dict]:
+    try:
+        return [row for _, row in read_records(path)]
+    except RowFileError as e:
+        raise BenchmarkUnavailable(str(e)) from None
 
 
 def _hub_rows(name: str) -> list[dict]:
@@ -292,7 +283,7 @@ def load_benchmark(name: str, limit: int | None = None, path: str | Path | None 
     elif name == "aime":
         problems = _mmath("aime", ("AIME2024", "AIME2025"))
     elif name in HUB:
-        rows = read_rows(path) if path is not None else _hub_rows(name)
+        rows = _file_rows(path) if path is not None else _hub_rows(name)
         missing = [f for f in HUB[name][3] if rows and f not in rows[0]]
         if missing or not rows:
             raise BenchmarkUnavailable(f"{path or name}: not in the {name} format (missing fields {missing or 'all'})")
@@ -395,5 +386,5 @@ def complete_code_verifiers(problems: list[Problem], sandbox: Sandbox) -> list[P
     return done
 
 
-__all__ = ["Problem", "BenchmarkUnavailable", "BENCHMARKS", "load_benchmark", "pass_at_k", "read_rows",
+__all__ = ["Problem", "BenchmarkUnavailable", "BENCHMARKS", "load_benchmark", "pass_at_k",
            "decode_lcb_tests", "code_job", "expected_of", "normalize_stdout", "complete_code_verifiers"]
