@@ -16,11 +16,10 @@ This loop keeps what matters of it and adds what the pipeline needs:
 - Sampling is per row and independent of the batch: completion j of a request draws, at step t, one
   uniform from a hash of (sample_seed(seed, j), t) and takes the inverse CDF of the (top-p truncated,
   grammar masked, temperature scaled) distribution. That is an exact sample, like Gumbel-max, but needs
-  one random number per step instead of one per vocabulary entry (24 ms per step at batch 64 for the
-  Gumbel noise of SmolLM2's 49k vocabulary). Temperature 0 is argmax. Same request + seed => same tokens,
-  whatever else is in the batch, up to float rounding in batched matmuls (exact in practice in fp32).
-  The argmax and the inverse CDF search blocks of the vocabulary (`engines/llm/sampling.py`), several
-  times faster on a CPU than `torch.argmax` / a full `cumsum`.
+  one random number per step instead of one per vocabulary entry. Temperature 0 is argmax. Same request +
+  seed => same tokens, whatever else is in the batch, up to float rounding in batched matmuls (exact in
+  practice in fp32). The argmax and the inverse CDF search blocks of the vocabulary
+  (`engines/llm/sampling.py`), faster on a CPU than `torch.argmax` / a full `cumsum`.
 - `regex` requests are constrained with xgrammar: one `GrammarMatcher` per row, token bitmasks applied to
   the logits; compiled grammars are cached by regex.
 - Log-probs: `log_softmax(raw logits)[token]`, see `engines/llm/base.py`.
