@@ -18,7 +18,7 @@ from sage.engines.train.rows import TrainRow, write_rows
 from sage.engines.train.step import METRICS_FILE, load_policy, train_model, train_step
 from sage.engines.train.trl_trainer import BATCH_KEYS, OPTIONAL_BATCH_KEYS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LINEAR = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
