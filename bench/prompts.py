@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sage.configs import load_config  # noqa: E402
 from sage.engines.text import tags  # noqa: E402
+from sage.engines.text.answers import last_boxed  # noqa: E402
 from sage.engines.llm.base import GenRequest  # noqa: E402
 from sage.stages.prompts import TEMPLATE_VERSION, render as current_render  # noqa: E402
 from sage.stages.solve import _fields as solver_fields  # noqa: E402
@@ -102,7 +103,7 @@ def copies(completion: str, example: str, task: str) -> bool:
     final \\boxed{} answer is one of the example's and appears nowhere in the task (a copied number)."""
     if (_ngrams(_words(completion)) & _ngrams(_words(example))) - _ngrams(_words(task)):
         return True
-    boxed = tags.last_boxed(completion)
+    boxed = last_boxed(completion)
     return bool(boxed) and boxed in example and boxed[7:-1].strip() not in _words(task)
 
 

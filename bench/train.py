@@ -27,7 +27,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from sage.configs.schema import TrainConfig  # noqa: E402
-from sage.engines.train.step import TrainRow, _quiet_v6, load_policy, resolve_device, train_model  # noqa: E402
+from sage.engines.train.rows import TrainRow  # noqa: E402
+from sage.engines.train.step import load_policy, quiet_v6, resolve_device, train_model  # noqa: E402
 
 
 def make_rows(n: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0,
@@ -72,7 +73,7 @@ def plain_peft_step(model, rows: list[TrainRow], cfg: TrainConfig, *, device: st
     model.to(device)
     model.train()
     if cfg.gradient_checkpointing:
-        with _quiet_v6():
+        with quiet_v6():
             model.gradient_checkpointing_enable()
             model.enable_input_require_grads()
     block = cfg.minibatch_size * cfg.grad_accum

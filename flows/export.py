@@ -43,26 +43,6 @@ def _publish(tmp: Path, dest: Path) -> Path:
     return dest
 
 
-def _merge(base_path: str, adapter: str | None, out: Path) -> None:
-    import warnings
-
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    saved_dtype = getattr(AutoConfig.from_pretrained(base_path), "dtype", None)
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    if adapter is not None:
-        from peft import PeftModel
-
-        with warnings.catch_warnings():  # transformers 5 deprecation notes peft triggers; not the user's concern
-            warnings.filterwarnings("ignore", message=".*will be removed in v6.*", category=FutureWarning)
-            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    if isinstance(saved_dtype, torch.dtype) and saved_dtype in (torch.bfloat16, torch.float16):
-        model = model.to(saved_dtype)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(base_path).save_pretrained(out)
-
-
 def export_adapter(wh: Warehouse, run_id: str, checkpoint: str, dest: Path, merge: bool) -> Path:
     """Write checkpoint `checkpoint` of `run_id` to `dest` (a new or empty directory) and return `dest`:
     the peft adapter directory, or with `merge` a merged model directory with its tokenizer."""
@@ -84,8 +64,10 @@ def export_adapter(wh: Warehouse, run_id: str, checkpoint: str, dest: Path, merg
     try:
         if merge:
             from sage.engines.llm.models import resolve_model
+            from sage.engines.train.merge import merge_adapter
 
-            _merge(resolve_model(cfg.model.name, cfg.model.cache_dir), None if adapter is None else str(adapter), tmp)
+            merge_adapter(resolve_model(cfg.model.name, cfg.model.cache_dir), None if adapter is None else str(adapter),
+                          tmp)
         else:
             shutil.rmtree(tmp)
             shutil.copytree(adapter, tmp)

@@ -112,7 +112,7 @@ def score(ctx: StageContext, items: list[tuple[Problem, str]]) -> list[bool]:
 
 def score_chunk(engines, items: list[tuple[Problem, str]]) -> list[bool]:
     """`score` of one chunk; `engines` offers `.mathcheck` and `.sandbox` (see stages/fanout.py)."""
-    from sage.engines.verify.mathcheck import extract_answer
+    from sage.engines.text.answers import extract_answer
 
     correct = [False] * len(items)
     math_idx, pairs, code_idx, jobs = [], [], [], []

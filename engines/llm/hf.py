@@ -16,11 +16,10 @@ This loop keeps what matters of it and adds what the pipeline needs:
 - Sampling is per row and independent of the batch: completion j of a request draws, at step t, one
   uniform from a hash of (sample_seed(seed, j), t) and takes the inverse CDF of the (top-p truncated,
   grammar masked, temperature scaled) distribution. That is an exact sample, like Gumbel-max, but needs
-  one random number per step instead of one per vocabulary entry (24 ms per step at batch 64 for the
-  Gumbel noise of SmolLM2's 49k vocabulary). Temperature 0 is argmax. Same request + seed => same tokens,
-  whatever else is in the batch, up to float rounding in batched matmuls (exact in practice in fp32).
-  The argmax and the inverse CDF search blocks of the vocabulary (`engines/llm/sampling.py`), several
-  times faster on a CPU than `torch.argmax` / a full `cumsum`.
+  one random number per step instead of one per vocabulary entry. Temperature 0 is argmax. Same request +
+  seed => same tokens, whatever else is in the batch, up to float rounding in batched matmuls (exact in
+  practice in fp32). The argmax and the inverse CDF search blocks of the vocabulary
+  (`engines/llm/sampling.py`), faster on a CPU than `torch.argmax` / a full `cumsum`.
 - `regex` requests are constrained with xgrammar: one `GrammarMatcher` per row, token bitmasks applied to
   the logits; compiled grammars are cached by regex.
 - Log-probs: `log_softmax(raw logits)[token]`, see `engines/llm/base.py`.
@@ -38,19 +37,10 @@ import torch
 from sage.configs.schema import ModelConfig
 from sage.engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
 from sage.engines.llm.hf_fast import FusedDecoder, module_layer
-from sage.engines.llm.models import cpu_supports_bf16, resolve_model
+from sage.engines.llm.models import resolve_dtype, resolve_model
 from sage.engines.llm.sampling import argmax, draw, log_normalizer, uniform
 
 FAST_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
-
-
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: bf16 on GPUs and on CPUs with native bf16 (AVX512-BF16 / AMX), else fp32."""
-    if name != "auto":
-        return getattr(torch, name)
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
 
 
 @dataclass
@@ -80,7 +70,7 @@ class HFLLM:
         self.adapter: str | None = None
         self.path = resolve_model(cfg.name, cfg.cache_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = pick_dtype(cfg.dtype, self.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"the tokenizer of {cfg.name!r} has no chat template; use an instruct/chat model")

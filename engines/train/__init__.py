@@ -1,3 +1,4 @@
-"""Training the shared LoRA adapter on stored rows: one TRR++ policy-gradient step through TRL's
-`GRPOTrainer`, in this process or as `python -m sage.engines.train` in its own, and merging an adapter into
-its base model for serving."""
+"""Training the shared LoRA adapter on stored rows: the rows and their Parquet file (`rows`), one TRR++
+policy-gradient step (`step`) through a TRL `GRPOTrainer` subclass (`trl_trainer`), in this process or as
+`python -m sage.engines.train` in its own (`__main__`), and merging an adapter into its base model for
+serving (`merge`)."""

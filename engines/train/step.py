@@ -1,10 +1,9 @@
 """One TRR++ policy-gradient step on the shared LoRA adapter, through TRL's `GRPOTrainer`, on stored rows.
 
-SAGE scores and normalises advantages itself (TRR++: per role), so TRL must neither generate nor score nor
-re-normalise anything. This module holds the rows (`TrainRow`, `read_rows` / `write_rows`), model loading
-(`load_policy`, `lora_config`), the step (`train_step`, `train_model`) and the `python -m sage.engines.train.step` entry
-point. The TRL machinery (`StoredRowsTrainer`, its block sampler, `_build_trainer`) is in `sage.engines.train.trl_trainer`;
-`sage.engines.train.step.StoredRowsTrainer` still works, built lazily because `from trl import GRPOTrainer` takes seconds.
+This module loads the policy (`load_policy`: base model + LoRA from `lora_config`), runs the step (`train_step`,
+which loads and saves; `train_model`, on a model already loaded) and saves the adapter atomically. The rows are
+`sage.engines.train.rows`; the TRL subclass that consumes them is `sage.engines.train.trl_trainer`; the command
+line that runs a step in its own process is `python -m sage.engines.train`.
 
 Semantics of one `train_step`: one pass over all rows with a non-empty completion; one optimizer update per
 block of `cfg.minibatch_size * cfg.grad_accum` rows (per process), i.e. `ceil(n_rows / (minibatch_size *
@@ -16,71 +15,32 @@ Under `accelerate launch` (N processes, the train stage's `train.accelerate_conf
 rows and draws the same seeded order; process k trains on the k-th slice of each block, and the gradients
 are averaged. TRL's `dapo` divides each process's token sum by (block tokens / N), `grpo` and `dr_grpo` by
 the rows of a micro-batch (dummy padding rows included, so every process has the same count): after
-averaging over N, N processes with `minibatch_size` b give the update one process gives with N*b (measured:
-equal within float rounding). `bnpo` divides by the tokens of each process's own micro-batch, so its
-update depends on the split. Only the main process saves the adapter and writes the metrics, which record
-the rows each process trained on (`rows_by_rank`).
-
-`python -m sage.engines.train.step --in rows.parquet --out ADAPTER --model PATH --config JSON` runs the same step in its
-own process (the train stage does that when `train.isolate` is set, or under `accelerate launch`).
+averaging over N, N processes with `minibatch_size` b give the update one process gives with N*b (equal
+within float rounding). `bnpo` divides by the tokens of each process's own micro-batch, so its update
+depends on the split. Only the main process saves the adapter and writes the metrics, which record the rows
+each process trained on (`rows_by_rank`).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sage.configs.schema import TrainConfig
-from sage.engines.train.trl_trainer import BATCH_KEYS, OPTIONAL_BATCH_KEYS, _build_trainer, _trainer_class  # noqa: F401
+from sage.engines.llm.models import resolve_dtype
+from sage.engines.train.rows import TrainRow, check_rows
+from sage.engines.train.trl_trainer import build_trainer
 
 #: File written next to the adapter weights, with the metrics of the step that produced them.
 METRICS_FILE = "sage_train_metrics.json"
-
-
-@dataclass
-class TrainRow:
-    """One scored rollout, as stored: token ids, its TRR++ advantage, optionally its sampling log-probs."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    advantage: float
-    logprobs: list[float] | None = None  # sampling log-probs of the completion tokens, when stored
-    role: str = ""
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Planning helpers (no torch / TRL needed)
-
-
-def rows_per_update(cfg: TrainConfig, num_processes: int = 1) -> int:
-    """Rows in one optimizer update (one TRL generation batch)."""
-    return cfg.minibatch_size * cfg.grad_accum * num_processes
-
-
-def num_updates(n_rows: int, cfg: TrainConfig, num_processes: int = 1) -> int:
-    """Optimizer updates one `train_step` makes over `n_rows` usable rows."""
-    return math.ceil(n_rows / rows_per_update(cfg, num_processes)) if n_rows > 0 else 0
-
-
-def _check_rows(rows: list[TrainRow]) -> None:
-    for i, r in enumerate(rows):
-        if len(r.prompt_ids) == 0:
-            raise ValueError(f"row {i}: empty prompt_ids")
-        if r.logprobs is not None and len(r.logprobs) != len(r.completion_ids):
-            raise ValueError(f"row {i}: {len(r.logprobs)} logprobs for {len(r.completion_ids)} completion tokens")
-        if not math.isfinite(float(r.advantage)):
-            raise ValueError(f"row {i}: advantage {r.advantage!r} is not finite")
 
 
 def _role_means(rows: list[TrainRow]) -> dict[str, float]:
@@ -90,47 +50,22 @@ def _role_means(rows: list[TrainRow]) -> dict[str, float]:
     return {role: sum(v) / len(v) for role, v in sorted(sums.items())}
 
 
-def __getattr__(name: str):  # `sage.engines.train.step.StoredRowsTrainer` without importing TRL at module import
-    if name == "StoredRowsTrainer":
-        return _trainer_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# --------------------------------------------------------------------------------------------------------------
-# train_step
-
-
 @contextlib.contextmanager
-def _quiet_v6():
-    """transformers 5 renamed gradient_checkpointing (FutureWarning); peft 0.21 and TRL 1.16 use the old names."""
+def quiet_v6():
+    """Silence transformers 5's "will be removed in v6" FutureWarnings: peft 0.21 and TRL 1.16 still use the
+    old names (gradient_checkpointing and others), which is not the user's concern."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*will be removed in v6.*", category=FutureWarning)
         yield
 
 
 def resolve_device(device: str | None) -> str:
+    """`device` as given, else "cuda" when there is a GPU, else "cpu"."""
     import torch
 
     if device:
         return device
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def resolve_dtype(dtype: str, device: str):
-    """`auto`: bfloat16 on a CUDA device or CPU that supports it natively, else float32. The LoRA weights
-    stay float32 either way (peft upcasts adapters), so only the frozen base runs in bf16."""
-    import torch
-
-    from sage.engines.llm.models import cpu_supports_bf16
-
-    if dtype == "auto":
-        if device.startswith("cuda"):
-            return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-        return torch.bfloat16 if cpu_supports_bf16() else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-    if dtype not in table:
-        raise ValueError(f"dtype {dtype!r}: use auto, float32 or bfloat16")
-    return table[dtype]
 
 
 def lora_config(cfg: TrainConfig):
@@ -151,7 +86,7 @@ def load_policy(model_path: str, adapter_in: str | None, cfg: TrainConfig, *, se
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype or torch.float32)
     set_seed(seed)
-    with _quiet_v6():
+    with quiet_v6():
         if adapter_in:
             return PeftModel.from_pretrained(model, adapter_in, is_trainable=True)
         return get_peft_model(model, lora_config(cfg))
@@ -190,8 +125,9 @@ def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: 
     Loads `model_path` (+ `adapter_in`, trainable; else a fresh LoRA from `cfg`, seeded by `seed`), makes one pass
     over every row with a non-empty completion, one optimizer update per `cfg.minibatch_size * cfg.grad_accum`
     rows (per process; the last update may cover fewer), and saves the adapter (plus `sage_train_metrics.json`)
-    to `adapter_out` through a temp dir + rename, replacing an existing directory. `dtype="auto"` is bfloat16 on
-    CUDA, float32 on CPU. `temperature` divides the logits in the loss: set it to the sampling temperature when
+    to `adapter_out` through a temp dir + rename, replacing an existing directory. `dtype` is resolved by
+    `sage.engines.llm.models.resolve_dtype` for the frozen base; the LoRA weights stay float32 either way
+    (peft upcasts adapters). `temperature` divides the logits in the loss: set it to the sampling temperature when
     the stored log-probs were taken at that temperature. With no usable row the adapter is saved unchanged.
     Under `accelerate launch` every process calls this with the same rows; only the main process saves.
 
@@ -251,7 +187,7 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
 
     used_at = [i for i, r in enumerate(rows) if len(r.completion_ids) > 0]
     usable = [rows[i] for i in used_at]
-    _check_rows(usable)
+    check_rows(usable)
     device = resolve_device(device)
     torch_dtype = model.get_base_model().dtype
     state = PartialState()
@@ -274,8 +210,8 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
     if processes > 1 and cfg.loss_type == "bnpo":
         warnings.warn("train.loss_type bnpo divides by the tokens of each process's own micro-batch, so its update "
                       "changes with the number of processes; dapo, grpo and dr_grpo do not", stacklevel=2)
-    with _quiet_v6():
-        trainer, steps = _build_trainer(model, tokenizer_path, usable, cfg, seed=seed, device=device,
+    with quiet_v6():
+        trainer, steps = build_trainer(model, tokenizer_path, usable, cfg, seed=seed, device=device,
                                         torch_dtype=torch_dtype, temperature=temperature)
         try:
             t0, c0 = time.perf_counter(), time.process_time()
@@ -302,82 +238,3 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
         "rows_by_rank": rows_by_rank,
     })
     return metrics, full_state
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Subprocess entry point
-
-
-def read_rows(path: str | os.PathLike) -> list[TrainRow]:
-    """Rows from a Parquet file with columns prompt_ids, completion_ids, advantage[, logprobs, role]."""
-    import pyarrow.parquet as pq
-
-    out = []
-    for rec in pq.read_table(path).to_pylist():
-        logprobs = rec.get("logprobs")
-        out.append(TrainRow(prompt_ids=[int(t) for t in rec["prompt_ids"]],
-                            completion_ids=[int(t) for t in (rec["completion_ids"] or [])],
-                            advantage=float(rec["advantage"]),
-                            logprobs=None if logprobs is None else [float(x) for x in logprobs],
-                            role=rec.get("role") or ""))
-    return out
-
-
-def write_rows(rows: list[TrainRow], path: str | os.PathLike) -> None:
-    """Write rows in the format `read_rows` (and `python -m sage.engines.train.step --in`) reads."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.table({
-        "prompt_ids": pa.array([r.prompt_ids for r in rows], type=pa.list_(pa.int64())),
-        "completion_ids": pa.array([r.completion_ids for r in rows], type=pa.list_(pa.int64())),
-        "advantage": pa.array([float(r.advantage) for r in rows], type=pa.float64()),
-        "logprobs": pa.array([r.logprobs for r in rows], type=pa.list_(pa.float64())),
-        "role": pa.array([r.role for r in rows], type=pa.string()),
-    })
-    pq.write_table(table, path)
-
-
-def _load_config(value: str) -> TrainConfig:
-    text = Path(value).read_text() if not value.lstrip().startswith("{") and Path(value).is_file() else value
-    return TrainConfig.model_validate(json.loads(text))
-
-
-def train_main(argv: list[str] | None = None) -> int:
-    """`python -m sage.engines.train.step --in rows.parquet --out ADAPTER --model PATH --config JSON [--metrics FILE]`."""
-    ap = argparse.ArgumentParser(prog="python -m sage.engines.train.step", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--in", dest="rows", required=True, help="Parquet rows (prompt_ids, completion_ids, advantage, "
-                    "logprobs, role)")
-    ap.add_argument("--out", required=True, help="adapter directory to write (replaced atomically)")
-    ap.add_argument("--model", required=True, help="base model directory")
-    ap.add_argument("--config", required=True, help="TrainConfig as a JSON string or a JSON file")
-    ap.add_argument("--adapter-in", default=None, help="adapter to continue training (default: a fresh LoRA)")
-    ap.add_argument("--metrics", default=None, help="write the metrics JSON here too")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--temperature", type=float, default=1.0)
-    a = ap.parse_args(argv)
-    from accelerate import PartialState
-
-    try:
-        metrics = train_step(a.model, a.adapter_in, a.out, read_rows(a.rows), _load_config(a.config),
-                             seed=a.seed, device=a.device, dtype=a.dtype, temperature=a.temperature)
-        if a.metrics and PartialState().is_main_process:
-            path = Path(a.metrics)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True))
-            os.replace(tmp, path)
-    finally:
-        # Under `accelerate launch` this process owns a process group: leave it explicitly (torch warns, and
-        # NCCL may hang at exit, otherwise). Without a launcher there is none and this does nothing.
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(train_main(sys.argv[1:]))

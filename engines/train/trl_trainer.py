@@ -1,8 +1,10 @@
-"""The TRL machinery of `sage.engines.train.step`: `StoredRowsTrainer`, its block sampler, and `_build_trainer`.
+"""The TRL side of a training step: `StoredRowsTrainer`, a small `GRPOTrainer` subclass fed stored rows, its
+block sampler, and `build_trainer`, which configures one pass over the rows.
 
-Nothing here imports TRL, torch or transformers at module import; they are imported inside the functions that need
-them. `StoredRowsTrainer` (a small `GRPOTrainer` subclass, built once by `_trainer_class()` because
-`from trl import GRPOTrainer` takes seconds) overrides private methods of TRL 1.16:
+SAGE scores and normalises advantages itself (TRR++: per role), so TRL must neither generate nor score nor
+re-normalise anything. Nothing here imports TRL, torch or transformers at module import (`from trl import
+GRPOTrainer` is slow); they are imported inside the functions that need them, and the class is built once, by
+`trainer_class()` (also reachable as `StoredRowsTrainer`, lazily). It overrides private methods of TRL 1.16:
 
 - `_generate_and_score_completions(inputs)` builds the batch from the stored rows: left-padded prompt ids,
   right-padded completion ids, their masks, the stored advantage (one per row), `num_items_in_batch` (completion
@@ -21,7 +23,7 @@ them. `StoredRowsTrainer` (a small `GRPOTrainer` subclass, built once by `_train
   process k the k-th contiguous slice of it, so the processes train on disjoint rows of the same update.
 - `_compute_loss(model, inputs)` drops the padding columns a micro-batch does not use, then calls TRL's.
 
-`_build_trainer` configures `GRPOConfig` for one pass over the rows (one update per generation batch, constant
+`build_trainer` configures `GRPOConfig` for one pass over the rows (one update per generation batch, constant
 learning rate, no reward scaling) and captures TRL's per-update logs.
 """
 
@@ -29,11 +31,9 @@ from __future__ import annotations
 
 import math
 import tempfile
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # a runtime import would be a cycle (sage.engines.train.step imports this module)
-    from sage.configs.schema import TrainConfig
-    from sage.engines.train.step import TrainRow
+from sage.configs.schema import TrainConfig
+from sage.engines.train.rows import TrainRow
 
 #: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch")
@@ -88,7 +88,7 @@ def _block_sampler_class():
 _TRAINER_CLASS = None
 
 
-def _trainer_class():
+def trainer_class():
     """Build (once) the `GRPOTrainer` subclass; importing TRL takes seconds, so it happens only here."""
     global _TRAINER_CLASS
     if _TRAINER_CLASS is not None:
@@ -211,7 +211,7 @@ def _trainer_class():
 
 def __getattr__(name: str):  # `sage.engines.train.trl_trainer.StoredRowsTrainer` without importing TRL at module import
     if name == "StoredRowsTrainer":
-        return _trainer_class()
+        return trainer_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -220,15 +220,17 @@ def _unused_reward(prompts=None, completions=None, **kwargs):
     raise RuntimeError("StoredRowsTrainer never scores completions")
 
 
-def _build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str,
+def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str,
                    torch_dtype, temperature: float):
+    """A `StoredRowsTrainer` for one pass over `rows` (all with a non-empty completion), and the list it fills
+    with TRL's per-update logs as `train()` runs. The caller removes `trainer.args.output_dir` afterwards."""
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig
 
-    cls = _trainer_class()
+    cls = trainer_class()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     bs, ga = cfg.minibatch_size, cfg.grad_accum
     if bs * ga == 1:  # TRL needs num_generations >= 2 dividing the generation batch

@@ -1,4 +1,5 @@
-"""Math checker: extract a final answer and decide equivalence with math-verify, without ever hanging.
+"""Math checker: decide whether a predicted answer is equivalent to the reference with math-verify, without ever
+hanging. Finding the final answer in a model's text is `sage.engines.text.answers.extract_answer`'s job.
 
 math-verify's own timeouts use `signal.alarm` and fail off the main thread, so they are disabled
 (`parsing_timeout=None, timeout_seconds=None`) and every check runs in a warm worker process
@@ -28,44 +29,7 @@ from sage.configs.schema import MathCheckConfig
 
 STARTUP_TIMEOUT_S = 120.0
 
-# ------------------------------------------------------------------------------------------ extraction
-
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
-_ANSWER_IS = re.compile(r"the (?:final )?answer is[:\s]*(.+)", re.I)
-
-
-def _last_braced(text: str, commands: tuple[str, ...] = ("\\boxed", "\\fbox")) -> str | None:
-    """Content of the last `\\boxed{...}` (nested braces allowed), or None."""
-    best = max(text.rfind(c + "{") for c in commands)
-    while best >= 0:
-        start = text.index("{", best) + 1
-        depth, i = 1, start
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            return text[start:i - 1].strip()
-        best = max(text.rfind(c + "{", 0, best) for c in commands)  # unclosed: try an earlier one
-    return None
-
-
-def extract_answer(text: str | None) -> str | None:
-    """The final answer: last `\\boxed{}`, else the last `<answer>` tag, else "the answer is ..."."""
-    if not text:
-        return None
-    boxed = _last_braced(text)
-    if boxed:
-        return boxed
-    tags = _ANSWER_TAG.findall(text)
-    if tags and tags[-1].strip():
-        inner = tags[-1].strip()
-        return _last_braced(inner) or inner
-    found = _ANSWER_IS.findall(text)
-    if found:
-        line = found[-1].strip().splitlines()[0].strip()
-        line = re.sub(r"^\$+|\$+$", "", line.rstrip(". ")).strip()
-        return line or None
-    return None
+# ------------------------------------------------------------------------------------------ normalisation
 
 
 def normalize(answer: str) -> str:

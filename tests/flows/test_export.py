@@ -22,7 +22,8 @@ def project(tiny_model, tmp_path_factory):
     """A warehouse with run `r` (base model = the tiny model): baseline 'base' checkpoint at 0.25, a trained
     adapter at iteration 1 validated at 0.5 (best), and run `nobest` with an unvalidated checkpoint."""
     from sage.configs.schema import TrainConfig
-    from sage.engines.train.step import TrainRow, train_step
+    from sage.engines.train.rows import TrainRow
+    from sage.engines.train.step import train_step
 
     d = tmp_path_factory.mktemp("export")
     adapter = d / "adapters" / "r" / "iteration-1"

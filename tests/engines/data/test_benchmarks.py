@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from sage.configs.schema import SandboxConfig
-from sage.engines import benchmarks
+from sage.engines.data import benchmarks
 from sage.engines.data.benchmarks import (BenchmarkUnavailable, code_job, complete_code_verifiers, decode_lcb_tests,
                                 expected_of, load_benchmark, pass_at_k)
 from sage.engines.verify.outputs import score_outputs

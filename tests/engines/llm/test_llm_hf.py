@@ -9,7 +9,7 @@ import torch
 
 from sage.configs.schema import ModelConfig
 from sage.engines.llm import GenRequest, load_llm
-from sage.engines.llm.hf import HFLLM, pick_dtype
+from sage.engines.llm.hf import HFLLM
 
 SCORE_RX = r"<score>(10|[1-9])</score>"
 
@@ -202,12 +202,6 @@ def test_rejects_prompt_longer_than_max_model_len(llm):
         short.generate([GenRequest(_msgs("abc " * 300))])
     with pytest.raises(ValueError, match="temperature"):
         GenRequest(_msgs("x"), temperature=-1)
-
-
-def test_pick_dtype_respects_config():
-    cpu = torch.device("cpu")
-    assert pick_dtype("float32", cpu) == torch.float32 and pick_dtype("bfloat16", cpu) == torch.bfloat16
-    assert pick_dtype("auto", cpu) in (torch.float32, torch.bfloat16)
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[:1]])  # padded batch (masked attention); one row: no mask

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from sage.engines.llm import models
-from sage.engines.llm.models import ModelNotFoundError, resolve_model
+from sage.engines.llm.models import ModelNotFoundError, resolve_dtype, resolve_model
 
 
 def test_local_directory_and_hf_id_pass_through(tiny_model, tmp_path):
@@ -58,3 +58,42 @@ def test_smollm2_converts_from_the_wheel_and_answers(tmp_path):
                                    temperature=0)])[0]
     assert res.completions[0].text.strip()
     llm.close()
+
+
+# -- dtype policy (generation and training) ----------------------------------------------------------------
+
+def test_resolve_dtype_respects_config():
+    import torch
+
+    cpu = torch.device("cpu")
+    assert resolve_dtype("float32", cpu) == torch.float32 and resolve_dtype("bfloat16", cpu) == torch.bfloat16
+    assert resolve_dtype("auto", cpu) in (torch.float32, torch.bfloat16)
+
+
+def test_resolve_dtype_names_and_errors():
+    import torch
+
+    for name, dtype in [("float32", torch.float32), ("fp32", torch.float32), ("bfloat16", torch.bfloat16),
+                        ("bf16", torch.bfloat16), ("float16", torch.float16), ("fp16", torch.float16)]:
+        assert resolve_dtype(name, "cpu") == dtype and resolve_dtype(name, "cuda:0") == dtype
+    for bad in ("half", "float64", "int8", "", "BF16"):
+        with pytest.raises(ValueError, match="use auto, float32"):
+            resolve_dtype(bad, "cpu")
+
+
+def test_resolve_dtype_auto_is_bf16_where_supported_else_fp32(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(models, "cpu_supports_bf16", lambda: True)
+    assert resolve_dtype("auto", "cpu") == torch.bfloat16 == resolve_dtype("auto", torch.device("cpu"))
+    monkeypatch.setattr(models, "cpu_supports_bf16", lambda: False)
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    # A CUDA device: bf16 when the GPU has it, else fp32 (never fp16 unless named), whatever the CPU does.
+    monkeypatch.setattr(models, "cpu_supports_bf16", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16 == resolve_dtype("auto", torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_dtype("auto", "cuda:1") == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_dtype("auto", "cuda") == torch.float32

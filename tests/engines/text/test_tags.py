@@ -8,12 +8,12 @@ import re
 import pytest
 
 from sage.configs.names import Role
+from sage.engines.text.answers import last_boxed
 from sage.engines.text.code import entry_point, parse_inputs
 from sage.engines.text.tags import (
     REQUIRED_TAGS,
     ROLE_REGEX,
     Parsed,
-    last_boxed,
     normalise_score,
     parse_challenger,
     parse_critic,

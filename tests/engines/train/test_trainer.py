@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from sage.configs.schema import TrainConfig
-from sage.engines.train.step import (BATCH_KEYS, METRICS_FILE, OPTIONAL_BATCH_KEYS, TrainRow, load_policy, train_model,
-                             train_step, write_rows)
+from sage.engines.train.rows import TrainRow, write_rows
+from sage.engines.train.step import METRICS_FILE, load_policy, train_model, train_step
+from sage.engines.train.trl_trainer import BATCH_KEYS, OPTIONAL_BATCH_KEYS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LINEAR = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
@@ -170,9 +171,8 @@ def test_stored_logprobs_are_the_old_policy(tiny_model):
 def test_every_row_once_and_empty_completions_skipped(tiny_model, monkeypatch):
     """11 rows (2 with empty completions) -> 9 used; minibatch 2 x grad_accum 2 -> 3 updates (the last one on one
     real row and a masked dummy), each row seen exactly once."""
-    import sage.engines.train.step as T
+    from sage.engines.train.trl_trainer import StoredRowsTrainer as cls
 
-    cls = T.StoredRowsTrainer
     seen = []
     original = cls._generate_and_score_completions
 
@@ -262,14 +262,14 @@ def test_one_step_contract(tiny_model):
 
     import torch
 
-    import sage.engines.train.step as T
+    from sage.engines.train.trl_trainer import build_trainer
 
     cfg = _cfg(minibatch_size=2, grad_accum=2, kl_beta=0.1)
     rows = _rows(3, seed=5)
     rows[0].logprobs = rows[1].logprobs = rows[2].logprobs = None
     model = load_policy(str(tiny_model), None, cfg, seed=0)
-    trainer, _ = T._build_trainer(model, str(tiny_model), rows, cfg, seed=0, device="cpu",
-                                  torch_dtype=torch.float32, temperature=1.0)
+    trainer, _ = build_trainer(model, str(tiny_model), rows, cfg, seed=0, device="cpu",
+                               torch_dtype=torch.float32, temperature=1.0)
     try:
         batch = trainer._generate_and_score_completions([{"row": 0}, {"row": 1}, {"row": 2}, {"row": -1}])
         assert set(BATCH_KEYS) <= set(batch) and "ref_per_token_logps" in batch
@@ -300,7 +300,7 @@ def test_subprocess_entry_point(tiny_model, tmp_path):
     out, metrics = tmp_path / "adapter", tmp_path / "m" / "metrics.json"
     cfg = _cfg(minibatch_size=2, grad_accum=1).model_dump_json()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "sage.engines.train.step", "--in", str(path), "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "sage.engines.train", "--in", str(path), "--out", str(out),
                            "--model", str(tiny_model), "--config", cfg, "--metrics", str(metrics),
                            "--device", "cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -13,7 +13,8 @@ import pytest
 
 from sage.configs import ConfigError
 from sage.configs.schema import SageConfig, TrainConfig
-from sage.engines.train.step import METRICS_FILE, load_policy, rows_per_update, train_step
+from sage.engines.train.rows import rows_per_update
+from sage.engines.train.step import METRICS_FILE, load_policy, train_step
 from sage.stages.train import ACCELERATE_DIR, _train_isolated, accelerate_config_path, trainer_command
 from tests.engines.train.test_trainer import _rows
 
@@ -119,10 +120,10 @@ def test_accelerate_configs_by_short_name_and_path(tmp_path):
     assert accelerate_config_path(str(own)) == own.resolve()
     cmd = trainer_command(["--in", "x"], str(own))
     assert cmd[1:5] == ["-m", "accelerate.commands.launch", "--config_file", str(own.resolve())]
-    assert cmd[5:] == ["-m", "sage.engines.train.step", "--in", "x"]
+    assert cmd[5:] == ["-m", "sage.engines.train", "--in", "x"]
     # use_cpu reaches the trainer, which the multi-process CPU launcher would not tell
     assert trainer_command(["--in", "x"], "cpu-2proc")[-2:] == ["--device", "cpu"]
-    assert trainer_command(["--in", "x"])[1:] == ["-m", "sage.engines.train.step", "--in", "x"]
+    assert trainer_command(["--in", "x"])[1:] == ["-m", "sage.engines.train", "--in", "x"]
 
 
 def test_unknown_accelerate_config_names_the_choices():

@@ -36,7 +36,7 @@ from sage.engines.verify.child import Opaque, decode_value, encode_value
 BACKENDS = available_backends()
 TIMEOUT_S = 2.0
 CFG = dict(timeout_s=TIMEOUT_S, cpu_s=2, memory_mb=512, max_output_bytes=1_000_000, max_procs=32, workers=8)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SECRET = "s3cr3t-" + secrets.token_hex(8)  # in the parent's environment and served on 127.0.0.1
 UNKNOWN = "unknown-" + secrets.token_hex(8)  # expected output never shown to the sandbox
 OUT_DIR = Path(tempfile.mkdtemp(prefix="sage-attack-"))  # world-writable, in the host /tmp

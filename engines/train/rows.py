@@ -1,0 +1,77 @@
+"""The rows a training step learns from, as stored: `TrainRow`, their Parquet file (`read_rows` /
+`write_rows`, what the train stage hands a training process), their checks, and how many optimizer
+updates they make (`rows_per_update`, `num_updates`).
+
+Nothing here imports torch or TRL, so the train stage can plan and write rows without loading either.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from sage.configs.schema import TrainConfig
+
+
+@dataclass
+class TrainRow:
+    """One scored rollout, as stored: token ids, its TRR++ advantage, optionally its sampling log-probs."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantage: float
+    logprobs: list[float] | None = None  # sampling log-probs of the completion tokens, when stored
+    role: str = ""
+
+
+def rows_per_update(cfg: TrainConfig, num_processes: int = 1) -> int:
+    """Rows in one optimizer update (one TRL generation batch)."""
+    return cfg.minibatch_size * cfg.grad_accum * num_processes
+
+
+def num_updates(n_rows: int, cfg: TrainConfig, num_processes: int = 1) -> int:
+    """Optimizer updates one `train_step` makes over `n_rows` usable rows."""
+    return math.ceil(n_rows / rows_per_update(cfg, num_processes)) if n_rows > 0 else 0
+
+
+def check_rows(rows: list[TrainRow]) -> None:
+    """Raise ValueError naming the first row that cannot be trained on (empty prompt, log-probs that do not
+    match the completion, an advantage that is not finite)."""
+    for i, r in enumerate(rows):
+        if len(r.prompt_ids) == 0:
+            raise ValueError(f"row {i}: empty prompt_ids")
+        if r.logprobs is not None and len(r.logprobs) != len(r.completion_ids):
+            raise ValueError(f"row {i}: {len(r.logprobs)} logprobs for {len(r.completion_ids)} completion tokens")
+        if not math.isfinite(float(r.advantage)):
+            raise ValueError(f"row {i}: advantage {r.advantage!r} is not finite")
+
+
+def read_rows(path: str | os.PathLike) -> list[TrainRow]:
+    """Rows from a Parquet file with columns prompt_ids, completion_ids, advantage[, logprobs, role]."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for rec in pq.read_table(path).to_pylist():
+        logprobs = rec.get("logprobs")
+        out.append(TrainRow(prompt_ids=[int(t) for t in rec["prompt_ids"]],
+                            completion_ids=[int(t) for t in (rec["completion_ids"] or [])],
+                            advantage=float(rec["advantage"]),
+                            logprobs=None if logprobs is None else [float(x) for x in logprobs],
+                            role=rec.get("role") or ""))
+    return out
+
+
+def write_rows(rows: list[TrainRow], path: str | os.PathLike) -> None:
+    """Write rows in the format `read_rows` (and `python -m sage.engines.train --in`) reads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({
+        "prompt_ids": pa.array([r.prompt_ids for r in rows], type=pa.list_(pa.int64())),
+        "completion_ids": pa.array([r.completion_ids for r in rows], type=pa.list_(pa.int64())),
+        "advantage": pa.array([float(r.advantage) for r in rows], type=pa.float64()),
+        "logprobs": pa.array([r.logprobs for r in rows], type=pa.list_(pa.float64())),
+        "role": pa.array([r.role for r in rows], type=pa.string()),
+    })
+    pq.write_table(table, path)

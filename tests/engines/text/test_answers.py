@@ -1,0 +1,71 @@
+"""Final-answer extraction: the one brace matcher behind `last_boxed` (the Solver parser's fallback) and
+`extract_answer` (what the verify and evaluate stages hand the math checker), and where the two differ."""
+
+from __future__ import annotations
+
+import pytest
+
+from sage.engines.text.answers import BOXED_OR_FBOX, extract_answer, last_boxed
+from sage.engines.text.tags import parse_solver
+
+
+@pytest.mark.parametrize("text,answer", [
+    ("so \\boxed{\\frac{1}{2}} and finally \\boxed{x^{2}}", "x^{2}"),
+    ("\\boxed{\\{1, \\{2\\}\\}}", "\\{1, \\{2\\}\\}"),
+    ("\\boxed{3} then \\boxed{4", "3"),
+    ("\\fbox{7}", "7"),
+    ("<answer>42</answer>", "42"),
+    ("<answer>first</answer> ... <answer> \\boxed{5} </answer>", "5"),
+    ("<answer>a</answer><answer>b</answer>", "b"),
+    ("Thus the answer is $\\frac{3}{4}$.", "\\frac{3}{4}"),
+    ("The final answer is: 12\nThanks", "12"),
+    ("no answer here", None),
+    ("", None),
+    (None, None),
+])
+def test_extract_answer(text, answer):
+    assert extract_answer(text) == answer
+
+
+@pytest.mark.parametrize("text,boxed,answer", [
+    # nesting: the box that opens last wins, so of nested boxes the inner one
+    ("\\boxed{\\boxed{1}+1}", "\\boxed{1}", "1"),
+    ("\\boxed{a \\fbox{b}}", "\\boxed{a \\fbox{b}}", "b"),
+    # unbalanced: an unclosed box gives way to the last closed one before it
+    ("\\boxed{1} then \\boxed{2", "\\boxed{1}", "1"),
+    ("\\boxed{1} \\boxed{ {2}", "\\boxed{1}", "1"),
+    ("\\boxed{1}} \\boxed{2}}", "\\boxed{2}", "2"),
+    ("\\boxed{2", None, None),
+    # escaped braces count as braces, so they must balance too
+    ("\\boxed{\\{1\\}}", "\\boxed{\\{1\\}}", "\\{1\\}"),
+    # an empty last box: no boxed answer, so extraction moves on to the tag
+    ("\\boxed{3} \\boxed{ } <answer>5</answer>", "\\boxed{ }", "5"),
+    # only `\\boxed{` opens a box: no space, no other command
+    ("\\boxed {4}", None, None),
+    ("\\boxedx{4}", None, None),
+])
+def test_one_brace_matcher(text, boxed, answer):
+    assert last_boxed(text) == boxed
+    assert extract_answer(text) == answer
+
+
+def test_fbox_counts_for_extraction_only():
+    """The Solver parser falls back on `\\boxed{}` alone (kept as written); `extract_answer` also takes `\\fbox{}`."""
+    text = "so \\boxed{1} and then \\fbox{2}"
+    assert last_boxed(text) == "\\boxed{1}" and last_boxed(text, BOXED_OR_FBOX) == "\\fbox{2}"
+    assert extract_answer(text) == "2"
+    assert parse_solver(text, "math").fields["answer"] == "\\boxed{1}"
+    assert parse_solver("only \\fbox{7}", "math").fields["answer"] is None
+    assert extract_answer("only \\fbox{7}") == "7"
+
+
+@pytest.mark.parametrize("text", ["The final answer is: ", "{\nthe answer is \n ", "the answer is $$."])
+def test_answer_is_with_nothing_after_it(text):
+    """A completion cut off right after "the answer is" has no answer (this used to raise IndexError)."""
+    assert extract_answer(text) is None
+
+
+def test_many_unclosed_boxes():
+    text = "\\boxed{" * 20000 + "x" + "{" * 20000
+    assert last_boxed(text) is None and extract_answer(text) is None
+    assert extract_answer("\\boxed{" * 20000 + "\\boxed{7}") == "7"
