@@ -29,7 +29,7 @@ from sage.warehouse.queries import checkpoint_path, record_checkpoint, training_
 
 STAGE = Stage.TRAIN
 #: The accelerate config files `train.accelerate_config` can name without a path.
-ACCELERATE_DIR = Path(sage.configs.__file__).resolve().parent / "accelerate"
+ACCELERATE_DIR = Path(configs.__file__).resolve().parent / "accelerate"
 
 
 def accelerate_config_path(value: str) -> Path:
