@@ -100,8 +100,8 @@ def export_command(
     try:
         if dest is None:
             dest = Path(directory).expanduser() / "exports" / f"{run_id}-{checkpoint}{'-merged' if merge else ''}"
-        target = resolve_checkpoint(wh, run_id, checkpoint)
         out = export_adapter(wh, run_id, checkpoint, dest, merge)
+        target = resolve_checkpoint(wh, run_id, checkpoint)
     except ValueError as e:  # ExportError, an unknown run or checkpoint
         fail(str(e))
     finally:
