@@ -183,9 +183,9 @@ def run_config(wh: Warehouse, run_id: str) -> tuple[str, str] | None:
     return rows[0] if rows else None
 
 
-def set_run_config(wh: Warehouse, run_id: str, config: str) -> None:
-    """Store a run's config again (only placement sections may differ; the hash stays)."""
-    wh.con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [config, run_id])
+def set_run_config(wh: Warehouse, run_id: str, config: str, config_hash: str) -> None:
+    """Store a run's config again (only fields outside its identity may differ)."""
+    wh.con.execute("UPDATE runs SET config = ?, config_hash = ? WHERE run_id = ?", [config, config_hash, run_id])
 
 
 def set_run_status(wh: Warehouse, run_id: str, status: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from sage.configs import apply_override, config_from_dict, config_hash, config_json
+from sage.configs import apply_override, config_from_dict, config_hash, config_json, identity_diff
 from sage.configs.schema import SageConfig
 from sage.warehouse.db import Warehouse
 from sage.warehouse.queries import run_config, set_run_config
@@ -20,21 +20,35 @@ class RunConfigMismatch(ValueError):
 
 
 def create_run(wh: Warehouse, cfg: SageConfig, run_id: str | None = None) -> str:
-    """Record a run (or find it again). The default id is the config's hash, so `sage run` with the same
-    config resumes the same run; an existing id with a different config is an error."""
+    """Record a run (or find it again). The default id is the hash of the config's identity (configs/identity.py),
+    so `sage run` with the same config resumes the same run, also with more iterations or another placement;
+    an existing id whose identity fields differ is an error that lists them."""
     h = config_hash(cfg)
     run_id = run_id or f"run-{h[:8]}"
     existing = run_config(wh, run_id)
     if existing is None:
         wh.insert_batch("runs", [dict(run_id=run_id, config=config_json(cfg), config_hash=h,
                                       base_model=cfg.model.name, seed=cfg.run.seed)])
-    elif existing[1] != h:
-        raise RunConfigMismatch(f"run {run_id!r} exists with a different config (hash {existing[1]} != {h}); "
-                                f"pick a new name with --run, or drop the --set overrides that changed")
-    elif existing[0] != config_json(cfg):
-        # same run, launched with other placement (e.g. orchestration.runner=ray): later stages use it
-        set_run_config(wh, run_id, config_json(cfg))
+        return run_id
+    stored = _stored_config(existing[0])
+    diff = identity_diff(stored, cfg)
+    if diff:
+        raise RunConfigMismatch(
+            f"run {run_id!r} exists with a config that decides other rows:\n  " + "\n  ".join(diff) +
+            f"\nto keep the stored run, drop the --set overrides that changed these; to start a new run with "
+            f"this config, name it: --run NAME (a name not in `sage status`)")
+    if existing[0] != config_json(cfg) or existing[1] != h:
+        # same rows, other schedule or placement (more iterations, Ray, another batch size): later stages use it
+        set_run_config(wh, run_id, config_json(cfg), h)
     return run_id
+
+
+def _stored_config(text: str) -> SageConfig | dict:
+    data = json.loads(text)
+    try:
+        return config_from_dict(data)  # defaults filled in, as a new config has them
+    except ValueError:
+        return data
 
 
 def load_run_config(wh: Warehouse, run_id: str, overrides: list[str] | tuple[str, ...] = ()) -> SageConfig:
@@ -47,3 +61,4 @@ def load_run_config(wh: Warehouse, run_id: str, overrides: list[str] | tuple[str
     for assignment in overrides:
         apply_override(data, assignment)
     return config_from_dict(data, source=f"run {run_id}")
+
