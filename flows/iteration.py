@@ -19,6 +19,7 @@ from sage.flows.record import run_recorded
 from sage.stages import admit, challenge, critique, plan, score, solve, train, validate, verify
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.queries import finish_iteration, iteration_summary, start_iteration
+from sage.warehouse.runs import check_stage_target
 
 # (stage name in stage_runs, function). Order is SAGE.md's: challenge, critique questions, probe, verify,
 # admit (the filter), plan, critique plans + gate, solve, verify, score, train.
@@ -90,6 +91,7 @@ def stage_flow(directory: str, run_id: str, iteration: int, stage: str, force: b
     if stage not in RUNNABLE:
         raise ValueError(f"unknown stage {stage!r}; one of {', '.join(RUNNABLE)}")
     with session.opened(directory) as s:
+        check_stage_target(s.warehouse, run_id, iteration, stage)  # before anything is written
         if stage in STAGE_NAMES:
             start_iteration(s.warehouse, run_id, iteration, s.context(run_id, iteration).adapter)
         return stage_task(directory, run_id, iteration, stage, force=force)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 
 from sage.configs import apply_override, config_from_dict, config_hash, config_json, identity_diff
+from sage.configs.names import Stage
 from sage.configs.schema import SageConfig
 from sage.warehouse.db import Warehouse
-from sage.warehouse.queries import run_config, set_run_config
+from sage.warehouse.queries import iteration_states, run_config, run_ids, set_run_config
 
 
 class RunNotFound(ValueError):
@@ -17,6 +18,10 @@ class RunNotFound(ValueError):
 
 class RunConfigMismatch(ValueError):
     """A run id that exists with another config."""
+
+
+class IterationNotFound(ValueError):
+    """A stage asked for an iteration the run does not have and cannot start yet."""
 
 
 def create_run(wh: Warehouse, cfg: SageConfig, run_id: str | None = None) -> str:
@@ -62,3 +67,24 @@ def load_run_config(wh: Warehouse, run_id: str, overrides: list[str] | tuple[str
         apply_override(data, assignment)
     return config_from_dict(data, source=f"run {run_id}")
 
+
+def check_stage_target(wh: Warehouse, run_id: str, iteration: int, stage: str) -> None:
+    """Refuse, before anything is written, a stage on a run or an iteration that does not exist. A stage may run
+    on an iteration the run has, on the next one (last + 1) once the last is done, and `validate` also on
+    iteration 0 (the base model)."""
+    if run_config(wh, run_id) is None:
+        names = run_ids(wh)
+        have = f"runs here: {', '.join(names)}" if names else "no runs yet (start one with `sage run`)"
+        raise RunNotFound(f"no run {run_id!r} in {wh.path}; {have}")
+    states = iteration_states(wh, run_id)
+    if iteration in states or (iteration == 0 and stage == Stage.VALIDATE):
+        return
+    last = max(states, default=0)
+    if iteration == last + 1 and iteration > 0 and stage != Stage.VALIDATE and states.get(last, "done") == "done":
+        return
+    have = (f"it has iterations {', '.join(f'{k} ({v})' for k, v in sorted(states.items()))}" if states
+            else "it has no iterations yet")
+    nxt = (f"iteration {last + 1} can start once iteration {last} is done" if states.get(last, "done") != "done"
+           else f"a stage other than validate may start the next one, {last + 1}")
+    raise IterationNotFound(f"run {run_id!r} has no iteration {iteration}: {have}; {nxt}; validate also takes "
+                            f"iteration 0 (the base model)")

@@ -1,4 +1,5 @@
-"""Runs as users expect them: `sage run` extends a run with more iterations (`--set run.iterations=N` or `-n N`)."""
+"""Runs as users expect them: `sage run` extends a run with more iterations (`--set run.iterations=N` or `-n N`),
+and `sage stage` refuses a run or an iteration that does not exist."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typer.testing import CliRunner
 from sage.flows import cli
 from sage.warehouse import Warehouse
 from tests.flows import scripted_run
+from tests.flows.test_iteration import dump
 
 
 @pytest.fixture()
@@ -54,4 +56,38 @@ def test_more_iterations_extend_the_same_run(prefect_api, scripted_cli, tmp_path
     # a field that decides rows: refused with what differs and how to start a new run instead
     r = sage_run(scripted_cli, tmp_path, "--run", rid, "--set", "iteration.alpha=0.9")
     assert r.exit_code == 2 and "iteration.alpha: 0.7 -> 0.9" in said(r) and "--run NAME" in said(r)
+
+    # sage stage: a missing iteration or run is refused, naming what exists, and writes nothing
+    before = dump(tmp_path)
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        stage_runs = wh.count("stage_runs")
+    r = scripted_cli("stage", "verify", "--run", rid, "-i", 9, "--dir", tmp_path)
+    assert r.exit_code == 2 and "no iteration 9" in said(r) and "1 (done), 2 (done), 3 (done)" in said(r)
+    r = scripted_cli("stage", "challenge", "--run", rid, "-i", 0, "--dir", tmp_path)
+    assert r.exit_code == 2 and "no iteration 0" in said(r) and "validate also takes iteration 0" in said(r)
+    r = scripted_cli("stage", "validate", "--run", rid, "-i", 4, "--dir", tmp_path)
+    assert r.exit_code == 2 and "no iteration 4" in said(r)
+    r = scripted_cli("stage", "verify", "--run", "nope", "-i", 1, "--dir", tmp_path)
+    assert r.exit_code == 2 and "no run 'nope'" in said(r) and rid in said(r)
+    assert dump(tmp_path) == before and iterations(tmp_path) == [(rid, k, "done") for k in (1, 2, 3)]
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.count("stage_runs") == stage_runs
+
+
+def test_a_stage_may_start_the_next_iteration_once_the_last_is_done(prefect_api, scripted_cli, tmp_path):
+    from sage.flows.session import Session
+    from sage.warehouse.queries import finish_iteration, start_iteration
+    from sage.warehouse.runs import IterationNotFound, check_stage_target
+
+    rid = scripted_run.prepare(tmp_path, "next")
+    with Session(tmp_path) as s:
+        wh = s.warehouse
+        check_stage_target(wh, rid, 1, "challenge")       # a run without iterations starts iteration 1
+        check_stage_target(wh, rid, 0, "validate")        # the base model
+        start_iteration(wh, rid, 1, None)
+        with pytest.raises(IterationNotFound, match="iteration 2 can start once iteration 1 is done"):
+            check_stage_target(wh, rid, 2, "challenge")
+        finish_iteration(wh, rid, 1, "done")
+        check_stage_target(wh, rid, 2, "challenge")
+        check_stage_target(wh, rid, 1, "validate")
 
