@@ -184,10 +184,11 @@ def report(run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage 
            out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: <dir>/reports/<run>).")] = None) -> None:
     """Write PNG plots and an HTML page of a run's curriculum, rewards, gate and validation curve."""
     from sage.flows.report import write_report
+    from sage.warehouse.runs import run_dirname
 
     wh = _open(warehouse_path(directory), read_only=True)
     try:
-        html = write_report(wh, run_id, out or Path(directory) / "reports" / run_id)
+        html = write_report(wh, run_id, out or Path(directory) / "reports" / run_dirname(run_id))
     except ValueError as e:
         fail(str(e))
     finally:

@@ -15,6 +15,7 @@ from prefect.cache_policies import NONE
 
 from sage.configs.names import Stage
 from sage.flows import session
+from sage.flows.artifacts import artifact_key
 from sage.flows.record import run_recorded
 from sage.stages import admit, challenge, critique, plan, score, solve, train, validate, verify
 from sage.stages.context import StageContext, StageReport
@@ -100,5 +101,5 @@ def stage_flow(directory: str, run_id: str, iteration: int, stage: str, force: b
 def _publish(run_id: str, iteration: int, summary: dict[str, list[dict]]) -> None:
     rows = [{"table": name, **{k: (None if v is None else str(v)) for k, v in r.items()}}
             for name, table in summary.items() for r in table]
-    key = f"{run_id}-iteration-{iteration}".lower().replace("_", "-")
-    create_table_artifact(table=rows, key=key, description=f"SAGE run {run_id}, iteration {iteration}")
+    create_table_artifact(table=rows, key=artifact_key(run_id, "iteration", iteration),
+                          description=f"SAGE run {run_id}, iteration {iteration}")

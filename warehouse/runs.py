@@ -3,7 +3,9 @@ stage of it runs with (one loader for the flows, `sage eval` and `sage export`).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 
 from sage.configs import apply_override, config_from_dict, config_hash, config_json, identity_diff
 from sage.configs.names import Stage
@@ -66,6 +68,16 @@ def load_run_config(wh: Warehouse, run_id: str, overrides: list[str] | tuple[str
     for assignment in overrides:
         apply_override(data, assignment)
     return config_from_dict(data, source=f"run {run_id}")
+
+
+def run_dirname(run_id: str) -> str:
+    """A directory name for a run (adapters, reports, exports): the run id when it is a plain name, else its
+    letters, digits, `.`, `_` and `-` plus a short hash of the id, so `exp.1/a b:c` neither nests nor escapes
+    a directory and two names never share one."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", run_id).strip(".-")
+    if name == run_id:
+        return name
+    return f"{name or 'run'}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}"
 
 
 def check_stage_target(wh: Warehouse, run_id: str, iteration: int, stage: str) -> None:

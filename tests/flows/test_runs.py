@@ -1,5 +1,5 @@
 """Runs as users expect them: `sage run` extends a run with more iterations (`--set run.iterations=N` or `-n N`),
-and `sage stage` refuses a run or an iteration that does not exist."""
+`sage stage` refuses a run or an iteration that does not exist, and any run name works end to end."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from sage.flows import cli
 from sage.warehouse import Warehouse
+from sage.warehouse.runs import run_dirname
 from tests.flows import scripted_run
 from tests.flows.test_iteration import dump
 
@@ -91,3 +92,34 @@ def test_a_stage_may_start_the_next_iteration_once_the_last_is_done(prefect_api,
         check_stage_target(wh, rid, 2, "challenge")
         check_stage_target(wh, rid, 1, "validate")
 
+
+NAME = "exp.1/a b:c"
+
+
+def test_any_run_name_finishes_and_resumes(prefect_api, scripted_cli, tmp_path):
+    from prefect.artifacts import Artifact
+
+    scripted_run.run(tmp_path, 2, run_id=NAME)
+    assert iterations(tmp_path) == [(NAME, 1, "done"), (NAME, 2, "done")]
+    assert Artifact.get("exp-1-a-b-c-iteration-2") is not None
+    before = dump(tmp_path)
+    scripted_run.run(tmp_path, 2, run_id=NAME)
+    assert dump(tmp_path) == before and iterations(tmp_path) == [(NAME, 1, "done"), (NAME, 2, "done")]
+
+    r = scripted_cli("report", "--run", NAME, "--dir", tmp_path)
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert [p.name for p in (tmp_path / "reports").iterdir()] == [run_dirname(NAME)]
+    assert (tmp_path / "reports" / run_dirname(NAME) / "index.html").exists()
+
+
+@pytest.mark.parametrize("name", ["scripted", "run-3f2a9c1d", "my_run.v2"])
+def test_plain_run_names_are_their_own_directory(name):
+    assert run_dirname(name) == name
+
+
+@pytest.mark.parametrize("name", [NAME, "../up", "..", "/abs/path", "a\\b", "x y", "."])
+def test_other_run_names_map_to_one_safe_directory(name, tmp_path):
+    d = run_dirname(name)
+    assert "/" not in d and "\\" not in d and d not in (".", "..") and not d.startswith(".")
+    assert (tmp_path / d).resolve().parent == tmp_path.resolve()
+    assert d != run_dirname(name + "!")  # two names never share a directory
