@@ -6,7 +6,6 @@ overrides, and validates. Errors name the field and say what to change.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from sage.configs.identity import EXCLUDED, config_hash, identity_diff
 from sage.configs.schema import SageConfig
 
 PROFILES_DIR = Path(__file__).parent
@@ -94,15 +94,5 @@ def config_json(cfg: SageConfig) -> str:
     return json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
 
 
-# Sections that say where a run executes, not what it computes (the Ray and local runners give the same rows):
-# they stay out of a run's identity, so a run started locally can resume on a cluster.
-PLACEMENT_SECTIONS = ("orchestration",)
-
-
-def config_hash(cfg: SageConfig) -> str:
-    data = cfg.model_dump(mode="json", exclude=set(PLACEMENT_SECTIONS))
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
 __all__ = ["ConfigError", "SageConfig", "load_config", "config_from_dict", "config_json", "config_hash",
-           "apply_override", "profile_path", "DEFAULT_PROFILE"]
+           "apply_override", "profile_path", "DEFAULT_PROFILE", "EXCLUDED", "identity_diff"]

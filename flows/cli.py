@@ -160,17 +160,21 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
           force: Annotated[bool, typer.Option("--force", help="Redo the stage even if it is done.")] = False) -> None:
     """Re-run exactly one stage of one iteration (skipped if done, unless --force)."""
     from sage.flows.iteration import RUNNABLE, stage_flow
-
-    from sage.warehouse.runs import RunNotFound
+    from sage.warehouse import WarehouseBusy
+    from sage.warehouse.runs import IterationNotFound, RunNotFound, check_stage_target
 
     if name not in RUNNABLE:
         fail(f"unknown stage {name!r}; one of: {', '.join(RUNNABLE)}")
     if not warehouse_path(directory).exists():
         fail(f"no warehouse at {warehouse_path(directory)}")
     try:
-        result = _run_flow(str(directory), stage_flow, str(directory), run_id, iteration, name, force)
-    except RunNotFound as e:
+        with Session(str(directory)) as s:  # refused here, before a flow run starts or a row is written
+            check_stage_target(s.warehouse, run_id, iteration, name)
+    except WarehouseBusy as e:
+        fail(str(e), code=BUSY)
+    except (RunNotFound, IterationNotFound) as e:
         fail(str(e))
+    result = _run_flow(str(directory), stage_flow, str(directory), run_id, iteration, name, force)
     console.print(f"{name}: already done (use --force to redo)" if result is None else f"{name}: {result}")
 
 
@@ -180,10 +184,11 @@ def report(run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage 
            out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: <dir>/reports/<run>).")] = None) -> None:
     """Write PNG plots and an HTML page of a run's curriculum, rewards, gate and validation curve."""
     from sage.flows.report import write_report
+    from sage.warehouse.runs import run_dirname
 
     wh = _open(warehouse_path(directory), read_only=True)
     try:
-        html = write_report(wh, run_id, out or Path(directory) / "reports" / run_id)
+        html = write_report(wh, run_id, out or Path(directory) / "reports" / run_dirname(run_id))
     except ValueError as e:
         fail(str(e))
     finally:

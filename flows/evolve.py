@@ -21,6 +21,7 @@ from prefect.artifacts import create_table_artifact
 
 from sage.configs.names import Stage
 from sage.flows import session
+from sage.flows.artifacts import artifact_key
 from sage.flows.iteration import iteration_flow, stage_task
 from sage.flows.record import run_recorded
 from sage.stages import seed as seed_stage
@@ -112,6 +113,6 @@ def _publish_report(wh, run_id: str) -> None:
 
 def _publish(run_id: str, history: list[dict]) -> None:
     rows = [{k: (None if val is None else str(val)) for k, val in r.items()} for r in history]
-    key = f"{run_id}-validation".lower().replace("_", "-")
-    create_table_artifact(table=rows, key=key, description=f"SAGE run {run_id}: validation curve (is_best marks "
-                                                           f"the checkpoint to export)")
+    create_table_artifact(table=rows, key=artifact_key(run_id, "validation"),
+                          description=f"SAGE run {run_id}: validation curve (is_best marks the checkpoint "
+                                      f"to export)")

@@ -20,7 +20,7 @@ import typer
 
 from sage.warehouse import Warehouse
 from sage.warehouse.checkpoints import CheckpointNotFound, resolve_checkpoint
-from sage.warehouse.runs import RunNotFound, load_run_config
+from sage.warehouse.runs import RunNotFound, load_run_config, run_dirname
 
 
 class ExportError(ValueError):
@@ -99,7 +99,7 @@ def export_command(
         fail(str(e), code=BUSY)
     try:
         if dest is None:
-            dest = Path(directory).expanduser() / "exports" / f"{run_id}-{checkpoint}{'-merged' if merge else ''}"
+            dest = Path(directory).expanduser() / "exports" / f"{run_dirname(run_id)}-{checkpoint}{'-merged' if merge else ''}"
         out = export_adapter(wh, run_id, checkpoint, dest, merge)
         target = resolve_checkpoint(wh, run_id, checkpoint)
     except ValueError as e:  # ExportError, an unknown run or checkpoint

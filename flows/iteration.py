@@ -15,10 +15,12 @@ from prefect.cache_policies import NONE
 
 from sage.configs.names import Stage
 from sage.flows import session
+from sage.flows.artifacts import artifact_key
 from sage.flows.record import run_recorded
 from sage.stages import admit, challenge, critique, plan, score, solve, train, validate, verify
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.queries import finish_iteration, iteration_summary, start_iteration
+from sage.warehouse.runs import check_stage_target
 
 # (stage name in stage_runs, function). Order is SAGE.md's: challenge, critique questions, probe, verify,
 # admit (the filter), plan, critique plans + gate, solve, verify, score, train.
@@ -90,6 +92,7 @@ def stage_flow(directory: str, run_id: str, iteration: int, stage: str, force: b
     if stage not in RUNNABLE:
         raise ValueError(f"unknown stage {stage!r}; one of {', '.join(RUNNABLE)}")
     with session.opened(directory) as s:
+        check_stage_target(s.warehouse, run_id, iteration, stage)  # before anything is written
         if stage in STAGE_NAMES:
             start_iteration(s.warehouse, run_id, iteration, s.context(run_id, iteration).adapter)
         return stage_task(directory, run_id, iteration, stage, force=force)
@@ -98,5 +101,5 @@ def stage_flow(directory: str, run_id: str, iteration: int, stage: str, force: b
 def _publish(run_id: str, iteration: int, summary: dict[str, list[dict]]) -> None:
     rows = [{"table": name, **{k: (None if v is None else str(v)) for k, v in r.items()}}
             for name, table in summary.items() for r in table]
-    key = f"{run_id}-iteration-{iteration}".lower().replace("_", "-")
-    create_table_artifact(table=rows, key=key, description=f"SAGE run {run_id}, iteration {iteration}")
+    create_table_artifact(table=rows, key=artifact_key(run_id, "iteration", iteration),
+                          description=f"SAGE run {run_id}, iteration {iteration}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import re
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
@@ -24,6 +23,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from sage.flows.artifacts import artifact_key
 from sage.warehouse.db import Warehouse
 from sage.warehouse.report_queries import report_tables, run_summary
 
@@ -247,16 +247,11 @@ def write_report(wh: Warehouse, run_id: str, out_dir: Path) -> Path:
     return index
 
 
-def artifact_key(run_id: str, name: str) -> str:
-    """Prefect artifact keys allow only lowercase letters, digits and dashes."""
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"sage-{run_id}-{name}".lower())).strip("-")
-
-
 def report_artifacts(wh: Warehouse, run_id: str, images: bool = True) -> list[tuple[str, str]]:
     """(key, markdown) pairs for `prefect.artifacts.create_markdown_artifact`: one per view table, and with
     `images` one holding the plots as base64 PNG data URIs."""
     _, tables = _load(wh, run_id)
-    out = [(artifact_key(run_id, name), f"### {name} ({run_id})\n\n{markdown_table(rows)}")
+    out = [(artifact_key("sage", run_id, name), f"### {name} ({run_id})\n\n{markdown_table(rows)}")
            for name, rows in tables.items()]
     if images:
         parts = []
@@ -267,8 +262,8 @@ def report_artifacts(wh: Warehouse, run_id: str, images: bool = True) -> list[tu
             else:
                 data = base64.b64encode(_png_bytes(fig)).decode("ascii")
                 parts.append(f"**{caption}**\n\n![{caption}](data:image/png;base64,{data})")
-        out.append((artifact_key(run_id, "plots"), f"### plots ({run_id})\n\n" + "\n\n".join(parts)))
+        out.append((artifact_key("sage", run_id, "plots"), f"### plots ({run_id})\n\n" + "\n\n".join(parts)))
     return out
 
 
-__all__ = ["write_report", "report_artifacts", "artifact_key", "PLOTS", "fmt"]
+__all__ = ["write_report", "report_artifacts", "PLOTS", "fmt"]

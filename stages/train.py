@@ -6,7 +6,7 @@ the adapter the iteration generated with (none in iteration 1: a fresh LoRA). Tr
 (the GPU default), in its own process that exchanges Parquet files with the flow, so generation and training
 never hold GPU memory at once; with `train.accelerate_config` (a name from `configs/accelerate/`: `ddp`,
 `deepspeed-zero2`, `fsdp`, `cpu-2proc`, or a path) under `accelerate launch`, data-parallel over its processes.
-Writes: the adapter to `<run.dir>/adapters/<run>/iteration-<k>` (atomically), then a `checkpoints` row with
+Writes: the adapter to `<run.dir>/adapters/<run>/iteration-<k>` (atomically; `<run>` as `run_dirname` maps it), then a `checkpoints` row with
 the metrics and `iterations.adapter_out`, in one transaction.
 Idempotency: a recorded checkpoint is never retrained; a crash mid-training leaves no checkpoint row, so a
 re-run trains that iteration again (and only that). Fails: trainer errors propagate.
@@ -26,6 +26,7 @@ from sage.configs import ConfigError
 from sage.configs.names import Stage
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.queries import checkpoint_path, record_checkpoint, training_rows
+from sage.warehouse.runs import run_dirname
 
 STAGE = Stage.TRAIN
 #: The accelerate config files `train.accelerate_config` can name without a path.
@@ -67,7 +68,7 @@ def _failure_text(stderr: str) -> str:
 
 
 def adapter_dir(ctx: StageContext) -> Path:
-    return Path(ctx.cfg.run.dir).expanduser().resolve() / "adapters" / ctx.run_id / f"iteration-{ctx.iteration}"
+    return Path(ctx.cfg.run.dir).expanduser().resolve() / "adapters" / run_dirname(ctx.run_id) / f"iteration-{ctx.iteration}"
 
 
 def _train_isolated(ctx: StageContext, model_path: str, rows, out: Path) -> dict:

@@ -183,9 +183,19 @@ def run_config(wh: Warehouse, run_id: str) -> tuple[str, str] | None:
     return rows[0] if rows else None
 
 
-def set_run_config(wh: Warehouse, run_id: str, config: str) -> None:
-    """Store a run's config again (only placement sections may differ; the hash stays)."""
-    wh.con.execute("UPDATE runs SET config = ? WHERE run_id = ?", [config, run_id])
+def run_ids(wh: Warehouse) -> list[str]:
+    return [r[0] for r in wh.con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()]
+
+
+def iteration_states(wh: Warehouse, run_id: str) -> dict[int, str]:
+    """{iteration: status} of a run's iterations."""
+    return dict(wh.con.execute("SELECT iteration, status FROM iterations WHERE run_id = ? ORDER BY iteration",
+                               [run_id]).fetchall())
+
+
+def set_run_config(wh: Warehouse, run_id: str, config: str, config_hash: str) -> None:
+    """Store a run's config again (only fields outside its identity may differ)."""
+    wh.con.execute("UPDATE runs SET config = ?, config_hash = ? WHERE run_id = ?", [config, config_hash, run_id])
 
 
 def set_run_status(wh: Warehouse, run_id: str, status: str) -> None:

@@ -3,12 +3,15 @@ stage of it runs with (one loader for the flows, `sage eval` and `sage export`).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 
-from sage.configs import apply_override, config_from_dict, config_hash, config_json
+from sage.configs import apply_override, config_from_dict, config_hash, config_json, identity_diff
+from sage.configs.names import Stage
 from sage.configs.schema import SageConfig
 from sage.warehouse.db import Warehouse
-from sage.warehouse.queries import run_config, set_run_config
+from sage.warehouse.queries import iteration_states, run_config, run_ids, set_run_config
 
 
 class RunNotFound(ValueError):
@@ -19,22 +22,40 @@ class RunConfigMismatch(ValueError):
     """A run id that exists with another config."""
 
 
+class IterationNotFound(ValueError):
+    """A stage asked for an iteration the run does not have and cannot start yet."""
+
+
 def create_run(wh: Warehouse, cfg: SageConfig, run_id: str | None = None) -> str:
-    """Record a run (or find it again). The default id is the config's hash, so `sage run` with the same
-    config resumes the same run; an existing id with a different config is an error."""
+    """Record a run (or find it again). The default id is the hash of the config's identity (configs/identity.py),
+    so `sage run` with the same config resumes the same run, also with more iterations or another placement;
+    an existing id whose identity fields differ is an error that lists them."""
     h = config_hash(cfg)
     run_id = run_id or f"run-{h[:8]}"
     existing = run_config(wh, run_id)
     if existing is None:
         wh.insert_batch("runs", [dict(run_id=run_id, config=config_json(cfg), config_hash=h,
                                       base_model=cfg.model.name, seed=cfg.run.seed)])
-    elif existing[1] != h:
-        raise RunConfigMismatch(f"run {run_id!r} exists with a different config (hash {existing[1]} != {h}); "
-                                f"pick a new name with --run, or drop the --set overrides that changed")
-    elif existing[0] != config_json(cfg):
-        # same run, launched with other placement (e.g. orchestration.runner=ray): later stages use it
-        set_run_config(wh, run_id, config_json(cfg))
+        return run_id
+    stored = _stored_config(existing[0])
+    diff = identity_diff(stored, cfg)
+    if diff:
+        raise RunConfigMismatch(
+            f"run {run_id!r} exists with a config that decides other rows:\n  " + "\n  ".join(diff) +
+            f"\nto keep the stored run, drop the --set overrides that changed these; to start a new run with "
+            f"this config, name it: --run NAME (a name not in `sage status`)")
+    if existing[0] != config_json(cfg) or existing[1] != h:
+        # same rows, other schedule or placement (more iterations, Ray, another batch size): later stages use it
+        set_run_config(wh, run_id, config_json(cfg), h)
     return run_id
+
+
+def _stored_config(text: str) -> SageConfig | dict:
+    data = json.loads(text)
+    try:
+        return config_from_dict(data)  # defaults filled in, as a new config has them
+    except ValueError:
+        return data
 
 
 def load_run_config(wh: Warehouse, run_id: str, overrides: list[str] | tuple[str, ...] = ()) -> SageConfig:
@@ -47,3 +68,35 @@ def load_run_config(wh: Warehouse, run_id: str, overrides: list[str] | tuple[str
     for assignment in overrides:
         apply_override(data, assignment)
     return config_from_dict(data, source=f"run {run_id}")
+
+
+def run_dirname(run_id: str) -> str:
+    """A directory name for a run (adapters, reports, exports): the run id when it is a plain name, else its
+    letters, digits, `.`, `_` and `-` plus a short hash of the id, so `exp.1/a b:c` neither nests nor escapes
+    a directory and two names never share one."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", run_id).strip(".-")
+    if name == run_id:
+        return name
+    return f"{name or 'run'}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}"
+
+
+def check_stage_target(wh: Warehouse, run_id: str, iteration: int, stage: str) -> None:
+    """Refuse, before anything is written, a stage on a run or an iteration that does not exist. A stage may run
+    on an iteration the run has, on the next one (last + 1) once the last is done, and `validate` also on
+    iteration 0 (the base model)."""
+    if run_config(wh, run_id) is None:
+        names = run_ids(wh)
+        have = f"runs here: {', '.join(names)}" if names else "no runs yet (start one with `sage run`)"
+        raise RunNotFound(f"no run {run_id!r} in {wh.path}; {have}")
+    states = iteration_states(wh, run_id)
+    if iteration in states or (iteration == 0 and stage == Stage.VALIDATE):
+        return
+    last = max(states, default=0)
+    if iteration == last + 1 and iteration > 0 and stage != Stage.VALIDATE and states.get(last, "done") == "done":
+        return
+    have = (f"it has iterations {', '.join(f'{k} ({v})' for k, v in sorted(states.items()))}" if states
+            else "it has no iterations yet")
+    nxt = (f"iteration {last + 1} can start once iteration {last} is done" if states.get(last, "done") != "done"
+           else f"a stage other than validate may start the next one, {last + 1}")
+    raise IterationNotFound(f"run {run_id!r} has no iteration {iteration}: {have}; {nxt}; validate also takes "
+                            f"iteration 0 (the base model)")

@@ -31,7 +31,7 @@ def test_set_overrides_one_field_with_yaml_types():
     assert cfg.iteration.alpha == 0.8
     assert cfg.iteration.domains == ["math"]
     assert cfg.train.isolate is True
-    assert config_hash(cfg) != config_hash(load_config("cpu"))
+    assert config_hash(cfg) != config_hash(load_config("cpu"))  # alpha decides admissions: another run
 
 
 @pytest.mark.parametrize("overrides, names", [
@@ -74,21 +74,53 @@ def test_wrong_type_in_dict():
         config_from_dict({"train": {"lora_rank": "big"}})
 
 
+# Fields that must stay in a run's identity: each decides rows (which questions, samples, rewards, adapters).
+IN = ["model.name", "model.backend", "model.dtype", "run.seed", "seeds.source", "seeds.n_math", "seeds.seed",
+      "roles.solver.max_new_tokens", "roles.critic.temperature", "iteration.n_challenge", "iteration.n_plan",
+      "iteration.alpha", "rewards.solver_gt", "train.enabled", "train.lr", "train.lora_rank",
+      "validate.n_math", "validate.n_code", "validate.max_new_tokens", "sandbox.timeout_s", "mathcheck.timeout_s"]
+OUT = ["run.iterations", "run.dir", "run.batch_rows", "model.cache_dir", "train.isolate", "validate.every",
+       "validate.patience", "orchestration"]
+
+
+def test_run_identity_fields_in_and_out():
+    from sage.configs import EXCLUDED
+    from sage.configs.identity import identity
+
+    assert set(OUT) <= set(EXCLUDED) and all(reason.strip() for reason in EXCLUDED.values())
+    kept = {f"{section}.{field}" for section, fields in identity(load_config("cpu")).items() for field in fields}
+    assert not any(k == e or k.startswith(e + ".") for k in kept for e in EXCLUDED)
+    for name in IN:
+        assert name.split(".")[0] + "." + name.split(".")[1] in kept, name
+    every = {f"{section}.{f}" for section, info in type(load_config("cpu")).model_fields.items()
+             for f in info.annotation.model_fields}
+    assert kept | {e for e in every if any(e == x or e.startswith(x + ".") for x in EXCLUDED)} == every
+
+
+@pytest.mark.parametrize("override", ["run.iterations=5", "run.batch_rows=7", "train.isolate=true",
+                                      "validate.every=1", "validate.patience=9", "model.cache_dir=/elsewhere",
+                                      "orchestration.runner=ray"])
+def test_schedule_and_placement_keep_the_hash(override):
+    assert config_hash(load_config("cpu", [override])) == config_hash(load_config("cpu"))
+
+
 def test_placement_stays_out_of_the_run_identity(tmp_path):
     """A run started with the local runner resumes on Ray (same id, stored config updated); a change to what
-    the run computes is still refused."""
+    the run computes is refused with the fields that differ and how to start a new run instead."""
     from sage.flows.session import Session
     from sage.warehouse.queries import run_config
     from sage.warehouse.runs import RunConfigMismatch
 
     base = ["run.dir=" + str(tmp_path)]
     local = load_config("cpu", base)
-    ray = load_config("cpu", base + ["orchestration.runner=ray"])
+    ray = load_config("cpu", base + ["orchestration.runner=ray", "run.iterations=4"])
     assert config_hash(local) == config_hash(ray)
     with Session(tmp_path) as s:
         run_id = s.create_run(local)
         assert s.create_run(ray) == run_id
         stored = run_config(s.warehouse, run_id)
-        assert '"runner": "ray"' in stored[0] and stored[1] == config_hash(local)
-        with pytest.raises(RunConfigMismatch, match="different config"):
-            s.create_run(load_config("cpu", base + ["train.lr=0.5"]), run_id)
+        assert '"runner": "ray"' in stored[0] and '"iterations": 4' in stored[0] and stored[1] == config_hash(local)
+        with pytest.raises(RunConfigMismatch) as e:
+            s.create_run(load_config("cpu", base + ["train.lr=0.5", "iteration.alpha=0.9"]), run_id)
+        assert "iteration.alpha: 0.7 -> 0.9" in str(e.value) and "train.lr: 0.0001 -> 0.5" in str(e.value)
+        assert "--run NAME" in str(e.value) and "run.iterations" not in str(e.value)

@@ -9,7 +9,8 @@ import re
 import pytest
 from matplotlib.image import imread
 
-from sage.flows.report import PLOTS, artifact_key, report_artifacts, write_report
+from sage.flows.artifacts import artifact_key
+from sage.flows.report import PLOTS, report_artifacts, write_report
 from sage.warehouse import Warehouse
 
 RUN = "run-A1"
@@ -126,7 +127,7 @@ def test_unknown_run(wh, tmp_path):
 
 def test_report_artifacts(wh):
     arts = dict(report_artifacts(wh, RUN))
-    keys = [artifact_key(RUN, n) for n in ("curriculum_drift", "role_rewards", "gate_stats", "validation_curve", "plots")]
+    keys = [artifact_key("sage", RUN, n) for n in ("curriculum_drift", "role_rewards", "gate_stats", "validation_curve", "plots")]
     assert list(arts) == keys and keys[0] == "sage-run-a1-curriculum-drift"
     assert all(re.fullmatch(r"[a-z0-9-]+", k) for k in keys)
     assert "| 2 | 7 | 4 | 2 | 2 | 0 | 1 | 1 | 0.625 | 0.5 |" in arts[keys[0]]

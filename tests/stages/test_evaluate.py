@@ -139,3 +139,41 @@ def test_side_by_side_puts_checkpoints_in_columns():
         ("humaneval", "pass@1 (greedy)"), ("humaneval", "pass@2 (n=4 T=1)"),
         ("math500", "pass@1 (greedy)"), ("math500", "pass@2 (n=4 T=1)")]
     assert table[0]["base"] == 0.1 and table[0]["best (iteration 2)"] == 0.3 and table[0]["problems"] == 5
+
+
+def test_sage_eval_base_and_best_when_best_is_the_base_model(prefect_api, monkeypatch, tmp_path, gsm8k_file):
+    """A run whose validation never beat the base model: `--checkpoint base --checkpoint best` evaluates the base
+    model once (no adapter) and shows it under both names."""
+    from sage.flows import session
+    from sage.warehouse.validate_queries import BASE, mark_best, record_validation
+    from tests.flows import scripted_run
+
+    golds = {r["question"]: r["answer"].rsplit("####", 1)[1].strip().replace(",", "") for r in GSM8K}
+
+    def script(req):
+        q = prompt_text(req)
+        i, gold = next((i, g) for i, (question, g) in enumerate(golds.items()) if question in q)
+        return f"<answer>\\boxed{{{gold if i % 2 == 0 else 999}}}</answer>"
+
+    llm = ScriptedLLM(script)
+    rid = scripted_run.prepare(tmp_path, "flat")
+    with session.Session(tmp_path) as s:
+        record_validation(s.warehouse, rid, 0, BASE, {"val_accuracy": 0.5, "val_math": 0.5, "val_code": None})
+        record_validation(s.warehouse, rid, 1, BASE, {"val_accuracy": 0.25, "val_math": 0.25, "val_code": None})
+        assert mark_best(s.warehouse, rid) == 0
+
+    class ScriptedSession(session.Session):
+        def __init__(self, directory, **kw):
+            super().__init__(directory, **{**kw, "engines": {"llm": llm}})
+
+    monkeypatch.setattr(session, "Session", ScriptedSession)
+    r = CliRunner().invoke(_cli(), ["eval", "--run", rid, "--dir", str(tmp_path), "--checkpoint", "base",
+                                    "--checkpoint", "best", "-b", f"gsm8k={gsm8k_file}"])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    out = " ".join(r.output.split())
+    assert "base" in out and "best (iteration 0)" in out and out.count("0.667") == 2
+    assert llm.adapters_used == [None] and llm.calls == [3]  # generated once, with no adapter
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        rows = wh.rows("SELECT run_id, checkpoint, benchmark, metric, value FROM evaluations")
+    assert rows == [{"run_id": rid, "checkpoint": "base", "benchmark": "gsm8k", "metric": "pass@1",
+                     "value": pytest.approx(2 / 3)}]

@@ -1,0 +1,68 @@
+"""A run's identity: the config fields that decide which rows a run writes.
+
+`sage run` names a run `run-<config_hash>`, and an existing run resumes only with the same identity. Fields
+that only say how long, where or how fast a run executes stay out of it (`EXCLUDED`, each with its reason),
+so `--set run.iterations=5` or `-n 5` extends the same run, and a run started locally resumes on Ray. Every
+other field (model, seeds, roles, iteration sizes, rewards, training hyper-parameters, the validation set)
+decides rows, and a change to one is refused with the list of fields that differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from sage.configs.schema import SageConfig
+
+# "section" or "section.field": why it does not change any row.
+EXCLUDED: dict[str, str] = {
+    "run.dir": "where the warehouse and adapters live, not what they hold",
+    "run.iterations": "how long the run goes; a larger value extends the same run",
+    "run.batch_rows": "rows per commit; the rows themselves are the same",
+    "model.cache_dir": "where converted base weights are cached",
+    "model.token_budget": "how generation requests are packed into batches (hf)",
+    "model.tensor_parallel_size": "GPUs per vLLM engine: placement",
+    "model.data_parallel_size": "vLLM engine replicas: placement",
+    "model.gpu_memory_utilization": "share of GPU memory vLLM takes: placement",
+    "model.max_lora_rank": "the largest adapter vLLM accepts; train.lora_rank decides the adapter",
+    "train.isolate": "training in its own process or in the flow's: same update",
+    "train.gradient_checkpointing": "recompute activations to save memory: same update",
+    "validate.every": "the validation schedule; the validation set stays in the identity",
+    "validate.patience": "when early stopping ends the run, not what an iteration computes",
+    "sandbox.backend": "which isolation runs the code; the limits that decide verdicts stay in",
+    "sandbox.workers": "how many executions run at once",
+    "orchestration": "where fan-out work runs (local pools or Ray): the same rows either way",
+}
+
+
+def identity(cfg: SageConfig | dict) -> dict:
+    """The config as a nested dict without the `EXCLUDED` fields."""
+    data = cfg.model_dump(mode="json") if isinstance(cfg, SageConfig) else json.loads(json.dumps(cfg))
+    for key in EXCLUDED:
+        section, _, field = key.partition(".")
+        if field:
+            data.get(section, {}).pop(field, None)
+        else:
+            data.pop(section, None)
+    return data
+
+
+def config_hash(cfg: SageConfig | dict) -> str:
+    return hashlib.sha256(json.dumps(identity(cfg), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def identity_diff(stored: SageConfig | dict, new: SageConfig | dict) -> list[str]:
+    """`section.field: stored -> new` for every identity field that differs."""
+    a, b = identity(stored), identity(new)
+    out = []
+    for section in sorted(set(a) | set(b)):
+        x, y = a.get(section), b.get(section)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += [_line(f"{section}.{f}", x.get(f), y.get(f)) for f in sorted(set(x) | set(y)) if x.get(f) != y.get(f)]
+        elif x != y:
+            out.append(_line(section, x, y))
+    return out
+
+
+def _line(name: str, old, new) -> str:
+    return f"{name}: {json.dumps(old)} -> {json.dumps(new)}"
