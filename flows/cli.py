@@ -157,7 +157,7 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
           run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage status`).")],
           iteration: Annotated[int, typer.Option("--iteration", "-i", help="Iteration number.")],
           directory: DirOpt = Path("./sage-runs"),
-          force: Annotated[bool, typer.Option("--force", help="Redo the stage even if it is done.")] = False) -> None:
+          force: Annotated[bool, typer.Option("--force", help="Redo the stage even if it is done: replace its rows for the iteration; the stages after it become stale and the next `sage run` redoes them.")] = False) -> None:
     """Re-run exactly one stage of one iteration (skipped if done, unless --force)."""
     from sage.flows.iteration import RUNNABLE, stage_flow
     from sage.warehouse import WarehouseBusy

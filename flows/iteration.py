@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NONE
 
@@ -19,7 +19,8 @@ from sage.flows.artifacts import artifact_key
 from sage.flows.record import run_recorded
 from sage.stages import admit, challenge, critique, plan, score, solve, train, validate, verify
 from sage.stages.context import StageContext, StageReport
-from sage.warehouse.queries import finish_iteration, iteration_summary, start_iteration
+from sage.warehouse.queries import finish_iteration, iteration_states, iteration_summary, start_iteration
+from sage.warehouse.redo import later_iterations, stale_stages
 from sage.warehouse.runs import check_stage_target
 
 # (stage name in stage_runs, function). Order is SAGE.md's: challenge, critique questions, probe, verify,
@@ -73,6 +74,10 @@ def iteration_flow(directory: str, run_id: str, iteration: int) -> dict:
     """Run every stage of one iteration that is not done yet; publish its numbers as a table artifact."""
     with session.opened(directory) as s:
         wh = s.warehouse
+        stale = stale_stages(wh, run_id, iteration)
+        if stale:
+            get_run_logger().warning(f"iteration {iteration}: redoing stale stage(s) {', '.join(stale)} (an earlier "
+                                     f"stage was redone with `sage stage --force`)")
         start_iteration(wh, run_id, iteration, s.context(run_id, iteration).adapter)
         try:
             for name in STAGE_NAMES:
@@ -92,10 +97,20 @@ def stage_flow(directory: str, run_id: str, iteration: int, stage: str, force: b
     if stage not in RUNNABLE:
         raise ValueError(f"unknown stage {stage!r}; one of {', '.join(RUNNABLE)}")
     with session.opened(directory) as s:
-        check_stage_target(s.warehouse, run_id, iteration, stage)  # before anything is written
-        if stage in STAGE_NAMES:
-            start_iteration(s.warehouse, run_id, iteration, s.context(run_id, iteration).adapter)
-        return stage_task(directory, run_id, iteration, stage, force=force)
+        wh = s.warehouse
+        check_stage_target(wh, run_id, iteration, stage)  # before anything is written
+        if stage in STAGE_NAMES and iteration not in iteration_states(wh, run_id):
+            start_iteration(wh, run_id, iteration, s.context(run_id, iteration).adapter)
+        result = stage_task(directory, run_id, iteration, stage, force=force)
+        later = later_iterations(wh, run_id, iteration) if force and stage != Stage.VALIDATE else []
+    if result and result.get("stale"):
+        get_run_logger().warning(f"{stage} of iteration {iteration} was redone: {', '.join(result['stale'])} "
+                                 f"are stale and the next `sage run` redoes them")
+    if later:
+        get_run_logger().warning(f"iterations {', '.join(map(str, later))} generated with adapters that follow from "
+                                 f"iteration {iteration}; they are not redone (start a new run with --run NAME to "
+                                 f"train from the changed iteration)")
+    return result
 
 
 def _publish(run_id: str, iteration: int, summary: dict[str, list[dict]]) -> None:

@@ -1,5 +1,8 @@
 """Run one stage under the `stage_runs` contract: skip it when done, record running/done/failed with counts,
-timings and the error text. This is the only place that decides whether a stage runs."""
+timings and the error text. This is the only place that decides whether a stage runs.
+
+A stage that is forced, or `stale` (an earlier stage of its iteration was redone), is redone: what it wrote
+for the iteration is removed first and written anew, and the stages after it become stale in turn."""
 
 from __future__ import annotations
 
@@ -9,13 +12,20 @@ from typing import Callable
 
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.queries import mark_stage_finished, mark_stage_running, stage_status
+from sage.warehouse.redo import forget_outputs, mark_later_stale
 
 
 def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], StageReport], *,
                  run_id: str, iteration: int, force: bool = False) -> StageReport | None:
-    """Run `fn(ctx)` unless `stage` is already done for (run_id, iteration); None when skipped."""
-    if not force and stage_status(ctx.wh, run_id, iteration, stage) == "done":
+    """Run `fn(ctx)` unless `stage` is already done for (run_id, iteration); None when skipped. A redone stage's
+    report names the stages it made stale (`info["stale"]`)."""
+    status = stage_status(ctx.wh, run_id, iteration, stage)
+    if status == "done" and not force:
         return None
+    stale = []
+    if force or status == "stale":
+        forget_outputs(ctx.wh, run_id, iteration, stage)
+        stale = mark_later_stale(ctx.wh, run_id, iteration, stage)
     mark_stage_running(ctx.wh, run_id, iteration, stage)
     start = time.perf_counter()
     try:
@@ -27,4 +37,6 @@ def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], Sta
         raise
     mark_stage_finished(ctx.wh, run_id, iteration, stage, "done", report.rows_in, report.rows_out,
                         time.perf_counter() - start, None)
+    if stale:
+        report.info["stale"] = stale
     return report
