@@ -3,16 +3,47 @@
 from __future__ import annotations
 
 import json
+import traceback
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from sage.flows.session import Session, warehouse_path
-from sage.flows.terminal import BUSY, console, err, fail, print_rows
+from sage.flows.terminal import BUSY, console, err, expected_error, fail, print_rows, quiet_prefect_tracebacks
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="SAGE: four roles (Challenger, Planner, Critic, Solver) evolve one LLM from seed problems.")
+
+class _Commands(TyperGroup):
+    """Every command ends an expected failure the same way: one sentence on stderr saying what is wrong and what
+    to do, and a non-zero exit code; the traceback only with `sage --verbose`. Anything else is a bug and keeps
+    its traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as e:
+            known = expected_error(e)
+            if known is None:
+                raise
+            if ctx.params.get("verbose"):
+                traceback.print_exc()
+            err.print(f"[bold red]error:[/] {known[0]}", highlight=False)
+            ctx.exit(known[1])
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+@app.callback()
+def main(verbose: Annotated[bool, typer.Option("--verbose", help="Show a failure's traceback, not only its sentence.")]
+         = False) -> None:
+    """SAGE: four roles (Challenger, Planner, Critic, Solver) evolve one LLM from seed problems."""
+
+
 ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="Profile name in configs/ (cpu, paper-7b) or a YAML path.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override one field: section.field=value (repeatable).")]
 DirOpt = Annotated[Path, typer.Option("--dir", help="Project directory holding warehouse.duckdb.")]
@@ -25,6 +56,17 @@ def _config(config: str, overrides: list[str] | None):
         return load_config(config, overrides or [])
     except ConfigError as e:
         fail(str(e))
+
+
+def _check_seed_file(cfg) -> None:
+    """A user's seed file is read and checked before anything is written, so a bad row (SeedFileError, with
+    file and line) leaves the warehouse as it was."""
+    from sage.engines.data.files import SUFFIXES
+    from sage.engines.data.seeds import load_file
+
+    source = Path(cfg.seeds.source)
+    if source.suffix in SUFFIXES or source.exists():
+        load_file(source)
 
 
 def _open(path: Path, read_only: bool = False):
@@ -47,6 +89,7 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None) -> None:
     from sage.warehouse.queries import question_counts
 
     cfg = _config(config, set_)
+    _check_seed_file(cfg)
     try:
         with Session(cfg.run.dir) as s, console.status("loading seeds (code tasks run in the sandbox)..."):
             ctx = s.context_for(cfg, None)
@@ -122,6 +165,7 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None):
     from sage.flows.progress import StageProgress
 
     with StageProgress(err) as progress, Session(directory, progress=progress, engines=engines):
+        quiet_prefect_tracebacks()
         return fn(*args)
 
 
@@ -137,6 +181,7 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None,
     cfg = _config(config, set_)
     n = iterations or cfg.run.iterations
     directory = str(Path(cfg.run.dir).expanduser())
+    _check_seed_file(cfg)
     try:
         with Session(directory) as s:
             rid = s.create_run(cfg, run_id)

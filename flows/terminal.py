@@ -4,6 +4,7 @@ command (a sentence on stderr saying what is wrong and what to do, and a non-zer
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from typing import NoReturn
 
@@ -40,3 +41,53 @@ def print_rows(rows: list[dict], fmt: str = "table", title: str | None = None) -
     for r in rows:
         table.add_row(*["" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v)) for v in r.values()])
     console.print(table)
+
+
+def expected_error(exc: BaseException) -> tuple[str, int] | None:
+    """(sentence, exit code) for a failure the user can act on: bad input, a missing run or checkpoint, a busy,
+    damaged or unwritable warehouse, an unreadable seed or benchmark file. None for anything else (a bug),
+    which keeps its traceback."""
+    import duckdb
+
+    from sage.configs import ConfigError
+    from sage.engines.data.benchmarks import BenchmarkUnavailable
+    from sage.engines.data.seeds import SeedFileError
+    from sage.engines.llm.models import ModelNotFoundError
+    from sage.warehouse import WarehouseBusy, WarehouseError, storage_error
+    from sage.warehouse.checkpoints import CheckpointNotFound
+    from sage.warehouse.runs import IterationNotFound, RunConfigMismatch, RunNotFound
+
+    if isinstance(exc, (duckdb.Error, OSError)) and not isinstance(exc, ModelNotFoundError):
+        exc = storage_error(exc, "the warehouse") or exc
+    if isinstance(exc, WarehouseError):
+        return str(exc), BUSY if isinstance(exc, WarehouseBusy) else USAGE
+    if isinstance(exc, (ConfigError, SeedFileError, BenchmarkUnavailable, ModelNotFoundError, RunNotFound,
+                        RunConfigMismatch, IterationNotFound, CheckpointNotFound)):
+        return str(exc), USAGE
+    return None
+
+
+def verbose() -> bool:
+    """Whether `sage --verbose` asked for tracebacks."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.find_root().params.get("verbose"))
+
+
+class _HideExpectedTracebacks(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None and expected_error(record.exc_info[1]):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_prefect_tracebacks() -> None:
+    """Prefect logs a failed flow's traceback; for an expected failure the command prints its sentence instead
+    (unless --verbose). Call after Prefect is imported (it configures its handlers then)."""
+    if verbose():
+        return
+    for name in ("prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name).handlers:
+            if not any(isinstance(f, _HideExpectedTracebacks) for f in handler.filters):
+                handler.addFilter(_HideExpectedTracebacks())

@@ -1,7 +1,10 @@
 """The DuckDB warehouse: one file per project directory, numbered migrations, batched idempotent writes.
 
 DuckDB allows one writing process. `Warehouse.open` turns DuckDB's lock conflict into
-`WarehouseBusy("warehouse in use by PID N")` without touching the file.
+`WarehouseBusy("warehouse in use by PID N")` without touching the file, and checks that an existing file is
+readable (read-only, changing nothing) before opening it for writing: a damaged file raises `WarehouseDamaged`.
+`storage_error` words the failures a user can act on (damaged file, full disk, read-only file system) as
+sentences that say what to do, wherever they surface.
 
 JSON columns go in as dicts (`insert` stores their canonical text) and come back decoded from `records`, the
 read the named queries use, so stages never parse JSON themselves; `rows` returns what DuckDB returns.
@@ -25,8 +28,71 @@ _LOCK_PID = re.compile(r"\(PID (\d+)\)")
 JSON_COLUMNS = frozenset({"config", "verifier", "parsed", "tests", "components", "metrics", "decoding"})
 
 
-class WarehouseBusy(RuntimeError):
+class WarehouseError(RuntimeError):
+    """The warehouse file cannot be used as asked; the message says why and what to do."""
+
+
+class WarehouseBusy(WarehouseError):
     """Another process holds the warehouse file."""
+
+
+class WarehouseDamaged(WarehouseError):
+    """The file is not a readable DuckDB database (truncated, overwritten, corrupted)."""
+
+
+class WarehouseUnwritable(WarehouseError):
+    """The file cannot be written: a full disk, a read-only file system, no permission."""
+
+
+_DAMAGED = ("not a valid duckdb database file", "could not read enough bytes", "corrupt", "checksum")
+
+
+def storage_error(exc: BaseException, path: str | Path) -> WarehouseError | None:
+    """The sentence-bearing error for a DuckDB or OS failure on the warehouse file, or None when the failure
+    is not one of those (a bug, or SQL the user typed)."""
+    text = str(exc)
+    low, first = text.lower(), text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    errno = getattr(exc, "errno", None)
+    if "lock" in low and "conflicting" in low or "could not set lock" in low:
+        m = _LOCK_PID.search(text)
+        who = f"PID {m.group(1)}" if m else "another process"
+        return WarehouseBusy(f"warehouse in use by {who}: {path}. DuckDB allows one writer; wait for that process "
+                             f"to finish (or stop it) and try again")
+    if any(k in low for k in _DAMAGED):
+        return WarehouseDamaged(f"the warehouse {path} is damaged ({first}); nothing was changed. Restore it from "
+                                f"a copy or from `sage export-parquet` output, or start afresh in another directory "
+                                f"(--set run.dir=NEW for `sage run`, --dir NEW for the other commands)")
+    if errno == 28 or "no space left on device" in low:
+        return WarehouseUnwritable(f"no space left on the disk holding {path}: the batch in flight was not "
+                                   f"committed and everything committed before it is intact. Free some space and "
+                                   f"run the same command again to resume")
+    if errno == 30 or "read-only file system" in low:
+        return WarehouseUnwritable(f"cannot write {path}: the file system is read-only. Pick a writable directory "
+                                   f"(--set run.dir=DIR or --dir DIR); `sage status` and `sage sql` can still read "
+                                   f"this one")
+    if errno == 13 or "permission denied" in low:
+        return WarehouseUnwritable(f"cannot write {path}: permission denied. Pick a directory you may write "
+                                   f"(--set run.dir=DIR or --dir DIR)")
+    return None
+
+
+_HEADER_BYTES = 3 * 4096  # DuckDB's file header and its two database headers, before the first block
+
+
+def _check_readable(path: str) -> None:
+    """Check, without writing anything, that the file holds every block its header names and that every table's
+    row count reads: DuckDB opens a truncated file and fails only when a query reaches a missing block, and a
+    read-write open of a damaged file could write to it."""
+    with duckdb.connect(path, read_only=True) as con:
+        block_size, blocks = con.execute("SELECT block_size, total_blocks FROM pragma_database_size()").fetchall()[0]
+        need, have = _HEADER_BYTES + block_size * blocks, Path(path).stat().st_size
+        if have < need:
+            raise duckdb.IOException(f"Could not read enough bytes: the file holds {have:,} bytes, its {blocks} "
+                                     f"blocks need {need:,}")
+        tables = [t for (t,) in con.execute("SELECT table_name FROM information_schema.tables "
+                                            "WHERE table_type = 'BASE TABLE'").fetchall()]
+        for table in tables:
+            con.execute(f'SELECT count(*) FROM "{table}"').fetchall()
 
 
 def decode_json(value) -> dict:
@@ -63,22 +129,21 @@ class Warehouse:
     @classmethod
     def open(cls, path: str | Path, read_only: bool = False, migrate: bool = True) -> "Warehouse":
         path = str(path)
-        if path != ":memory:":
-            if read_only and not Path(path).exists():
-                raise FileNotFoundError(f"no warehouse at {path}; run `sage seed` or `sage run` first")
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if path != ":memory:" and read_only and not Path(path).exists():
+            raise FileNotFoundError(f"no warehouse at {path}; run `sage seed` or `sage run` first")
         try:
-            con = duckdb.connect(path, read_only=read_only)
-        except duckdb.IOException as e:
-            m = _LOCK_PID.search(str(e))
-            if "lock" in str(e).lower():
-                who = f"PID {m.group(1)}" if m else "another process"
-                raise WarehouseBusy(f"warehouse in use by {who}: {path}. DuckDB allows one writer; wait for "
-                                    f"that process to finish (or stop it) and try again") from None
-            raise
-        wh = cls(con, path)
-        if migrate and not read_only:
-            wh.migrate()
+            if path != ":memory:":
+                if Path(path).exists():
+                    _check_readable(path)
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            wh = cls(duckdb.connect(path, read_only=read_only), path)
+            if migrate and not read_only:
+                wh.migrate()
+        except (duckdb.Error, OSError) as e:
+            error = storage_error(e, path)
+            if error is None:
+                raise
+            raise error from None
         return wh
 
     def close(self) -> None:

@@ -1,0 +1,129 @@
+"""Expected failures end every command the same way: a sentence saying what is wrong and what to do, a
+non-zero exit code, no traceback (unless `sage --verbose`), and the warehouse file as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from sage.warehouse import Warehouse
+
+RUN = ["run", "-n", "1", "--set", "seeds.n_math=2", "--set", "seeds.n_code=0"]
+
+
+def sage(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sage.flows.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env={**os.environ, "COLUMNS": "300"})
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A project directory with a real warehouse holding a few rows."""
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
+        wh.insert_batch("questions", [dict(question_id=f"q{i}", origin="seed", domain="math", text=f"{i}+1?",
+                                           verifier={"answer": str(i + 1)}, norm_hash=f"h{i}") for i in range(200)])
+    return tmp_path
+
+
+def _damage(path, how: str) -> None:
+    if how == "truncated":
+        os.truncate(path, path.stat().st_size // 2)
+    else:
+        with open(path, "r+b") as f:
+            f.write(b"\0" * 4096)
+
+
+def _assert_sentence(r, *words: str, code: int = 2) -> None:
+    out = r.stdout + r.stderr
+    assert r.returncode == code, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    for w in words:
+        assert w in out.replace("\n", " "), out[-3000:]
+
+
+@pytest.mark.parametrize("how", ["truncated", "zeroed header"])
+def test_a_damaged_warehouse_is_named_and_left_alone(project, how):
+    wh_file = project / "warehouse.duckdb"
+    _damage(wh_file, how)
+    before = digest(wh_file)
+    for args in (["status", "--dir", str(project)], ["sql", "select 1", "--dir", str(project)],
+                 [*RUN, "--set", f"run.dir={project}"]):
+        _assert_sentence(sage(*args), "is damaged", "nothing was changed", "export-parquet")
+        assert digest(wh_file) == before
+
+
+def test_verbose_shows_the_traceback_too(project):
+    _damage(project / "warehouse.duckdb", "truncated")
+    r = sage("--verbose", "status", "--dir", str(project))
+    assert r.returncode == 2 and "Traceback" in r.stderr and "is damaged" in r.stderr
+
+
+def test_a_warehouse_held_by_another_program(project):
+    wh_file = project / "warehouse.duckdb"
+    before = digest(wh_file)
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
+                               "print('held', flush=True); time.sleep(120)", str(wh_file)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for args in (["status", "--dir", str(project)], [*RUN, "--set", f"run.dir={project}"]):
+            _assert_sentence(sage(*args), "in use by PID", str(holder.pid), code=3)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert digest(wh_file) == before
+
+
+def test_a_bad_seed_file_through_sage_run(project):
+    bad = project / "seeds.jsonl"
+    bad.write_text('{"question": "What is 1+1?", "answer": "2", "domain": "math"}\n{"question": 5}\n')
+    before = digest(project / "warehouse.duckdb")
+    _assert_sentence(sage(*RUN, "--set", f"run.dir={project}", "--set", f"seeds.source={bad}"), f"{bad}:2")
+    assert digest(project / "warehouse.duckdb") == before
+
+
+def _mounted(tmp_path, script: str) -> subprocess.CompletedProcess:
+    """Run `script` in a private mount namespace with a small tmpfs at tmp_path/mnt (root only)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to mount a private tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=8m tmpfs {mnt} && {script}"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "300"})
+    if "mount:" in r.stderr and r.returncode != 0 and "sage" not in r.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()[:200]}")
+    return r
+
+
+def test_a_read_only_file_system(project, tmp_path):
+    cli = f"{sys.executable} -m sage.flows.cli"
+    src = project / "warehouse.duckdb"
+    r = _mounted(tmp_path, f"cp {src} {tmp_path}/mnt/warehouse.duckdb && mount -o remount,ro {tmp_path}/mnt && "
+                           f"{cli} seed --set run.dir={tmp_path}/mnt --set seeds.n_math=2 --set seeds.n_code=0; "
+                           f"echo rc=$?; sha256sum {tmp_path}/mnt/warehouse.duckdb")
+    assert "rc=2" in r.stdout, r.stdout + r.stderr
+    assert "read-only" in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout.split()[-2] == digest(src)
+
+
+def test_a_full_disk_during_a_commit(project, tmp_path):
+    cli = f"{sys.executable} -m sage.flows.cli"
+    mnt = tmp_path / "mnt"
+    fill = ("avail=$(df -k {m} | tail -1 | awk '{{print $4}}'); "
+            "dd if=/dev/zero of={m}/fill bs=1k count=$((avail - 8)) 2>/dev/null").format(m=mnt)
+    r = _mounted(tmp_path, f"cp {project}/warehouse.duckdb {mnt}/ && {fill}; "
+                           f"{cli} seed --set run.dir={mnt} --set seeds.n_math=200 --set seeds.n_code=0 "
+                           f"--set validate.n_math=100 --set validate.n_code=0; echo rc=$?; rm {mnt}/fill; "
+                           f"{cli} sql 'select count(*) AS n from questions' --dir {mnt} --format csv")
+    assert "rc=2" in r.stdout, r.stdout + r.stderr
+    assert "no space left" in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "200"  # everything committed before is intact
