@@ -171,7 +171,7 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None):
 
 @app.command()
 def run(config: ConfigOpt = "cpu", set_: SetOpt = None,
-        iterations: Annotated[Optional[int], typer.Option("--iterations", "-n", help="Iterations to run (default: run.iterations).")] = None,
+        iterations: Annotated[Optional[int], typer.Option("--iterations", "-n", min=1, help="Iterations to run, at least 1 (default: run.iterations).")] = None,
         run_id: Annotated[Optional[str], typer.Option("--run", help="Run name (default: run-<config hash>, so the same config resumes).")] = None) -> None:
     """Seed if needed, then run SAGE iterations as Prefect flows; resumes a run where it stopped."""
     from sage.flows.evolve import evolve_flow

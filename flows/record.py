@@ -37,6 +37,7 @@ def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], Sta
         raise
     mark_stage_finished(ctx.wh, run_id, iteration, stage, "done", report.rows_in, report.rows_out,
                         time.perf_counter() - start, None)
+    ctx.wh.checkpoint()  # the stage's rows move from the write-ahead log into the file
     if stale:
         report.info["stale"] = stale
     return report

@@ -149,6 +149,10 @@ class Warehouse:
     def close(self) -> None:
         self.con.close()
 
+    def checkpoint(self) -> None:
+        """Write the write-ahead log into the database file, so a damaged log can lose at most what came after."""
+        self.con.execute("CHECKPOINT")
+
     def __enter__(self) -> "Warehouse":
         return self
 

@@ -127,3 +127,10 @@ def test_a_full_disk_during_a_commit(project, tmp_path):
     assert "rc=2" in r.stdout, r.stdout + r.stderr
     assert "no space left" in r.stderr and "Traceback" not in r.stderr
     assert r.stdout.strip().splitlines()[-1] == "200"  # everything committed before is intact
+
+
+def test_iterations_must_be_at_least_one(tmp_path):
+    for n in ("0", "-1"):
+        r = sage("run", "-n", n, "--set", f"run.dir={tmp_path}")
+        assert r.returncode == 2 and "-n" in r.stderr and "Traceback" not in r.stderr
+        assert not (tmp_path / "warehouse.duckdb").exists()
