@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import sys
 import traceback
 from pathlib import Path
 from typing import Annotated, Optional
@@ -161,12 +163,36 @@ def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
 
 
 def _run_flow(directory: str, fn, *args, engines: dict | None = None):
-    """Run flow `fn` in a session for `directory` that shows progress on the terminal."""
+    """Run flow `fn` in a session for `directory` that shows progress on the terminal, reporting to the Prefect
+    API of `flows/api_server.py`. SIGINT and SIGTERM stop it within seconds: the stage in flight ends
+    `interrupted` (its committed batches are kept), every helper this process started stops, and the command
+    says how to resume and exits 130 or 143."""
+    from sage.flows.api_server import prefect_api
     from sage.flows.progress import StageProgress
+    from sage.flows.record import Interrupted
 
-    with StageProgress(err) as progress, Session(directory, progress=progress, engines=engines):
-        quiet_prefect_tracebacks()
-        return fn(*args)
+    caught: list[int] = []
+
+    def interrupt(signum, frame):
+        if not caught:  # a second signal during the clean-up must not cut it short
+            caught.append(signum)
+            raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with prefect_api(), StageProgress(err) as progress, Session(directory, progress=progress, engines=engines):
+            quiet_prefect_tracebacks()
+            return fn(*args)
+    except BaseException as e:
+        if not (caught or isinstance(e, KeyboardInterrupt)):
+            raise
+        signum = caught[0] if caught else signal.SIGINT
+        err.print(f"interrupted ({signal.Signals(signum).name}): committed work is kept, the batch in flight was "
+                  f"dropped; resume with: {' '.join(['sage', *sys.argv[1:]])}", highlight=False, soft_wrap=True)
+        raise typer.Exit(128 + signum) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @app.command()

@@ -23,7 +23,7 @@ from sage.configs.names import Stage
 from sage.flows import session
 from sage.flows.artifacts import artifact_key
 from sage.flows.iteration import iteration_flow, stage_task
-from sage.flows.record import run_recorded
+from sage.flows.record import ended, run_recorded
 from sage.stages import seed as seed_stage
 from sage.warehouse.queries import set_run_status
 from sage.warehouse.validate_queries import count_validation_questions, mark_best, validation_history
@@ -93,8 +93,8 @@ def _evolve(s: session.Session, directory: str, run_id: str, iterations: int) ->
                 decision = _validate(directory, wh, run_id, k, v.patience)
                 log.info(f"validated iteration {k}: best val_accuracy {decision.best_accuracy} at iteration "
                          f"{decision.best_iteration}, {decision.since_best} validation(s) since")
-    except BaseException:
-        set_run_status(wh, run_id, "failed")
+    except BaseException as e:
+        set_run_status(wh, run_id, ended(e))
         raise
     set_run_status(wh, run_id, "done")
     _publish_report(wh, run_id)

@@ -16,7 +16,7 @@ from prefect.cache_policies import NONE
 from sage.configs.names import Stage
 from sage.flows import session
 from sage.flows.artifacts import artifact_key
-from sage.flows.record import run_recorded
+from sage.flows.record import ended, run_recorded
 from sage.stages import admit, challenge, critique, plan, score, solve, train, validate, verify
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.queries import finish_iteration, iteration_states, iteration_summary, start_iteration
@@ -82,8 +82,8 @@ def iteration_flow(directory: str, run_id: str, iteration: int) -> dict:
         try:
             for name in STAGE_NAMES:
                 stage_task(directory, run_id, iteration, name)
-        except BaseException:
-            finish_iteration(wh, run_id, iteration, "failed")
+        except BaseException as e:
+            finish_iteration(wh, run_id, iteration, ended(e))
             raise
         finish_iteration(wh, run_id, iteration, "done")
         summary = iteration_summary(wh, run_id, iteration)

@@ -6,13 +6,29 @@ for the iteration is removed first and written anew, and the stages after it bec
 
 from __future__ import annotations
 
+import signal
 import time
 import traceback
 from typing import Callable
 
 from sage.stages.context import StageContext, StageReport
+from sage.warehouse.db import is_interrupt
 from sage.warehouse.queries import mark_stage_finished, mark_stage_running, stage_status
 from sage.warehouse.redo import forget_outputs, mark_later_stale
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived: the batch in flight is dropped (the warehouse contract makes that safe) and
+    the command stops; `signum` decides its exit code (128 + signum)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def ended(exc: BaseException) -> str:
+    """The status a stage, iteration or run ends in when `exc` stops it."""
+    return "interrupted" if is_interrupt(exc) else "failed"
 
 
 def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], StageReport], *,
@@ -32,7 +48,7 @@ def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], Sta
         report = fn(ctx)
     except BaseException as e:
         error = "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
-        mark_stage_finished(ctx.wh, run_id, iteration, stage, "failed", None, None,
+        mark_stage_finished(ctx.wh, run_id, iteration, stage, ended(e), None, None,
                             time.perf_counter() - start, error)
         raise
     mark_stage_finished(ctx.wh, run_id, iteration, stage, "done", report.rows_in, report.rows_out,

@@ -77,7 +77,8 @@ def verbose() -> bool:
 
 class _HideExpectedTracebacks(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None and expected_error(record.exc_info[1]):
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and (isinstance(exc, KeyboardInterrupt) or expected_error(exc)):
             record.exc_info, record.exc_text = None, None
         return True
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
 
@@ -77,6 +77,12 @@ def storage_error(exc: BaseException, path: str | Path) -> WarehouseError | None
 
 
 _HEADER_BYTES = 3 * 4096  # DuckDB's file header and its two database headers, before the first block
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether `exc` is a signal that arrived while DuckDB ran a statement (DuckDB reports it as its own error)."""
+    return isinstance(exc, KeyboardInterrupt) or (isinstance(exc, duckdb.Error) and (
+        isinstance(exc, duckdb.InterruptException) or "interrupted" in str(exc).lower()))
 
 
 def _check_readable(path: str) -> None:
@@ -206,8 +212,13 @@ class Warehouse:
         self.con.register("_incoming", arrow)
         try:
             self.con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _incoming ON CONFLICT DO NOTHING")
+        except duckdb.Error as e:
+            if is_interrupt(e):  # a signal during the statement: give the caller back the KeyboardInterrupt
+                raise KeyboardInterrupt(str(e)) from e
+            raise
         finally:
-            self.con.unregister("_incoming")
+            with suppress(duckdb.Error):  # an aborted transaction refuses it; the caller rolls back
+                self.con.unregister("_incoming")
         return self.count(table) - before
 
     def insert_batch(self, table: str, rows: list[dict]) -> int:
