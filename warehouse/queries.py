@@ -242,12 +242,14 @@ def iteration_summary(wh: Warehouse, run_id: str, iteration: int) -> dict[str, l
 
 # -- training ----------------------------------------------------------------------------------------------
 
-def training_rows(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
-    """Every scored rollout of the iteration with its token ids, sampling log-probs and TRR++ advantage."""
+def training_rows(wh: Warehouse, run_id: str, iteration: int, reward_version: int) -> list[dict]:
+    """Every rollout of the iteration scored under `reward_version`, with its token ids, sampling log-probs and
+    TRR++ advantage."""
     return wh.rows("""
         SELECT r.rollout_id, r.role, r.prompt_ids, r.completion_ids, r.logprobs, s.advantage
         FROM scores s JOIN rollouts r USING (rollout_id)
-        WHERE s.run_id = ? AND s.iteration = ? ORDER BY r.rollout_id""", [run_id, iteration])
+        WHERE s.run_id = ? AND s.iteration = ? AND s.reward_version = ? ORDER BY r.rollout_id""",
+                   [run_id, iteration, reward_version])
 
 
 def record_checkpoint(wh: Warehouse, run_id: str, iteration: int, adapter_path: str, metrics: dict) -> None:
