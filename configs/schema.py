@@ -73,6 +73,14 @@ class IterationConfig(_Section):
                         "s_p >= beta.")
     domains: list[Literal["math", "code"]] = Field(["math", "code"], min_length=1,
                                                    description="Domains sampled from the pool.")
+    near_duplicate_threshold: float | None = Field(
+        None, gt=0, le=1, description="Admission rejects a new question as `near_duplicate` when its estimated "
+        "Jaccard similarity (MinHash over word shingles) to a pool, validation or benchmark question, or to one "
+        "admitted before it in the same iteration, is at least this; None measures the similarity "
+        "(`questions.near_dup_similarity`) without rejecting.")
+    shingle_words: int = Field(3, ge=1, description="Words per shingle for the near-duplicate MinHash.")
+    minhash_permutations: int = Field(128, ge=16, description="MinHash permutations (signature length) for the "
+                                      "near-duplicate estimate; its standard error is about 1/sqrt(this).")
 
 
 class RewardsConfig(_Section):
