@@ -73,6 +73,14 @@ class IterationConfig(_Section):
                         "s_p >= beta.")
     domains: list[Literal["math", "code"]] = Field(["math", "code"], min_length=1,
                                                    description="Domains sampled from the pool.")
+    near_duplicate_threshold: float | None = Field(
+        None, gt=0, le=1, description="Admission rejects a new question as `near_duplicate` when its estimated "
+        "Jaccard similarity (MinHash over word shingles) to a pool, validation or benchmark question, or to one "
+        "admitted before it in the same iteration, is at least this; None measures the similarity "
+        "(`questions.near_dup_similarity`) without rejecting.")
+    shingle_words: int = Field(3, ge=1, description="Words per shingle for the near-duplicate MinHash.")
+    minhash_permutations: int = Field(128, ge=16, description="MinHash permutations (signature length) for the "
+                                      "near-duplicate estimate; its standard error is about 1/sqrt(this).")
 
 
 class RewardsConfig(_Section):
@@ -112,6 +120,11 @@ class TrainConfig(_Section):
     loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field(
         "dapo", description="TRL loss aggregation (token-level `dapo` by default). `bnpo` normalises per "
         "process, so under accelerate its update changes with the number of processes.")
+    loss_weighting: Literal["role_mean", "token_mean"] = Field(
+        "role_mean", description="How the update weighs rollouts: `role_mean` (SAGE.md step 11) takes each "
+        "role's token mean and averages over the roles in the update, so every role weighs the same whatever its "
+        "rollout count or completion length; `token_mean` is the plain mean over all completion tokens. "
+        "`role_mean` needs loss_type dapo.")
     minibatch_size: int = Field(8, ge=1, description="Rollouts per forward/backward pass (per device).")
     grad_accum: int = Field(1, ge=1, description="Gradient accumulation steps; the update covers every "
                             "rollout of the iteration once.")
@@ -124,6 +137,15 @@ class TrainConfig(_Section):
                                           "(`ddp`, `deepspeed-zero2`, `fsdp`, `cpu-2proc`) or a path. "
                                           "`minibatch_size` is per process, so one update covers minibatch_size x "
                                           "grad_accum x processes rows.")
+
+
+    @model_validator(mode="after")
+    def _role_mean_needs_dapo(self) -> "TrainConfig":
+        if self.loss_weighting == "role_mean" and self.loss_type != "dapo":
+            raise ValueError(f"train.loss_weighting role_mean weighs token sums, which only train.loss_type dapo "
+                             f"keeps; got loss_type {self.loss_type!r}: set train.loss_type=dapo or "
+                             f"train.loss_weighting=token_mean")
+        return self
 
 
 class ValidateConfig(_Section):

@@ -1,45 +1,82 @@
-"""admit: the filter. A new question enters the pool only if its verifier is valid, s_q >= alpha and its
-normalised text is not already in the pool; every rejection keeps its reason.
+"""admit: the filter. A new question enters the pool only if its verifier is valid, s_q >= alpha, its normalised
+text is neither a validation or benchmark question's nor already in the pool, and (when
+`iteration.near_duplicate_threshold` is set) it is not a near-duplicate of one; every rejection keeps its reason.
 
-Reads: this iteration's generated questions not yet decided (`admitted` NULL), the pool's text hashes.
-Writes: `questions.admitted`, `admitted_iteration`, `rejection_reason` (`invalid_verifier`, `low_quality`,
-`duplicate`; `unparseable` was set by the challenge stage), in one transaction. Questions are decided in id
-order, so of two identical new questions the same one is admitted on every re-run.
+Reads: this iteration's generated questions not yet decided (`admitted` NULL), the pool's text and text hashes,
+the validation and benchmark questions (origin `validation`, `benchmark`).
+Writes: `questions.admitted`, `admitted_iteration`, `rejection_reason` (`contaminated`, `invalid_verifier`,
+`low_quality`, `duplicate`, `near_duplicate`; `unparseable` was set by the challenge stage), and for every
+decided question `near_dup_similarity` (the MinHash estimate of word-shingle Jaccard similarity to the closest
+pool, held-out, or earlier-admitted question) and `near_dup_of` (that question), in one transaction.
+Questions are decided in id order, so of two identical new questions the same one is admitted on every re-run.
 Idempotency: only undecided questions are touched. Fails: never on model output.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from sage.configs.names import Stage
+from sage.engines.text.similar import most_similar, signatures
 from sage.stages.context import StageContext, StageReport
-from sage.warehouse.queries import generated_questions, pool_norm_hashes, update_rows
+from sage.warehouse.queries import (
+    generated_questions,
+    heldout_questions,
+    pool_norm_hashes,
+    pool_texts,
+    update_rows,
+)
 
 STAGE = Stage.ADMIT
 
 
-def decide(q: dict, alpha: float, seen: set[str]) -> str | None:
-    """The rejection reason, or None to admit."""
+def decide(q: dict, alpha: float, seen: set[str], heldout: frozenset[str] = frozenset(),
+           similarity: float = 0.0, threshold: float | None = None) -> str | None:
+    """The rejection reason, or None to admit. A copy of a validation or benchmark question is `contaminated`
+    whatever else holds, so every copy is counted."""
+    if q["norm_hash"] in heldout:
+        return "contaminated"
     if not q["verifier_valid"]:
         return "invalid_verifier"
     if q["s_q"] is None or q["s_q"] < alpha:
         return "low_quality"
     if q["norm_hash"] in seen:
         return "duplicate"
+    if threshold is not None and similarity >= threshold:
+        return "near_duplicate"
     return None
 
 
 def run(ctx: StageContext) -> StageReport:
+    it = ctx.cfg.iteration
     pending = [q for q in generated_questions(ctx.wh, ctx.run_id, ctx.iteration) if q["admitted"] is None]
     seen = pool_norm_hashes(ctx.wh, ctx.run_id)
+    held = heldout_questions(ctx.wh)
+    heldout = frozenset(h["norm_hash"] for h in held)
+    # The texts a new question is compared with: the pool and the held-out questions, then each question
+    # admitted before it in this pass.
+    refs = pool_texts(ctx.wh, ctx.run_id) + [{"question_id": h["question_id"], "text": h["text"]} for h in held]
+    ref_ids = [r["question_id"] for r in refs]
+    sigs = signatures([r["text"] for r in refs] + [q["text"] or "" for q in pending], it.shingle_words,
+                      it.minhash_permutations)
+    ref_sigs, new_sigs = sigs[:len(refs)], sigs[len(refs):]
     updates = []
-    for q in pending:
-        reason = decide(q, ctx.cfg.iteration.alpha, seen)
+    for q, sig in zip(pending, new_sigs):
+        similarity, at = most_similar(sig, ref_sigs)
+        reason = decide(q, it.alpha, seen, heldout, similarity, it.near_duplicate_threshold)
         if reason is None:
             seen.add(q["norm_hash"])
+            ref_sigs = np.vstack([ref_sigs, sig[None, :]])
+            ref_ids.append(q["question_id"])
         updates.append(dict(question_id=q["question_id"], admitted=reason is None,
-                            admitted_iteration=ctx.iteration if reason is None else None, rejection_reason=reason))
+                            admitted_iteration=ctx.iteration if reason is None else None, rejection_reason=reason,
+                            near_dup_similarity=similarity, near_dup_of=None if at is None else ref_ids[at]))
     with ctx.wh.transaction():
         update_rows(ctx.wh, "questions", "question_id", updates)
     admitted = sum(u["admitted"] for u in updates)
+    reasons: dict[str, int] = {}
+    for u in updates:
+        if u["rejection_reason"]:
+            reasons[u["rejection_reason"]] = reasons.get(u["rejection_reason"], 0) + 1
     return StageReport(STAGE, rows_in=len(pending), rows_out=admitted,
-                       info={"admitted": admitted, "rejected": len(updates) - admitted})
+                       info={"admitted": admitted, "rejected": len(updates) - admitted, **reasons})

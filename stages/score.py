@@ -6,8 +6,10 @@ on hand-computed values. Each reward function returns `(reward, components)`; th
 
 The stage (`run`, at the bottom): reads every trainable rollout of the iteration (challenge, both critiques,
 plan, solve) with what its reward needs; writes one `scores` row each (reward, components, TRR++ group and
-advantage) in one transaction. Idempotency key: rollout id; a re-run computes the same values and inserts
-nothing new. Fails: a Challenger question that earns the difficulty term but was never probed raises.
+advantage, `reward_version`) in one transaction. Idempotency key: `score_id` = hash of (rollout id,
+REWARD_VERSION); a re-run computes the same values and inserts nothing new, while a re-score after a change of
+the formulas (a new REWARD_VERSION) adds rows beside the old ones, and readers take the newest version.
+Fails: a Challenger question that earns the difficulty term but was never probed raises.
 """
 
 from __future__ import annotations
@@ -19,13 +21,25 @@ from typing import Any, Iterable
 from sage.configs.names import Purpose, Role, Stage
 from sage.configs.schema import RewardsConfig
 from sage.stages.context import StageContext, StageReport
+from sage.warehouse.ids import content_id
 from sage.warehouse.queries import scoring_inputs
+
+#: Version of the reward formulas below. Bump it whenever a formula changes: it is hashed into every score id,
+#: so rewards of different versions never share a row. 1: suppressed Challenger branch (s_q + r_f) / 2;
+#: 2: (s_q + r_f) / 3 (SAGE.md step 4).
+REWARD_VERSION = 2
+
+
+def score_id(rollout_id: str, version: int = REWARD_VERSION) -> str:
+    """The id of a rollout's `scores` row under reward-formula `version`."""
+    return content_id("score", rollout_id, version)
 
 
 def challenger_reward(s_q: float, r_d: float | None, r_f: float, valid: bool,
                       alpha: float) -> tuple[float, dict[str, Any]]:
-    """r_c = (s_q + r_d + r_f) / 3 when s_q >= alpha and the verifier is valid, else (s_q + r_f) / 2
-    (quality suppression: a poor or unverifiable question earns nothing for being hard)."""
+    """r_c = (s_q + r_d + r_f) / 3 when s_q >= alpha and the verifier is valid, else (s_q + r_f) / 3
+    (quality suppression: the difficulty third is withheld, so for the same s_q and r_f an admitted question
+    never earns less than a rejected one)."""
     earns_difficulty = bool(valid) and s_q >= alpha
     if earns_difficulty:
         if r_d is None:
@@ -33,7 +47,7 @@ def challenger_reward(s_q: float, r_d: float | None, r_f: float, valid: bool,
                              "verifier is valid; run the difficulty probe first")
         reward = (s_q + r_d + r_f) / 3
     else:
-        reward = (s_q + r_f) / 2
+        reward = (s_q + r_f) / 3
     return reward, {"s_q": s_q, "r_d": r_d, "r_f": r_f, "valid": bool(valid), "alpha": alpha,
                     "suppressed": not earns_difficulty}
 
@@ -119,7 +133,8 @@ def run(ctx: StageContext) -> StageReport:
     scored = [_reward(r, ctx) for r in rows]
     groups = [trr_group(r["role"], r["domain"], ctx.cfg.rewards.group_by) for r in rows]
     advantages = trr_advantages([s[0] for s in scored], groups, ctx.cfg.rewards.eps)
-    out = [dict(rollout_id=r["rollout_id"], run_id=ctx.run_id, iteration=ctx.iteration, role=r["role"],
+    out = [dict(score_id=score_id(r["rollout_id"]), rollout_id=r["rollout_id"], reward_version=REWARD_VERSION,
+                run_id=ctx.run_id, iteration=ctx.iteration, role=r["role"],
                 domain=r["domain"], reward=reward, components=components, group_key=g, advantage=a)
            for r, (reward, components), g, a in zip(rows, scored, groups, advantages)]
     added = ctx.wh.insert_batch("scores", out)

@@ -25,6 +25,7 @@ from sage import configs
 from sage.configs import ConfigError
 from sage.configs.names import Stage
 from sage.stages.context import StageContext, StageReport
+from sage.stages.score import REWARD_VERSION
 from sage.warehouse.queries import checkpoint_path, record_checkpoint, training_rows
 from sage.warehouse.runs import run_dirname
 
@@ -99,7 +100,7 @@ def run(ctx: StageContext) -> StageReport:
         return StageReport(STAGE, info={"skipped": "checkpoint exists"})
     if ctx.cfg.train.accelerate_config:  # a misspelt name fails here, before any work
         accelerate_config_path(ctx.cfg.train.accelerate_config)
-    stored = training_rows(ctx.wh, ctx.run_id, ctx.iteration)
+    stored = training_rows(ctx.wh, ctx.run_id, ctx.iteration, REWARD_VERSION)
     rows = [TrainRow(prompt_ids=list(r["prompt_ids"]), completion_ids=list(r["completion_ids"]),
                      advantage=float(r["advantage"]), logprobs=None if r["logprobs"] is None else list(r["logprobs"]),
                      role=r["role"]) for r in stored]

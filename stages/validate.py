@@ -5,8 +5,9 @@ iteration k: the base model for k = 0, else the adapter iteration k trained (`it
 base model when `train.enabled` is false). Generates one greedy answer per question (temperature 0, pass@1,
 no plan, `validate.max_new_tokens`; purpose `validate`), verifies it with the verify stage's math checker
 and sandbox, and writes: the rollouts, their verdicts, and the iteration's `checkpoints` row's
-val_accuracy (mean s_gt over all answers), val_math and val_code (per domain; NULL for a domain without
-questions). The row is created when training wrote none (iteration 0, or training off) with adapter_path
+val_accuracy (pass@1: the share of answers with s_gt = 1, so a code answer counts only when every test
+passes), val_math and val_code (per domain; NULL for a domain without questions), and val_mean_s_gt (mean
+s_gt, partial credit included). val_accuracy decides `is_best` and early stopping. The row is created when training wrote none (iteration 0, or training off) with adapter_path
 'base' or the adapter's path; an existing row keeps its path and metrics.
 Idempotency key: rollout id (run, iteration, 'validate', question, template) and verdict id = rollout id, so
 a re-run generates and verifies only what is missing and recomputes the same numbers.
@@ -58,5 +59,5 @@ def run(ctx: StageContext) -> StageReport:
     scores = validation_scores(ctx.wh, ctx.run_id, ctx.iteration)
     with ctx.wh.transaction():
         record_validation(ctx.wh, ctx.run_id, ctx.iteration, adapter or BASE, scores)
-    info = {k: scores[k] for k in ("val_accuracy", "val_math", "val_code", "n_math", "n_code")}
+    info = {k: scores[k] for k in ("val_accuracy", "val_math", "val_code", "val_mean_s_gt", "n_math", "n_code")}
     return StageReport(STAGE, rows_in=len(questions), rows_out=written, info={"adapter": adapter or BASE, **info})

@@ -104,6 +104,21 @@ def pool_norm_hashes(wh: Warehouse, run_id: str) -> set[str]:
         WHERE origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted)""", [run_id]).fetchall()}
 
 
+def pool_texts(wh: Warehouse, run_id: str) -> list[dict]:
+    """(question_id, text) of the run's pool (seeds plus admitted), in a stable order."""
+    return wh.rows("""
+        SELECT question_id, text FROM questions
+        WHERE origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted)
+        ORDER BY question_id""", [run_id])
+
+
+def heldout_questions(wh: Warehouse) -> list[dict]:
+    """(question_id, text, norm_hash) of every validation and benchmark question: text a generated question
+    must not copy."""
+    return wh.rows("SELECT question_id, text, norm_hash FROM questions WHERE origin IN ('validation', 'benchmark') "
+                   "ORDER BY question_id")
+
+
 def generated_questions(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
     return wh.records("""
         SELECT question_id, domain, text, verifier, rollout_id, s_q, difficulty, verifier_valid, verifier_error,
@@ -232,7 +247,8 @@ def iteration_summary(wh: Warehouse, run_id: str, iteration: int) -> dict[str, l
     return {
         "questions": wh.rows("""
             SELECT generated, admitted, rejected, rejected_low_quality, rejected_invalid_verifier,
-                   rejected_duplicate, rejected_unparseable, pool_size,
+                   rejected_duplicate, rejected_unparseable, rejected_contaminated, rejected_near_duplicate,
+                   round(max_near_dup_similarity, 3) AS max_near_dup_similarity, pool_size,
                    round(mean_s_q, 3) AS mean_s_q, round(mean_difficulty, 3) AS mean_difficulty
             FROM curriculum_drift WHERE run_id = ? AND iteration = ?""", p),
         "plans": wh.rows("SELECT plans, passed, withheld, round(mean_s_p, 3) AS mean_s_p FROM gate_stats "
@@ -252,12 +268,14 @@ def iteration_summary(wh: Warehouse, run_id: str, iteration: int) -> dict[str, l
 
 # -- training ----------------------------------------------------------------------------------------------
 
-def training_rows(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
-    """Every scored rollout of the iteration with its token ids, sampling log-probs and TRR++ advantage."""
+def training_rows(wh: Warehouse, run_id: str, iteration: int, reward_version: int) -> list[dict]:
+    """Every rollout of the iteration scored under `reward_version`, with its token ids, sampling log-probs and
+    TRR++ advantage."""
     return wh.rows("""
         SELECT r.rollout_id, r.role, r.prompt_ids, r.completion_ids, r.logprobs, s.advantage
         FROM scores s JOIN rollouts r USING (rollout_id)
-        WHERE s.run_id = ? AND s.iteration = ? ORDER BY r.rollout_id""", [run_id, iteration])
+        WHERE s.run_id = ? AND s.iteration = ? AND s.reward_version = ? ORDER BY r.rollout_id""",
+                   [run_id, iteration, reward_version])
 
 
 def record_checkpoint(wh: Warehouse, run_id: str, iteration: int, adapter_path: str, metrics: dict) -> None:

@@ -2,7 +2,7 @@
 
 A checkpoint row is (run, iteration): iteration 0 is the base model (adapter_path 'base'), iteration k > 0
 the adapter iteration k trained (or 'base' again when training is off). Validation fills val_accuracy,
-val_math and val_code; `mark_best` keeps exactly one `is_best` row per validated run.
+val_math and val_code (greedy pass@1: s_gt = 1) and val_mean_s_gt; `mark_best` keeps exactly one `is_best` row per validated run.
 """
 
 from __future__ import annotations
@@ -23,17 +23,22 @@ def count_validation_questions(wh: Warehouse) -> int:
 
 
 def validation_scores(wh: Warehouse, run_id: str, iteration: int) -> dict:
-    """Mean s_gt of this iteration's verified validation answers: overall, math, code (None where no answer),
-    plus how many answers each mean covers."""
+    """Greedy pass@1 of this iteration's verified validation answers (an answer counts when s_gt = 1: a code
+    answer passes every test): overall (`val_accuracy`), math, code (None where no answer); the mean s_gt
+    (partial credit for code) as `val_mean_s_gt`; and how many answers each covers."""
     rows = wh.rows("""
-        SELECT avg(v.s_gt)                                  AS val_accuracy,
-               avg(v.s_gt) FILTER (WHERE q.domain = 'math') AS val_math,
-               avg(v.s_gt) FILTER (WHERE q.domain = 'code') AS val_code,
+        WITH a AS (
+            SELECT q.domain, v.s_gt, CASE WHEN v.s_gt >= 1.0 THEN 1.0 ELSE 0.0 END AS passed
+            FROM rollouts r JOIN verdicts v USING (rollout_id) JOIN questions q ON q.question_id = r.question_id
+            WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'validate')
+        SELECT avg(passed)                                  AS val_accuracy,
+               avg(passed) FILTER (WHERE domain = 'math')   AS val_math,
+               avg(passed) FILTER (WHERE domain = 'code')   AS val_code,
+               avg(s_gt)                                    AS val_mean_s_gt,
                count(*)                                     AS n,
-               count(*) FILTER (WHERE q.domain = 'math')    AS n_math,
-               count(*) FILTER (WHERE q.domain = 'code')    AS n_code
-        FROM rollouts r JOIN verdicts v USING (rollout_id) JOIN questions q ON q.question_id = r.question_id
-        WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'validate'""", [run_id, iteration])
+               count(*) FILTER (WHERE domain = 'math')      AS n_math,
+               count(*) FILTER (WHERE domain = 'code')      AS n_code
+        FROM a""", [run_id, iteration])
     return rows[0]
 
 
@@ -41,18 +46,19 @@ def record_validation(wh: Warehouse, run_id: str, iteration: int, adapter_path: 
     """Set the checkpoint's validation numbers; create the row (with `adapter_path`) when training wrote
     none: the baseline at iteration 0, or every iteration when training is off. An existing row keeps its path."""
     wh.con.execute("""
-        INSERT INTO checkpoints (run_id, iteration, adapter_path, val_accuracy, val_math, val_code)
-        VALUES (?, ?, ?, ?, ?, ?)
+        INSERT INTO checkpoints (run_id, iteration, adapter_path, val_accuracy, val_math, val_code, val_mean_s_gt)
+        VALUES (?, ?, ?, ?, ?, ?, ?)
         ON CONFLICT (run_id, iteration) DO UPDATE SET val_accuracy = excluded.val_accuracy,
-            val_math = excluded.val_math, val_code = excluded.val_code""",
-                   [run_id, iteration, adapter_path, scores["val_accuracy"], scores["val_math"], scores["val_code"]])
+            val_math = excluded.val_math, val_code = excluded.val_code, val_mean_s_gt = excluded.val_mean_s_gt""",
+                   [run_id, iteration, adapter_path, scores["val_accuracy"], scores["val_math"], scores["val_code"],
+                    scores.get("val_mean_s_gt")])
 
 
 def validation_history(wh: Warehouse, run_id: str, upto_iteration: int | None = None) -> list[dict]:
-    """(iteration, val_accuracy, val_math, val_code, is_best, adapter_path) of every validated checkpoint,
-    in iteration order, optionally only up to `upto_iteration`."""
+    """(iteration, val_accuracy, val_math, val_code, is_best, adapter_path, val_mean_s_gt) of every validated
+    checkpoint, in iteration order, optionally only up to `upto_iteration`."""
     return wh.rows("""
-        SELECT iteration, val_accuracy, val_math, val_code, is_best, adapter_path FROM checkpoints
+        SELECT iteration, val_accuracy, val_math, val_code, is_best, adapter_path, val_mean_s_gt FROM checkpoints
         WHERE run_id = ? AND val_accuracy IS NOT NULL AND iteration <= coalesce(?, iteration)
         ORDER BY iteration""", [run_id, upto_iteration])
 

@@ -35,6 +35,15 @@ def num_updates(n_rows: int, cfg: TrainConfig, num_processes: int = 1) -> int:
     return math.ceil(n_rows / rows_per_update(cfg, num_processes)) if n_rows > 0 else 0
 
 
+def role_weights(roles: list[str | None], tokens_by_role: dict[str, float]) -> list[float]:
+    """Advantage multipliers that make every role weigh the same in a token-sum loss divided by all tokens N:
+    a row of role r gets N / (R * T_r), T_r being role r's completion tokens in the update and R the roles
+    with any; the loss then is the mean over roles of each role's token mean. None (a padding row) gets 0."""
+    total = sum(tokens_by_role.values())
+    present = sum(1 for t in tokens_by_role.values() if t > 0)
+    return [0.0 if role is None else total / (present * tokens_by_role[role]) for role in roles]
+
+
 def check_rows(rows: list[TrainRow]) -> None:
     """Raise ValueError naming the first row that cannot be trained on (empty prompt, log-probs that do not
     match the completion, an advantage that is not finite)."""

@@ -7,9 +7,12 @@ line that runs a step in its own process is `python -m sage.engines.train`.
 
 Semantics of one `train_step`: one pass over all rows with a non-empty completion; one optimizer update per
 block of `cfg.minibatch_size * cfg.grad_accum` rows (per process), i.e. `ceil(n_rows / (minibatch_size *
-grad_accum * processes))` updates; constant learning rate, AdamW, fresh optimizer state every step (the adapter
-is the only state carried from one iteration to the next). With the default `dapo` loss the update is the
-token-level mean of the clipped policy-gradient loss over all completion tokens of the block.
+grad_accum * processes))` updates; constant learning rate, AdamW. The optimizer and scheduler state (AdamW's
+moments and step count) is saved beside the adapter (`OPTIMIZER_FILE`) and loaded by the next step that starts
+from that adapter, so the optimisation continues across iterations, and a step re-run after a crash starts
+from the same state and gives the same adapter. With the default `dapo` loss and `role_mean` weighting the
+update is the mean over roles of each role's token mean of the clipped policy-gradient loss over the block;
+with `token_mean`, the token mean over all completion tokens of the block.
 
 Under `accelerate launch` (N processes, the train stage's `train.accelerate_config`) every process reads all
 rows and draws the same seeded order; process k trains on the k-th slice of each block, and the gradients
@@ -41,6 +44,18 @@ from sage.engines.train.trl_trainer import build_trainer
 
 #: File written next to the adapter weights, with the metrics of the step that produced them.
 METRICS_FILE = "sage_train_metrics.json"
+#: File written next to the adapter weights: AdamW's state (moments, step count) and the scheduler's, which the
+#: next iteration's step loads (SAGE.md step 11: the optimizer state carries from iteration to iteration).
+OPTIMIZER_FILE = "sage_optimizer.pt"
+
+
+def load_optimizer_state(adapter_dir: str | os.PathLike | None) -> dict | None:
+    """The optimizer and scheduler state saved beside an adapter, or None (no adapter, or one saved without it)."""
+    if not adapter_dir or not (Path(adapter_dir) / OPTIMIZER_FILE).is_file():
+        return None
+    import torch
+
+    return torch.load(Path(adapter_dir) / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
 
 
 def _role_means(rows: list[TrainRow]) -> dict[str, float]:
@@ -92,13 +107,18 @@ def load_policy(model_path: str, adapter_in: str | None, cfg: TrainConfig, *, se
         return get_peft_model(model, lora_config(cfg))
 
 
-def _atomic_save(model, adapter_out: str | os.PathLike, metrics: dict, state_dict: dict | None = None) -> Path:
+def _atomic_save(model, adapter_out: str | os.PathLike, metrics: dict, state_dict: dict | None = None,
+                 optimizer_state: dict | None = None) -> Path:
     out = Path(adapter_out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         model.save_pretrained(tmp, selected_adapters=["default"], state_dict=state_dict)
         (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True))
+        if optimizer_state is not None:
+            import torch
+
+            torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
         os.chmod(tmp, 0o755)
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
@@ -141,11 +161,14 @@ def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: 
     # the CPU; build it here so that also holds when no Trainer (which would say so too) is ever made.
     PartialState(cpu=device.startswith("cpu"))
     model = load_policy(model_path, adapter_in, cfg, seed=seed, dtype=resolve_dtype(dtype, device))
-    metrics, full_state = _train(model, model_path, rows, cfg, seed=seed, device=device, temperature=temperature)
+    carried = load_optimizer_state(adapter_in)
+    metrics, full_state, opt_state = _train(model, model_path, rows, cfg, seed=seed, device=device,
+                                            temperature=temperature, optimizer_state=carried)
     metrics["total_seconds"] = time.perf_counter() - t_start
     state = PartialState()
     if state.is_main_process:
-        _atomic_save(model, adapter_out, metrics, state_dict=full_state)
+        _atomic_save(model, adapter_out, metrics, state_dict=full_state,
+                     optimizer_state=opt_state if opt_state is not None else carried)
     state.wait_for_everyone()  # no process returns (and exits) before the adapter exists
     return metrics
 
@@ -166,6 +189,27 @@ def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConf
     return _train(model, tokenizer_path, rows, cfg, seed=seed, device=device, temperature=temperature)[0]
 
 
+def _optimizer_state(trainer) -> dict | None:
+    """The trainer's optimizer and scheduler state on the CPU; None when the optimizer is sharded over
+    processes (FSDP, DeepSpeed), whose state this module does not gather."""
+    from accelerate.utils import DistributedType
+
+    if trainer.accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        return None
+    import torch
+
+    def cpu(x):
+        if isinstance(x, torch.Tensor):
+            return x.detach().cpu().clone()
+        if isinstance(x, dict):
+            return {k: cpu(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [cpu(v) for v in x]
+        return x
+
+    return {"optimizer": cpu(trainer.optimizer.state_dict()), "scheduler": cpu(trainer.lr_scheduler.state_dict())}
+
+
 def _sharded_state_dict(trainer) -> dict | None:
     """The whole state dict when the weights are sharded over processes (FSDP, DeepSpeed ZeRO-3), else None
     (every process then holds whole weights in `model`). Every process must call it: it gathers."""
@@ -180,8 +224,9 @@ def _sharded_state_dict(trainer) -> dict | None:
 
 
 def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str | None,
-           temperature: float) -> tuple[dict, dict | None]:
-    """`train_model`, plus the gathered state dict for saving when the weights are sharded (else None)."""
+           temperature: float, optimizer_state: dict | None = None) -> tuple[dict, dict | None, dict | None]:
+    """`train_model`, plus the gathered state dict for saving when the weights are sharded (else None) and the
+    optimizer and scheduler state after training (None when nothing trained or the optimizer is sharded)."""
     from accelerate import PartialState
     from accelerate.utils import gather_object
 
@@ -206,13 +251,14 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
         "rows_by_rank": [[] for _ in range(processes)],
     }
     if not usable:  # nothing to learn from: the adapter goes on unchanged
-        return metrics, None
+        return metrics, None, None
     if processes > 1 and cfg.loss_type == "bnpo":
         warnings.warn("train.loss_type bnpo divides by the tokens of each process's own micro-batch, so its update "
                       "changes with the number of processes; dapo, grpo and dr_grpo do not", stacklevel=2)
     with quiet_v6():
         trainer, steps = build_trainer(model, tokenizer_path, usable, cfg, seed=seed, device=device,
-                                        torch_dtype=torch_dtype, temperature=temperature)
+                                        torch_dtype=torch_dtype, temperature=temperature,
+                                        optimizer_state=optimizer_state)
         try:
             t0, c0 = time.perf_counter(), time.process_time()
             trainer.train()
@@ -220,6 +266,7 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
             # Collectives: every process reaches them, right after training.
             rows_by_rank = gather_object([[used_at[i] for i in trainer.sage_seen]])
             full_state = _sharded_state_dict(trainer)
+            opt_state = _optimizer_state(trainer)
         finally:
             shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
     metrics.update({
@@ -236,5 +283,14 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
         "tokens_per_s": metrics["tokens"] / seconds if seconds > 0 else 0.0,
         "steps": steps,
         "rows_by_rank": rows_by_rank,
+        "optimizer_steps": _adam_steps(opt_state),
+        "loss_weighting": cfg.loss_weighting,
     })
-    return metrics, full_state
+    return metrics, full_state, opt_state
+
+
+def _adam_steps(opt_state: dict | None) -> int | None:
+    """AdamW's step count after this training (all iterations so far), from its saved state."""
+    if not opt_state or not opt_state["optimizer"]["state"]:
+        return None
+    return int(float(next(iter(opt_state["optimizer"]["state"].values()))["step"]))

@@ -22,6 +22,9 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
   Under `accelerate launch` with N processes the block is N times larger and accelerate's dataloader hands
   process k the k-th contiguous slice of it, so the processes train on disjoint rows of the same update.
 - `_compute_loss(model, inputs)` drops the padding columns a micro-batch does not use, then calls TRL's.
+- With `train.loss_weighting` `role_mean`, each row's advantage is scaled so that every role weighs the same in
+  the update (`_sage_role_weights`). `create_optimizer` / `create_scheduler` load the state carried from the
+  previous iteration, when given.
 
 `build_trainer` configures `GRPOConfig` for one pass over the rows (one update per generation batch, constant
 learning rate, no reward scaling) and captures TRL's per-update logs.
@@ -33,7 +36,7 @@ import math
 import tempfile
 
 from sage.configs.schema import TrainConfig
-from sage.engines.train.rows import TrainRow
+from sage.engines.train.rows import TrainRow, role_weights
 
 #: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch")
@@ -105,13 +108,44 @@ def trainer_class():
         The train dataset holds one column, `row` (an index into `rows`; -1 is the dummy padding row).
         """
 
-        def __init__(self, *args, rows: list[TrainRow], **kwargs):
+        def __init__(self, *args, rows: list[TrainRow], role_mean: bool = False, optimizer_state: dict | None = None,
+                     **kwargs):
             self.sage_rows = list(rows)
+            self.sage_role_mean = role_mean
+            self.sage_roles = sorted({r.role for r in rows})  # the same on every process: all read all rows
+            self.sage_optimizer_state = optimizer_state  # {"optimizer": ..., "scheduler": ...} carried in
             self.sage_seen: list[int] = []  # indices into `rows` this process trained on, in order
             # Decided once for all rows, not per batch: a per-batch choice would depend on how the rows are
             # split over processes.
             self.sage_use_logprobs = bool(rows) and all(r.logprobs is not None for r in rows)
             super().__init__(*args, **kwargs)
+
+        # -- optimizer state carried from the previous iteration ---------------------------------------------
+        def create_optimizer(self, model=None):
+            optimizer = super().create_optimizer(model)
+            if self.sage_optimizer_state is not None:
+                optimizer.load_state_dict(self.sage_optimizer_state["optimizer"])
+            return optimizer
+
+        def create_scheduler(self, num_training_steps, optimizer=None):
+            fresh = self.lr_scheduler is None
+            scheduler = super().create_scheduler(num_training_steps, optimizer)
+            if fresh and self.sage_optimizer_state is not None and self.sage_optimizer_state.get("scheduler"):
+                scheduler.load_state_dict(self.sage_optimizer_state["scheduler"])
+            return scheduler
+
+        def _sage_role_weights(self, rows) -> list[float]:
+            """Per-row advantage multipliers that give each role the same weight in the update: TRL's `dapo`
+            loss divides the token sum by the block's tokens N, so a row of role r weighted N / (R * T_r)
+            (T_r: role r's completion tokens in the block, over all processes; R: roles present) makes the
+            loss the mean over roles of per-role token means. The clipped loss is linear in a positive
+            advantage scale, so this is exact."""
+            counts = torch.zeros(len(self.sage_roles), dtype=torch.float64, device=self.accelerator.device)
+            for r in rows:
+                if r is not None:
+                    counts[self.sage_roles.index(r.role)] += len(r.completion_ids)
+            counts = self.accelerator.gather(counts[None, :]).sum(dim=0).tolist()
+            return role_weights([None if r is None else r.role for r in rows], dict(zip(self.sage_roles, counts)))
 
         # -- data ------------------------------------------------------------------------------------------
         def _get_train_sampler(self, dataset=None):
@@ -141,6 +175,7 @@ def trainer_class():
             completion_mask = torch.zeros((size, c_len), dtype=torch.long)
             advantages = torch.zeros(size, dtype=torch.float32)
             old = torch.zeros((size, c_len), dtype=torch.float32) if self.sage_use_logprobs else None
+            weights = self._sage_role_weights(rows) if self.sage_role_mean else [1.0] * len(rows)
             for i, r in enumerate(rows):
                 if r is None:  # dummy: one attended prompt token (no fully masked sequence), no completion
                     prompt_mask[i, -1] = 1
@@ -150,7 +185,7 @@ def trainer_class():
                 prompt_mask[i, p_len - p:] = 1
                 completion_ids[i, :c] = torch.tensor(r.completion_ids, dtype=torch.long)
                 completion_mask[i, :c] = 1
-                advantages[i] = float(r.advantage)
+                advantages[i] = float(r.advantage) * weights[i] if self.sage_role_mean else float(r.advantage)
                 if old is not None:
                     old[i, :c] = torch.tensor(r.logprobs, dtype=torch.float32)
             prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
@@ -221,9 +256,11 @@ def _unused_reward(prompts=None, completions=None, **kwargs):
 
 
 def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str,
-                   torch_dtype, temperature: float):
+                   torch_dtype, temperature: float, optimizer_state: dict | None = None):
     """A `StoredRowsTrainer` for one pass over `rows` (all with a non-empty completion), and the list it fills
-    with TRL's per-update logs as `train()` runs. The caller removes `trainer.args.output_dir` afterwards."""
+    with TRL's per-update logs as `train()` runs. `optimizer_state` ({"optimizer", "scheduler"} state dicts of
+    the previous iteration's trainer) is loaded into the new optimizer and scheduler, so AdamW's moments and
+    step count carry over. The caller removes `trainer.args.output_dir` afterwards."""
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -284,7 +321,8 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
 
     dataset = Dataset.from_dict({"row": list(range(len(rows))) + [-1]})
     trainer = cls(model=model, reward_funcs=_unused_reward, args=args, train_dataset=dataset,
-                  processing_class=tokenizer, rows=rows, callbacks=[_Capture()])
+                  processing_class=tokenizer, rows=rows, callbacks=[_Capture()],
+                  role_mean=cfg.loss_weighting == "role_mean", optimizer_state=optimizer_state)
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     return trainer, steps

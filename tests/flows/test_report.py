@@ -12,6 +12,7 @@ from matplotlib.image import imread
 from sage.flows.artifacts import artifact_key
 from sage.flows.report import PLOTS, report_artifacts, write_report
 from sage.warehouse import Warehouse
+from sage.stages.score import REWARD_VERSION, score_id
 
 RUN = "run-A1"
 # iteration -> generated questions: (admitted, rejection reason, s_q, difficulty)
@@ -52,7 +53,8 @@ def build(wh: Warehouse, run_id: str = RUN, iterations=(1, 2, 3), full: bool = T
                              "purpose": "solve", "question_id": "seed0", "template": "v1", "prompt_text": "p",
                              "completion_text": "c", "prompt_ids": [1, 2], "completion_ids": [3], "sample_index": j,
                              "seed": j, "format_reward": 1.0})
-            scores.append({"rollout_id": rid, "run_id": run_id, "iteration": k, "role": role, "reward": reward,
+            scores.append({"score_id": score_id(rid), "reward_version": REWARD_VERSION, "rollout_id": rid,
+                           "run_id": run_id, "iteration": k, "role": role, "reward": reward,
                            "components": {"s_gt": reward}, "group_key": f"{k}{role}", "advantage": 0.0})
     for k, passed in PLANS.items():
         plans += [{"plan_id": f"{run_id}-p{k}{j}", "run_id": run_id, "iteration": k, "question_id": "seed0",

@@ -15,9 +15,12 @@ from sage.stages.score import (
     gate,
     planner_reward,
     solver_reward,
+    REWARD_VERSION,
+    score_id,
     trr_advantages,
     trr_group,
 )
+from sage.warehouse.ids import content_id
 
 W = RewardsConfig()
 ALPHA = IterationConfig().alpha      # 0.7
@@ -34,11 +37,52 @@ def test_challenger_earns_difficulty_when_good_and_valid():
 
 def test_challenger_suppressed_by_low_quality_or_invalid_verifier():
     r, c = challenger_reward(s_q=0.6, r_d=0.9, r_f=1.0, valid=True, alpha=ALPHA)
-    assert r == pytest.approx(0.8) and c["suppressed"]           # (0.6 + 1.0) / 2: difficulty ignored
+    assert r == pytest.approx(1.6 / 3) and c["suppressed"]       # (0.6 + 1.0) / 3: difficulty third withheld
     r, c = challenger_reward(s_q=0.9, r_d=1.0, r_f=0.5, valid=False, alpha=ALPHA)
-    assert r == pytest.approx(0.7) and c["suppressed"]           # (0.9 + 0.5) / 2
+    assert r == pytest.approx(1.4 / 3) and c["suppressed"]       # (0.9 + 0.5) / 3
     r, _ = challenger_reward(s_q=0.2, r_d=None, r_f=0.0, valid=False, alpha=ALPHA)
-    assert r == pytest.approx(0.1)                               # no probe needed when suppressed
+    assert r == pytest.approx(0.2 / 3)                           # no probe needed when suppressed
+
+
+def test_challenger_rejected_examples_of_the_issue_earn_less_than_admitted():
+    # Critic 7 (s_q = 6/9, below alpha), format 1: rejected as low quality
+    rejected, _ = challenger_reward(s_q=6 / 9, r_d=0.0, r_f=1.0, valid=True, alpha=ALPHA)
+    assert rejected == pytest.approx((6 / 9 + 1) / 3) == pytest.approx(0.555556, abs=1e-6)   # was 0.833 with / 2
+    # Critic 7.x admitted (s_q = 7/9), every probe passes (r_d = 0): the least an admitted question earns with r_f 1
+    admitted, _ = challenger_reward(s_q=7 / 9, r_d=0.0, r_f=1.0, valid=True, alpha=ALPHA)
+    assert admitted == pytest.approx(0.592593, abs=1e-6) and admitted > rejected
+    # Critic 10 with a broken verifier: no longer the maximum 1.0
+    broken, _ = challenger_reward(s_q=1.0, r_d=None, r_f=1.0, valid=False, alpha=ALPHA)
+    assert broken == pytest.approx(2 / 3)
+
+
+GRID = sorted({i / 9 for i in range(10)} | {ALPHA})     # every Critic score 1..10, normalised, and alpha itself
+FORMATS = [0.0, 0.5, 1.0]
+DIFFICULTIES = [0.0, 0.125, 1 / 3, 0.5, 0.875, 1.0]
+
+
+def test_challenger_invariant_admission_never_earns_less_than_rejection():
+    """SAGE.md step 4: for the same s_q and r_f, admission never earns less than rejection, over a grid of
+    s_q (all ten Critic scores), r_d and r_f, both rejection causes (s_q < alpha or an invalid verifier)."""
+    checked = 0
+    for s_q in GRID:
+        for r_f in FORMATS:
+            for r_d in DIFFICULTIES:
+                invalid, c_inv = challenger_reward(s_q, r_d, r_f, valid=False, alpha=ALPHA)
+                assert c_inv["suppressed"]
+                if s_q < ALPHA:      # rejected for quality whatever the verifier: both branches suppressed
+                    assert challenger_reward(s_q, r_d, r_f, valid=True, alpha=ALPHA)[0] == invalid
+                    continue
+                admitted, c_adm = challenger_reward(s_q, r_d, r_f, valid=True, alpha=ALPHA)
+                assert not c_adm["suppressed"]
+                assert admitted >= invalid, (s_q, r_d, r_f)
+                assert admitted - invalid == pytest.approx(r_d / 3)            # exactly the difficulty third
+                # every question rejected for quality (lower s_q, any r_d) earns less than this admitted one
+                for low in (q for q in GRID if q < ALPHA):
+                    assert challenger_reward(low, r_d, r_f, valid=True, alpha=ALPHA)[0] < admitted + 1e-12
+                checked += 1
+    assert checked == 4 * 3 * 6          # s_q in {0.7, 7/9, 8/9, 1} x 3 formats x 6 difficulties
+
     with pytest.raises(ValueError, match="r_d"):
         challenger_reward(s_q=0.9, r_d=None, r_f=1.0, valid=True, alpha=ALPHA)
 
@@ -48,7 +92,7 @@ def test_challenger_empty_completion_and_unparseable_score():
     s_q = parse_critic("I cannot decide.").fields["score"]       # unparseable -> neutral 0.5
     assert (r_f, s_q) == (0.5, 0.5)
     r, c = challenger_reward(s_q=s_q, r_d=1.0, r_f=r_f, valid=True, alpha=ALPHA)
-    assert r == pytest.approx(0.5) and c["suppressed"]           # 0.5 < alpha: (0.5 + 0.5) / 2
+    assert r == pytest.approx(1 / 3) and c["suppressed"]         # 0.5 < alpha: (0.5 + 0.5) / 3
 
 
 def test_planner_reward():
@@ -121,3 +165,9 @@ def test_trr_groups_and_errors():
     assert by_domain[2:] == [0.0, 0.0] and by_domain[0] == pytest.approx(1.0, abs=1e-5)
     by_role = trr_advantages(rewards, [trr_group("solver", d, "role") for d in domains], 1e-6)
     assert by_role[2] != 0.0
+
+
+def test_score_id_hashes_the_reward_version():
+    assert REWARD_VERSION == 2
+    assert score_id("r1") == content_id("score", "r1", 2) == score_id("r1", 2)
+    assert score_id("r1", 1) != score_id("r1") != score_id("r2")

@@ -11,8 +11,9 @@ from tests.flows.scripted_run import OVERRIDES
 from tests.scripted import ScriptedLLM, prompt_text
 from sage.warehouse import Warehouse, content_id, norm_hash
 from sage.warehouse.queries import record_checkpoint, start_iteration
+from sage.warehouse.validate_queries import mark_best, record_validation, validation_history, validation_scores
 
-# (question, verifier); the scripted Solver below gets math 2 of 3 right and code 1.0 + 0.5
+# (question, verifier); the scripted Solver below gets math 2 of 3 right and code 1.0 + 0.5 (mul passes 1 of 2 tests)
 MATH = [("What is 2+3?", "5"), ("What is 6*7?", "42"), ("What is 10-4?", "6")]
 CODE = [("Write add(a, b) returning a + b.", {"entry_point": "add", "inputs": [[1, 2], [3, 4]], "outputs": [3, 7]}),
         ("Write mul(a, b) returning a * b.", {"entry_point": "mul", "inputs": [[2, 3], [4, 5]], "outputs": [6, 20]})]
@@ -102,8 +103,9 @@ def test_baseline_scores_known_answers_greedily(make_ctx):
     cp = wh.rows("SELECT * FROM checkpoints")
     assert len(cp) == 1 and cp[0]["iteration"] == 0 and cp[0]["adapter_path"] == "base"
     assert cp[0]["val_math"] == pytest.approx(2 / 3)
-    assert cp[0]["val_code"] == pytest.approx(0.75)
-    assert cp[0]["val_accuracy"] == pytest.approx((1 + 1 + 0 + 1 + 0.5) / 5)
+    assert cp[0]["val_code"] == pytest.approx(0.5)                    # pass@1: mul passes only 1 of 2 tests
+    assert cp[0]["val_accuracy"] == pytest.approx((1 + 1 + 0 + 1 + 0) / 5)
+    assert cp[0]["val_mean_s_gt"] == pytest.approx((1 + 1 + 0 + 1 + 0.5) / 5)
     assert not cp[0]["is_best"]  # the flow marks the best, not the stage
 
     # idempotent: nothing generated, verified or changed the second time
@@ -123,7 +125,7 @@ def test_trained_adapter_and_training_off(make_ctx):
     record_checkpoint(wh, "v", 2, "/adapters/v/iteration-2", {"loss": 0.5})
     validate.run(c2)
     cps = {r["iteration"]: r for r in wh.rows("SELECT * FROM checkpoints")}
-    assert cps[1]["adapter_path"] == "base" and cps[1]["val_accuracy"] == pytest.approx(0.7)
+    assert cps[1]["adapter_path"] == "base" and cps[1]["val_accuracy"] == pytest.approx(0.6)
     assert cps[2]["adapter_path"] == "/adapters/v/iteration-2" and '"loss": 0.5' in cps[2]["metrics"]
     assert (cps[2]["val_accuracy"], cps[2]["val_math"], cps[2]["val_code"]) == (1.0, 1.0, 1.0)
     assert llm.adapters_used[-1] == "/adapters/v/iteration-2"
@@ -138,3 +140,44 @@ def test_training_on_without_adapter_fails_and_no_questions_skips(make_ctx):
     ctx, wh, llm = make_ctx(questions=False)
     report = validate.run(ctx(0))
     assert "skipped" in report.info and not llm.calls and wh.count("checkpoints") == 0
+
+
+def _answer(wh, iteration: int, qid: str, domain: str, s_gt: float) -> None:
+    rid = content_id("answer", iteration, qid)
+    wh.insert_batch("rollouts", [dict(rollout_id=rid, run_id="v", iteration=iteration, stage="validate", role="solver",
+                                      purpose="validate", question_id=qid, template="t", prompt_text="p",
+                                      completion_text="c", prompt_ids=[1], completion_ids=[2], sample_index=0,
+                                      seed=0)])
+    wh.insert_batch("verdicts", [dict(rollout_id=rid, run_id="v", iteration=iteration, kind=domain, s_gt=s_gt)])
+
+
+def test_pass_at_1_on_partial_code_answers_decides_the_best(make_ctx):
+    _, wh, _ = make_ctx()
+    code = [(f"Write f{i}(a, b).", {"entry_point": f"f{i}", "inputs": [[1, 2]], "outputs": [3]}) for i in range(5)]
+    wh.insert_batch("questions", validation_rows(math=[("What is 3+3?", "6"), ("What is 3*3?", "9")], code=code))
+    code_ids = [content_id("val", q) for q, _ in code]
+    math_ids = [content_id("val", q) for q in ("What is 3+3?", "What is 3*3?")]
+    # iteration 1: code s_gt 1, 0.6 (3 of 5 tests), 0, 1, 0.8 (4 of 5); math right, wrong
+    for qid, s in zip(code_ids, [1.0, 0.6, 0.0, 1.0, 0.8]):
+        _answer(wh, 1, qid, "code", s)
+    for qid, s in zip(math_ids, [1.0, 0.0]):
+        _answer(wh, 1, qid, "math", s)
+    # iteration 2: every code answer passes 4 of 5 tests (high mean s_gt, no pass), math both right
+    for qid in code_ids:
+        _answer(wh, 2, qid, "code", 0.8)
+    for qid in math_ids:
+        _answer(wh, 2, qid, "math", 1.0)
+    s1, s2 = validation_scores(wh, "v", 1), validation_scores(wh, "v", 2)
+    assert s1["val_code"] == pytest.approx(2 / 5) and s1["val_math"] == pytest.approx(1 / 2)
+    assert s1["val_accuracy"] == pytest.approx(3 / 7)                    # 0.428571
+    assert s1["val_mean_s_gt"] == pytest.approx((3.4 + 1.0) / 7)         # 0.628571: partial credit included
+    assert (s1["n"], s1["n_math"], s1["n_code"]) == (7, 2, 5)
+    assert s2["val_code"] == 0.0 and s2["val_accuracy"] == pytest.approx(2 / 7)   # 0.285714
+    assert s2["val_mean_s_gt"] == pytest.approx((4.0 + 2.0) / 7)         # 0.857143: higher, yet not the best
+    with wh.transaction():
+        record_validation(wh, "v", 1, "/a/1", s1)
+        record_validation(wh, "v", 2, "/a/2", s2)
+    assert mark_best(wh, "v") == 1                                       # decided on pass@1, not mean s_gt
+    curve = validation_history(wh, "v")
+    assert [(r["iteration"], r["is_best"], round(r["val_accuracy"], 6), round(r["val_mean_s_gt"], 6)) for r in curve] \
+        == [(1, True, 0.428571, 0.628571), (2, False, 0.285714, 0.857143)]
