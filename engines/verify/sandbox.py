@@ -8,7 +8,8 @@ Backends, tried in order (`available_backends()` probes each once per process):
 - `unshare` (root only): new mount/net/pid/ipc/uts namespaces; the child itself builds a tmpfs root with
   read-only /usr, chroots and drops to the dedicated uid (see `child._enter_root`).
 - `rlimit`: plain rlimits, `no_new_privs` and (as root) the dedicated uid; no filesystem or network
-  isolation, a last resort.
+  isolation. `auto` never picks it (with neither of the others it stops with how to install bubblewrap);
+  chosen explicitly, every `Sandbox` built on it logs a warning that generated code can reach the host.
 
 Always: a fresh `/usr/bin/python3 -I -S` (the virtualenv may live where other uids cannot read), minimal
 environment, hard=soft rlimits set by the child before any untrusted code, stdin from /dev/null, capped
@@ -41,6 +42,9 @@ from sage.engines.verify.isolation import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE
 from sage.engines.verify.protocol import Records
 
 log = logging.getLogger(__name__)
+NO_ISOLATION = ("no isolating sandbox backend works on this machine: install bubblewrap (`apt-get install "
+                "bubblewrap`, or `make sandbox-deps`), or run as root with util-linux `unshare` and `setpriv`. "
+                "`sandbox.backend: rlimit` runs generated code without isolation and must be chosen explicitly.")
 
 
 @dataclass
@@ -244,19 +248,24 @@ def _result(job, records, reason, returncode, out, err, backend, duration) -> Ex
 
 
 class Sandbox:
-    """Runs jobs on the first working backend (or the configured one), in parallel."""
+    """Runs jobs on the first working isolating backend (or the configured one), in parallel."""
 
     def __init__(self, cfg: SandboxConfig | None = None):
         self.cfg = cfg or SandboxConfig()
         available = available_backends()
         if self.cfg.backend == "auto":
-            if not available:
-                raise RuntimeError("no sandbox backend works on this machine")
-            self.backend = available[0]
+            isolating = [b for b in available if b != "rlimit"]
+            if not isolating:
+                raise RuntimeError(NO_ISOLATION)
+            self.backend = isolating[0]
         elif self.cfg.backend in available:
             self.backend = self.cfg.backend
         else:
             raise RuntimeError(f"sandbox backend {self.cfg.backend!r} unavailable here (have {available})")
+        if self.backend == "rlimit":
+            log.warning("sandbox.backend is rlimit: generated code runs WITHOUT isolation and can read and write "
+                        "this host's files, shared memory and local sockets; install bubblewrap "
+                        "(apt-get install bubblewrap) and use sandbox.backend: auto")
         # 2x cores: jobs spend much of their time waiting on the kernel (bench/verify.py measures it)
         self.workers = self.cfg.workers or 2 * (os.cpu_count() or 1)
 
