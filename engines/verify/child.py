@@ -207,7 +207,7 @@ def _enter_root(os, root, uid, gid, job):
         mount(None, tgt, None, BIND | REMOUNT | RDONLY | NOSUID | NODEV)
 
     mount(None, "/", None, REC | PRIVATE)
-    mount("tmpfs", root, "tmpfs", NOSUID | NODEV, "size=1m,mode=0755")
+    mount("tmpfs", root, "tmpfs", NOSUID | NODEV, "size=1m,nr_inodes=256,mode=0755")
     for d in ("usr", "proc", "tmp", "work", "dev"):
         os.mkdir(root + "/" + d)
     bind_ro("/usr", root + "/usr")
@@ -221,10 +221,10 @@ def _enter_root(os, root, uid, gid, job):
         os.makedirs(root + extra, exist_ok=True)
         bind_ro(extra, root + extra)
     mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)
-    size = "size=%d" % job["tmpfs_bytes"]
+    size = "size=%d,nr_inodes=%d" % (job["tmpfs_bytes"], job["tmpfs_inodes"])
     mount("tmpfs", root + "/tmp", "tmpfs", NOSUID | NODEV, size + ",mode=1777")
     mount("tmpfs", root + "/work", "tmpfs", NOSUID | NODEV, size + ",mode=0700,uid=%d,gid=%d" % (uid, gid))
-    mount("tmpfs", root + "/dev", "tmpfs", NOSUID | NOEXEC, "size=64k,mode=0755")
+    mount("tmpfs", root + "/dev", "tmpfs", NOSUID | NOEXEC, "size=64k,nr_inodes=64,mode=0755")
     for dev in ("null", "zero", "urandom", "random"):
         open(root + "/dev/" + dev, "w").close()
         mount("/dev/" + dev, root + "/dev/" + dev, None, BIND)

@@ -3,7 +3,8 @@
 Backends, tried in order (`available_backends()` probes each once per process):
 
 - `bwrap`: bubblewrap with every namespace unshared (no network), read-only /usr, size-capped tmpfs for
-  /tmp, /dev/shm and the work dir, read-only root and /dev; started under `setpriv` to a dedicated uid when
+  /tmp, /dev/shm and the work dir (as root: one tmpfs capped in size and inodes, mounted in a private mount
+  namespace around bwrap), read-only root and /dev; started under `setpriv` to a dedicated uid when
   we are root (bwrap would otherwise map the sandbox back to uid 0, where RLIMIT_NPROC does nothing).
 - `unshare` (root only): new mount/net/pid/ipc/uts namespaces; the child itself builds a tmpfs root with
   read-only /usr, chroots and drops to the dedicated uid (see `child._enter_root`).
@@ -37,8 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sage.configs.schema import SandboxConfig
-from sage.engines.verify.isolation import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TMPFS_BYTES, UIDS, backend_possible, \
-    child_env, command, interpreter, kill_job, remove_owned
+from sage.engines.verify.isolation import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TMPFS_BYTES, TMPFS_INODES, UIDS, \
+    backend_possible, child_env, command, interpreter, kill_job, remove_owned, scratch_root_needed
 from sage.engines.verify.protocol import Records
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
     start = time.monotonic()
     deadline = start + cfg.timeout_s
     uid = UIDS.take() if IS_ROOT else None
-    tmp = tempfile.mkdtemp(prefix="sage-sbx-") if backend != "bwrap" else None
+    tmp = tempfile.mkdtemp(prefix="sage-sbx-") if scratch_root_needed(backend) else None
     nonce = secrets.token_hex(16)
     records = Records(nonce, len(job.inputs), cfg.max_output_bytes + 4096)
     proc = None
@@ -179,7 +180,8 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
         payload = marshal.dumps({
             "code": job.code, "entry_point": job.entry_point, "nonce": nonce,
             "inputs": [list(args) for args in job.inputs],
-            "max_output_bytes": cfg.max_output_bytes, "tmpfs_bytes": TMPFS_BYTES, "ro_dirs": extra,
+            "max_output_bytes": cfg.max_output_bytes, "tmpfs_bytes": TMPFS_BYTES,
+            "tmpfs_inodes": TMPFS_INODES, "ro_dirs": extra,
             "limits": {"CPU": cfg.cpu_s, "AS": cfg.memory_mb << 20, "FSIZE": FSIZE_BYTES, "NOFILE": NOFILE,
                        "NPROC": cfg.max_procs, "CORE": 0}}, 4)
         job_r, job_w = os.pipe()
@@ -188,7 +190,7 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
             proc = subprocess.Popen(
                 command(backend, uid, tmp, (job_r, res_w)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(job_r, res_w), env=child_env(backend, tmp),
-                cwd=tmp or "/", start_new_session=True)
+                cwd=tmp if backend == "rlimit" else "/", start_new_session=True)
         except BaseException:
             os.close(job_w)
             os.close(res_r)
