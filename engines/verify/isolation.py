@@ -181,9 +181,8 @@ def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
     if backend == "bwrap":
         binds = [a for d in extra for a in ("--ro-bind", d, d)]
-        if root is not None:  # root: one private tmpfs, inode-capped, bound at /work, /tmp and /dev/shm
-            scratch = ["--bind", f"{root}/shm", "/dev/shm", "--remount-ro", "/dev", "--bind", f"{root}/tmp", "/tmp",
-                       "--bind", f"{root}/work", "/work"]
+        if root is not None:  # root: one private tmpfs, inode-capped, bound at /work, /tmp and /dev/shm alike
+            scratch = ["--bind", root, "/dev/shm", "--remount-ro", "/dev", "--bind", root, "/tmp", "--bind", root, "/work"]
         else:  # bwrap has no inode option for its tmpfs mounts: size caps only
             size = str(TMPFS_BYTES)
             scratch = ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", size, "--tmpfs",
@@ -192,19 +191,18 @@ def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int
             "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr",
             *_system_links(), *binds, "--proc", "/proc", "--dev", "/dev", *scratch,
             *(["--ro-bind", cdir, "/sandbox"] if cdir else []), "--remount-ro", "/", "--chdir", "/work", "--", *child]
-        return inner if root is None else _scratch_mount(root, uid) + inner
+        return inner if root is None else _scratch_mount(root) + inner
     if backend == "unshare":
         return ["unshare", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
                 *child, "chroot", str(root), str(uid), str(uid)]
     return (["setpriv", "--no-new-privs", *drop[1:]] if shutil.which("setpriv") else []) + child
 
 
-def _scratch_mount(root: str, uid: int | None) -> list[str]:
+def _scratch_mount(root: str) -> list[str]:
     """Prefix (root only) that mounts an inode-capped tmpfs on `root` in a private mount namespace, so
     the mount vanishes with the job's processes and the host never sees it, then runs the rest."""
-    owner = f"chown {uid}:{uid} work && " if uid is not None else ""
-    script = (f'mount -t tmpfs -o size={TMPFS_BYTES},nr_inodes={TMPFS_INODES},mode=0755,nosuid,nodev sage-sandbox "$0"'
-              f' && cd "$0" && mkdir -m 1777 tmp shm && mkdir -m 0700 work && {owner}cd / && exec "$@"')
+    script = (f'mount -t tmpfs -o size={TMPFS_BYTES},nr_inodes={TMPFS_INODES},mode=1777,nosuid,nodev sage-sandbox '
+              '"$0" && exec "$@"')
     return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, root]
 
 
