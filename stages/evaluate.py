@@ -6,7 +6,8 @@ Generates in one `llm.generate` call per (checkpoint, benchmark): a greedy answe
 n > 1, n samples per problem at `roles.solver` temperature/top_p. Math answers are extracted and checked
 with the math checker; code runs in the sandbox and counts as correct only when every test passes
 (HumanEval: every assertion of its official check, with the assertion's own comparison; `check_set` in the
-decoding settings hashes the checks and the seed of their inputs); scoring runs through `ctx.fanout` (here, or on Ray workers). Writes: `evaluations` rows,
+decoding settings hashes the checks and the seed of their inputs); scoring runs through `ctx.fanout` (here,
+or on Ray workers). Writes: `evaluations` rows,
 metric `pass@1` (greedy) and `pass@k` for each k (unbiased estimator over the n samples), `n` = problems
 scored, `decoding` = the settings that determine the number plus `correct`, the per-problem count of
 correct samples it was computed from (not part of the id).

@@ -16,9 +16,9 @@ Always: a fresh `/usr/bin/python3 -I -S` (the virtualenv may live where other ui
 environment, hard=soft rlimits set by the child before any untrusted code, stdin from /dev/null, capped
 non-blocking reads, a wall-clock deadline in the parent, SIGKILL of the process group and (as root) of
 every process of the job's uid, temp dirs removed. Each concurrent job gets its own uid
-(`isolation`), so RLIMIT_NPROC, `kill(-1)` and the final sweep stay per job. Results come back as typed JSON records on a separate pipe with a per-run nonce (`child`);
-the parent reads them as hostile input (`protocol`): a malformed record fails only its own job, with status
-`protocol_error`.
+(`isolation`), so RLIMIT_NPROC, `kill(-1)` and the final sweep stay per job. Results come back as typed
+JSON records on a separate pipe with a per-run nonce (`child`); the parent reads them as hostile input
+(`protocol`): a malformed record fails only its own job, with status `protocol_error`.
 """
 
 from __future__ import annotations

@@ -56,8 +56,8 @@ def test_python_equality_not_json_tolerance(sandbox, humaneval):
                                   p.question + "    return [x + y]\n")
     assert _passes(sandbox, p, [near, exact_float, as_list]) == [False, True, False]
     q = humaneval["HumanEval/8"]  # sum_product: `== (0, 1)`, a tuple; a list is not equal to it
-    assert _passes(sandbox, q, [q.verifier["reference"], q.question + "    return [sum(numbers), __import__('math').prod(numbers)]\n"]) \
-        == [True, False]
+    as_list = q.question + "    return [sum(numbers), __import__('math').prod(numbers)]\n"
+    assert _passes(sandbox, q, [q.verifier["reference"], as_list]) == [True, False]
 
 
 def test_candidates_own_helpers_and_seeded_inputs(sandbox, humaneval):
@@ -72,7 +72,8 @@ def test_candidates_own_helpers_and_seeded_inputs(sandbox, humaneval):
 
 def test_forged_or_broken_results_only_fail_the_candidate(sandbox, humaneval):
     p = humaneval["HumanEval/53"]
-    forged = ("import os, sys\ndef add(x, y):\n    f = sys._getframe()\n    while 'fd_out' not in f.f_locals:\n        f = f.f_back\n    fr = f.f_locals\n    for body in (b'[\"out\",0,[[0,[1]]]]', b'[\"end\"]'):\n"
+    forged = ("import os, sys\ndef add(x, y):\n    f = sys._getframe()\n    while 'fd_out' not in f.f_locals:\n"
+              "        f = f.f_back\n    fr = f.f_locals\n    for body in (b'[\"out\",0,[[0,[1]]]]', b'[\"end\"]'):\n"
               "        os.write(fr['fd_out'], fr['nonce'] + b' ' + str(len(body)).encode() + b'\\n' + body)\n"
               "    os._exit(0)\n")
     liar = "class L:\n    def __eq__(self, o):\n        return True\ndef add(x, y):\n    return L()\n"
