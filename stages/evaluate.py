@@ -5,7 +5,9 @@ Reads: benchmark problems from `sage.engines.data.benchmarks` (offline packages,
 Generates in one `llm.generate` call per (checkpoint, benchmark): a greedy answer per problem, plus, when
 n > 1, n samples per problem at `roles.solver` temperature/top_p. Math answers are extracted and checked
 with the math checker; code runs in the sandbox and counts as correct only when every test passes
-(s_gt == 1.0); scoring runs through `ctx.fanout` (here, or on Ray workers). Writes: `evaluations` rows,
+(HumanEval: every assertion of its official check, with the assertion's own comparison; `check_set` in the
+decoding settings hashes the checks and the seed of their inputs); scoring runs through `ctx.fanout` (here,
+or on Ray workers). Writes: `evaluations` rows,
 metric `pass@1` (greedy) and `pass@k` for each k (unbiased estimator over the n samples), `n` = problems
 scored, `decoding` = the settings that determine the number plus `correct`, the per-problem count of
 correct samples it was computed from (not part of the id).
@@ -20,10 +22,9 @@ import re
 
 from sage.configs.names import Role
 from sage.engines.text import tags
-from sage.engines.data.benchmarks import BENCHMARKS, Problem, code_job, complete_code_verifiers, expected_of, \
+from sage.engines.data.benchmarks import BENCHMARKS, Problem, code_job, code_passes, complete_code_verifiers, \
     load_benchmark, pass_at_k
 from sage.engines.llm.base import GenRequest
-from sage.engines.verify.outputs import score_outputs
 from sage.stages.context import StageContext, StageReport
 from sage.stages.prompts import TEMPLATE_VERSION, render
 from sage.warehouse import content_id, seed_from_id
@@ -66,7 +67,16 @@ def decoding_settings(ctx: StageContext, spec: str, problems: list[Problem], sam
             "temperature": 0.0 if greedy else solver.temperature, "top_p": 1.0 if greedy else solver.top_p,
             "samples": samples, "max_new_tokens": solver.max_new_tokens, "constrain": solver.constrain,
             "seed": ctx.cfg.run.seed, "data": path or name,
-            "problem_set": content_id([(p.problem_id, p.question) for p in problems])}
+            "problem_set": content_id([(p.problem_id, p.question) for p in problems]),
+            **check_set(problems)}
+
+
+def check_set(problems: list[Problem]) -> dict:
+    """For assertion-check benchmarks, the hash of what fixes their test inputs: each official check and the
+    seed its loop-built inputs (HumanEval/38, /50) are drawn with."""
+    checks = [(p.problem_id, p.verifier["seed"], p.verifier["check"]) for p in problems
+              if p.verifier.get("kind") == "check"]
+    return {"check_set": content_id(checks)} if checks else {}
 
 
 def eval_id(run_id: str | None, checkpoint: str, benchmark: str, metric: str, n: int, settings: dict) -> str:
@@ -129,8 +139,7 @@ def score_chunk(engines, items: list[tuple[Problem, str]]) -> list[bool]:
     for i, s in zip(math_idx, engines.mathcheck.check_many(pairs) if pairs else []):
         correct[i] = s == 1.0
     for i, res in zip(code_idx, engines.sandbox.execute(jobs)):
-        s_gt, _ = score_outputs(expected_of(items[i][0].verifier), res)
-        correct[i] = s_gt == 1.0
+        correct[i] = code_passes(items[i][0].verifier, res)
     return correct
 
 

@@ -8,15 +8,19 @@ hub is reachable, or from a local JSONL/Parquet file of the same format (`path=`
 Verifiers, one shape per kind:
 
 - math: `{"answer": str}`.
+- code, assertion check (HumanEval): `{"kind": "check", "entry_point", "check", "seed", "reference"}`: the official
+  `check(candidate)` runs in the sandbox and the parent applies each assertion's own comparison
+  (`engines/data/assertions.py`), so every official test call counts.
 - code, functional: `{"entry_point", "inputs", "outputs"}`; when the dataset has no expected outputs
-  (HumanEval, evalplus-format MBPP+) it has `"reference"` (solution source) instead of `"outputs"`, and
+  (evalplus-format MBPP+) it has `"reference"` (solution source) instead of `"outputs"`, and
   `complete_code_verifiers` runs the references in the sandbox to fill them in. LiveCodeBench's LeetCode
   tasks add `"method_of": "Solution"`: the model writes a class method.
 - code, stdin (LiveCodeBench AtCoder/Codeforces): `{"kind": "stdin", "tests": [[stdin, expected_stdout], ...]}`.
 
 The sandbox only calls functions, so `code_job(verifier, code)` turns any code verifier into a `Job` (stdin
 programs are wrapped in a function that feeds stdin and returns the captured stdout, whitespace-normalised)
-and `expected_of(verifier)` gives the outputs to compare with: `score_outputs(expected_of(v), result)`.
+and `code_passes(verifier, result)` decides; for functional and stdin kinds `expected_of(verifier)` gives the
+outputs to compare with: `score_outputs(expected_of(v), result)`.
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from sage.engines.data.assertions import CHECK_SEED, check_job, judge
 from sage.engines.data.files import RowFileError, read_records
 from sage.engines.data.humaneval import literal_inputs, load_humaneval, record_missing_inputs
-from sage.engines.verify.outputs import reference_outputs
-from sage.engines.verify.sandbox import Job, Sandbox
+from sage.engines.verify.outputs import reference_outputs, score_outputs
+from sage.engines.verify.sandbox import ExecResult, Job, Sandbox
 
 
 class BenchmarkUnavailable(RuntimeError):
@@ -90,9 +95,10 @@ def _mmath(benchmark: str, sources: tuple[str, ...]) -> list[Problem]:
 
 
 def _humaneval() -> list[Problem]:
+    """Scored by the official `check` (`engines/data/assertions.py`), not by (input, output) pairs."""
     return [Problem("humaneval", t["task_id"], "code", t["prompt"],
-                    {"entry_point": t["entry_point"], "inputs": t["inputs"], "reference": t["canonical_solution"]},
-                    {"check": t["test"]})
+                    {"kind": "check", "entry_point": t["entry_point"], "check": t["test"], "seed": CHECK_SEED,
+                     "reference": t["canonical_solution"]}, {"check": t["test"]})
             for t in load_humaneval()]
 
 
@@ -342,6 +348,8 @@ def normalize_stdout(text: str) -> str:
 
 def code_job(verifier: dict, code: str) -> Job:
     """A sandbox job running `code` (a candidate solution) on every test of a code verifier."""
+    if verifier.get("kind") == "check":
+        return check_job(code, verifier["check"], verifier["entry_point"], verifier.get("seed", CHECK_SEED))
     if verifier.get("kind") == "stdin":
         return Job(_STDIN_RUNNER.format(program=code), "__sage_stdin__", [[t[0]] for t in verifier["tests"]])
     if verifier.get("method_of"):
@@ -359,12 +367,20 @@ def expected_of(verifier: dict) -> list:
     return verifier["outputs"]
 
 
+def code_passes(verifier: dict, result: ExecResult) -> bool:
+    """Whether a code answer passes every test: the official check's assertions for `check` verifiers
+    (Python's own comparisons), every expected output otherwise (JSON-level equality, `score_outputs`)."""
+    if verifier.get("kind") == "check":
+        return judge(verifier["check"], result)[0]
+    return score_outputs(expected_of(verifier), result)[0] == 1.0
+
+
 def complete_code_verifiers(problems: list[Problem], sandbox: Sandbox) -> list[Problem]:
     """Fill `outputs` of code verifiers that only have a `reference`, by running the reference in the
     sandbox (twice: nondeterministic references are dropped). HumanEval tasks whose inputs are built in
     loops get them first from their `check`. Returns the problems that have outputs, in order."""
-    todo = [replace(p, verifier=dict(p.verifier)) for p in problems
-            if p.domain == "code" and "reference" in p.verifier and "outputs" not in p.verifier]
+    todo = [replace(p, verifier=dict(p.verifier)) for p in problems if p.domain == "code"
+            and p.verifier.get("kind") != "check" and "reference" in p.verifier and "outputs" not in p.verifier]
     empty = [p for p in todo if not p.verifier["inputs"] and "check" in p.meta]
     tasks = [{"entry_point": p.verifier["entry_point"], "canonical_solution": p.verifier["reference"],
               "test": p.meta["check"], "inputs": []} for p in empty]
@@ -386,4 +402,4 @@ def complete_code_verifiers(problems: list[Problem], sandbox: Sandbox) -> list[P
 
 
 __all__ = ["Problem", "BenchmarkUnavailable", "BENCHMARKS", "load_benchmark", "pass_at_k",
-           "decode_lcb_tests", "code_job", "expected_of", "normalize_stdout", "complete_code_verifiers"]
+           "decode_lcb_tests", "code_job", "code_passes", "expected_of", "normalize_stdout", "complete_code_verifiers"]

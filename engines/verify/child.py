@@ -120,37 +120,59 @@ def encode_value(value, budget=1 << 62):
     return make_encoder(budget)(value)
 
 
-def decode_value(node):
-    """Inverse of encode_value; unknown or repr tags become `Opaque`."""
-    if isinstance(node, list):
-        return [decode_value(x) for x in node]
-    if not isinstance(node, dict):
+class ProtocolError(ValueError):
+    """A record from the child that the honest encoder could not have written."""
+
+
+_SCALARS = (type(None), bool, int, float, str)
+MAX_HEX_DIGITS = 1 << 16  # the biggest int or bytes value the parent decodes
+
+
+def decode_value(node, depth=0):
+    """Inverse of encode_value, strict: anything the honest encoder cannot produce (an unknown tag, a
+    payload of the wrong type, nesting past MAX_DEPTH, oversized hex) raises ProtocolError."""
+    if depth > MAX_DEPTH + 1:
+        raise ProtocolError("value nested too deeply")
+    t = type(node)
+    if t in _SCALARS:
         return node
-    t, v = node.get("t"), node.get("v")
-    if t == "tuple":
-        return tuple(decode_value(x) for x in v)
-    if t == "set":
-        items = [decode_value(x) for x in v]
+    if t is list:
+        return [decode_value(x, depth + 1) for x in node]
+    if t is not dict:
+        raise ProtocolError("not a JSON value")
+    tag, v = node.get("t"), node.get("v")
+    keys = {"t", "v", "type"} if tag == "repr" else {"t", "v"}
+    if set(node) != keys:
+        raise ProtocolError("bad tagged value")
+    if tag in ("tuple", "set") and type(v) is list:
+        items = [decode_value(x, depth + 1) for x in v]
+        if tag == "tuple":
+            return tuple(items)
         try:
             return set(items)
         except TypeError:
             return Opaque("set", repr(items)[:200])
-    if t == "dict":
+    if tag == "dict" and type(v) is list:
         out = {}
-        for k, x in v:
-            key = decode_value(k)
+        for pair in v:
+            if type(pair) is not list or len(pair) != 2:
+                raise ProtocolError("bad dict item")
+            key, value = decode_value(pair[0], depth + 1), decode_value(pair[1], depth + 1)
             try:
-                out[key] = decode_value(x)
+                out[key] = value
             except TypeError:
                 return Opaque("dict", repr(v)[:200])
         return out
-    if t == "int":
-        return int(v, 16)
-    if t == "bytes":
-        return bytes.fromhex(v)
-    if t == "complex":
+    if tag in ("int", "bytes") and type(v) is str and len(v) <= MAX_HEX_DIGITS:
+        try:
+            return int(v, 16) if tag == "int" else bytes.fromhex(v)
+        except ValueError:
+            raise ProtocolError("bad hex payload") from None
+    if tag == "complex" and type(v) is list and len(v) == 2 and all(type(x) in (int, float) for x in v):
         return complex(v[0], v[1])
-    return Opaque(str(node.get("type", t)), str(v)[:200])
+    if tag == "repr" and type(v) is str and type(node["type"]) is str:
+        return Opaque(node["type"][:100], v[:200])
+    raise ProtocolError("bad tagged value %r" % (str(tag)[:20],))
 
 
 # ----------------------------------------------------------------------------------------- child side
@@ -185,7 +207,7 @@ def _enter_root(os, root, uid, gid, job):
         mount(None, tgt, None, BIND | REMOUNT | RDONLY | NOSUID | NODEV)
 
     mount(None, "/", None, REC | PRIVATE)
-    mount("tmpfs", root, "tmpfs", NOSUID | NODEV, "size=1m,mode=0755")
+    mount("tmpfs", root, "tmpfs", NOSUID | NODEV, "size=1m,nr_inodes=256,mode=0755")
     for d in ("usr", "proc", "tmp", "work", "dev"):
         os.mkdir(root + "/" + d)
     bind_ro("/usr", root + "/usr")
@@ -199,10 +221,10 @@ def _enter_root(os, root, uid, gid, job):
         os.makedirs(root + extra, exist_ok=True)
         bind_ro(extra, root + extra)
     mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)
-    size = "size=%d" % job["tmpfs_bytes"]
+    size = "size=%d,nr_inodes=%d" % (job["tmpfs_bytes"], job["tmpfs_inodes"])
     mount("tmpfs", root + "/tmp", "tmpfs", NOSUID | NODEV, size + ",mode=1777")
     mount("tmpfs", root + "/work", "tmpfs", NOSUID | NODEV, size + ",mode=0700,uid=%d,gid=%d" % (uid, gid))
-    mount("tmpfs", root + "/dev", "tmpfs", NOSUID | NOEXEC, "size=64k,mode=0755")
+    mount("tmpfs", root + "/dev", "tmpfs", NOSUID | NOEXEC, "size=64k,nr_inodes=64,mode=0755")
     for dev in ("null", "zero", "urandom", "random"):
         open(root + "/dev/" + dev, "w").close()
         mount("/dev/" + dev, root + "/dev/" + dev, None, BIND)

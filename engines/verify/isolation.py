@@ -24,6 +24,9 @@ from pathlib import Path
 BACKENDS = ("bwrap", "unshare", "rlimit")
 FSIZE_BYTES = 16 << 20  # RLIMIT_FSIZE: largest file the child may write
 TMPFS_BYTES = 64 << 20  # size of each private tmpfs (/tmp, /dev/shm, the work dir)
+# Inodes of each private tmpfs: without a cap the kernel allows millions, a candidate creating empty files
+# pins hundreds of MiB of kernel memory, and tearing the mount down outlasts the time limit.
+TMPFS_INODES = 4096
 NOFILE = 64
 UID_BASE, UID_SPAN = 61000, 512  # dedicated sandbox uids (root only), skipping any in /etc/passwd
 LOCK_DIR = Path(tempfile.gettempdir()) / "sage-sandbox-uids"
@@ -177,18 +180,35 @@ def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int
         child = [python, "-I", "-S", "-c", _CHILD_SOURCE, str(fds[0]), str(fds[1])]
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
     if backend == "bwrap":
-        size = str(TMPFS_BYTES)
         binds = [a for d in extra for a in ("--ro-bind", d, d)]
-        return drop + [
+        if root is not None:  # root: one private tmpfs, inode-capped, bound at /work, /tmp and /dev/shm alike
+            scratch = ["--bind", root, "/dev/shm", "--remount-ro", "/dev", "--bind", root, "/tmp", "--bind", root, "/work"]
+        else:  # bwrap has no inode option for its tmpfs mounts: size caps only
+            size = str(TMPFS_BYTES)
+            scratch = ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", size, "--tmpfs",
+                       "/tmp", "--size", size, "--tmpfs", "/work"]
+        inner = drop + [
             "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr",
-            *_system_links(), *binds, "--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs",
-            "/dev/shm", "--remount-ro", "/dev", "--size", size, "--tmpfs", "/tmp", "--size", size,
-            "--tmpfs", "/work", *(["--ro-bind", cdir, "/sandbox"] if cdir else []), "--remount-ro", "/",
-            "--chdir", "/work", "--", *child]
+            *_system_links(), *binds, "--proc", "/proc", "--dev", "/dev", *scratch,
+            *(["--ro-bind", cdir, "/sandbox"] if cdir else []), "--remount-ro", "/", "--chdir", "/work", "--", *child]
+        return inner if root is None else _scratch_mount(root) + inner
     if backend == "unshare":
         return ["unshare", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
                 *child, "chroot", str(root), str(uid), str(uid)]
     return (["setpriv", "--no-new-privs", *drop[1:]] if shutil.which("setpriv") else []) + child
+
+
+def _scratch_mount(root: str) -> list[str]:
+    """Prefix (root only) that mounts an inode-capped tmpfs on `root` in a private mount namespace, so
+    the mount vanishes with the job's processes and the host never sees it, then runs the rest."""
+    script = (f'mount -t tmpfs -o size={TMPFS_BYTES},nr_inodes={TMPFS_INODES},mode=1777,nosuid,nodev sage-sandbox '
+              '"$0" && exec "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, root]
+
+
+def scratch_root_needed(backend: str) -> bool:
+    """Does the job need a host directory (rlimit: its work dir; unshare and root bwrap: a mount point)?"""
+    return backend != "bwrap" or (IS_ROOT and shutil.which("unshare") is not None and shutil.which("mount") is not None)
 
 
 def backend_possible(backend: str) -> bool:

@@ -3,23 +3,27 @@
 Backends, tried in order (`available_backends()` probes each once per process):
 
 - `bwrap`: bubblewrap with every namespace unshared (no network), read-only /usr, size-capped tmpfs for
-  /tmp, /dev/shm and the work dir, read-only root and /dev; started under `setpriv` to a dedicated uid when
+  /tmp, /dev/shm and the work dir (as root: one tmpfs capped in size and inodes, mounted in a private mount
+  namespace around bwrap), read-only root and /dev; started under `setpriv` to a dedicated uid when
   we are root (bwrap would otherwise map the sandbox back to uid 0, where RLIMIT_NPROC does nothing).
 - `unshare` (root only): new mount/net/pid/ipc/uts namespaces; the child itself builds a tmpfs root with
   read-only /usr, chroots and drops to the dedicated uid (see `child._enter_root`).
 - `rlimit`: plain rlimits, `no_new_privs` and (as root) the dedicated uid; no filesystem or network
-  isolation, a last resort.
+  isolation. `auto` never picks it (with neither of the others it stops with how to install bubblewrap);
+  chosen explicitly, every `Sandbox` built on it logs a warning that generated code can reach the host.
 
 Always: a fresh `/usr/bin/python3 -I -S` (the virtualenv may live where other uids cannot read), minimal
 environment, hard=soft rlimits set by the child before any untrusted code, stdin from /dev/null, capped
 non-blocking reads, a wall-clock deadline in the parent, SIGKILL of the process group and (as root) of
 every process of the job's uid, temp dirs removed. Each concurrent job gets its own uid
-(`isolation`), so RLIMIT_NPROC, `kill(-1)` and the final sweep stay per job. Results come back as typed JSON records on a separate pipe with a per-run nonce (`child`).
+(`isolation`), so RLIMIT_NPROC, `kill(-1)` and the final sweep stay per job. Results come back as typed
+JSON records on a separate pipe with a per-run nonce (`child`); the parent reads them as hostile input
+(`protocol`): a malformed record fails only its own job, with status `protocol_error`.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import marshal
 import os
 import secrets
@@ -34,10 +38,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sage.configs.schema import SandboxConfig
-from sage.engines.verify.child import decode_value
-from sage.engines.verify.isolation import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TMPFS_BYTES, UIDS, backend_possible, \
-    child_env, command, interpreter, kill_job, remove_owned
+from sage.engines.verify.isolation import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TMPFS_BYTES, TMPFS_INODES, UIDS, \
+    backend_possible, child_env, command, interpreter, kill_job, remove_owned, scratch_root_needed
+from sage.engines.verify.protocol import Records
 
+log = logging.getLogger(__name__)
+NO_ISOLATION = ("no isolating sandbox backend works on this machine: install bubblewrap (`apt-get install "
+                "bubblewrap`, or `make sandbox-deps`), or run as root with util-linux `unshare` and `setpriv`. "
+                "`sandbox.backend: rlimit` runs generated code without isolation and must be chosen explicitly.")
 
 
 @dataclass
@@ -51,7 +59,7 @@ class Job:
 class ExecResult:
     outputs: list  # one per input: the returned value (decoded), or None when that input failed
     errors: list[str | None]  # one per input: None, or a short error
-    status: str  # ok | error | timeout | memory | crashed | output_limit | protocol
+    status: str  # ok | error | timeout | memory | crashed | output_limit | protocol_error
     backend: str
     duration_s: float
     stdout: str = ""  # capped tail, informational only
@@ -79,62 +87,11 @@ def available_backends() -> list[str]:
 # ------------------------------------------------------------------------------------------ running
 
 
-class _Records:
-    """Incremental parser of the child's `<nonce> <len>\\n<json>` records."""
-
-    def __init__(self, nonce: str, n: int):
-        self.prefix, self.buf = nonce.encode() + b" ", bytearray()
-        self.outputs, self.errors = [None] * n, [None] * n
-        self.seen, self.load_error, self.ended, self.violation = set(), None, False, None
-
-    def feed(self, data: bytes) -> None:
-        self.buf += data
-        while self.buf and self.violation is None:
-            nl = self.buf.find(b"\n", 0, 64)
-            if nl < 0:
-                if len(self.buf) >= 64:
-                    self.violation = "malformed record header"
-                return
-            head = bytes(self.buf[:nl])
-            if not head.startswith(self.prefix) or not head[len(self.prefix):].isdigit():
-                self.violation = "bad nonce or header"
-                return
-            size = int(head[len(self.prefix):])
-            if len(self.buf) < nl + 1 + size:
-                return
-            payload = bytes(self.buf[nl + 1:nl + 1 + size])
-            del self.buf[:nl + 1 + size]
-            self._record(payload)
-
-    def _record(self, payload: bytes) -> None:
-        try:
-            rec = json.loads(payload)
-            kind = rec[0]
-        except (ValueError, IndexError, TypeError):
-            self.violation = "undecodable record"
-            return
-        if self.ended:
-            self.violation = "record after end"
-        elif kind == "end":
-            self.ended = True
-        elif kind == "load" and not self.seen and self.load_error is None:
-            self.load_error = str(rec[1])[:300]
-        elif kind in ("out", "err") and isinstance(rec[1], int) and 0 <= rec[1] < len(self.outputs) \
-                and rec[1] not in self.seen and self.load_error is None:
-            self.seen.add(rec[1])
-            if kind == "out":
-                self.outputs[rec[1]] = decode_value(rec[2])
-            else:
-                self.errors[rec[1]] = str(rec[2])[:300]
-        else:
-            self.violation = f"unexpected record {kind!r}"
-
-
 def _tail(data: bytearray, cap: int = 4000) -> str:
     return bytes(data[-cap:]).decode("utf-8", "replace")
 
 
-def _communicate(proc, job_w: int, payload: bytes, res_r: int, records: _Records, cfg: SandboxConfig,
+def _communicate(proc, job_w: int, payload: bytes, res_r: int, records: Records, cfg: SandboxConfig,
                  deadline: float) -> tuple[str | None, bytearray, bytearray]:
     """Feed the job, read stdout/stderr/results until the end record, exit, the deadline or a cap."""
     sel = selectors.DefaultSelector()
@@ -190,9 +147,9 @@ def _communicate(proc, job_w: int, payload: bytes, res_r: int, records: _Records
     return reason, out, err
 
 
-def _status(reason: str | None, records: _Records, returncode: int | None, err: bytearray) -> str:
+def _status(reason: str | None, records: Records, returncode: int | None, err: bytearray) -> str:
     if records.violation:
-        return "protocol"
+        return "protocol_error"
     if reason in ("timeout", "output_limit"):
         return reason
     errors = [records.load_error] if records.load_error else [e for e in records.errors if e]
@@ -212,9 +169,9 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
     start = time.monotonic()
     deadline = start + cfg.timeout_s
     uid = UIDS.take() if IS_ROOT else None
-    tmp = tempfile.mkdtemp(prefix="sage-sbx-") if backend != "bwrap" else None
+    tmp = tempfile.mkdtemp(prefix="sage-sbx-") if scratch_root_needed(backend) else None
     nonce = secrets.token_hex(16)
-    records = _Records(nonce, len(job.inputs))
+    records = Records(nonce, len(job.inputs), cfg.max_output_bytes + 4096)
     proc = None
     try:
         if tmp and uid is not None and backend == "rlimit":
@@ -223,7 +180,8 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
         payload = marshal.dumps({
             "code": job.code, "entry_point": job.entry_point, "nonce": nonce,
             "inputs": [list(args) for args in job.inputs],
-            "max_output_bytes": cfg.max_output_bytes, "tmpfs_bytes": TMPFS_BYTES, "ro_dirs": extra,
+            "max_output_bytes": cfg.max_output_bytes, "tmpfs_bytes": TMPFS_BYTES,
+            "tmpfs_inodes": TMPFS_INODES, "ro_dirs": extra,
             "limits": {"CPU": cfg.cpu_s, "AS": cfg.memory_mb << 20, "FSIZE": FSIZE_BYTES, "NOFILE": NOFILE,
                        "NPROC": cfg.max_procs, "CORE": 0}}, 4)
         job_r, job_w = os.pipe()
@@ -232,7 +190,7 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
             proc = subprocess.Popen(
                 command(backend, uid, tmp, (job_r, res_w)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(job_r, res_w), env=child_env(backend, tmp),
-                cwd=tmp or "/", start_new_session=True)
+                cwd=tmp if backend == "rlimit" else "/", start_new_session=True)
         except BaseException:
             os.close(job_w)
             os.close(res_r)
@@ -257,7 +215,7 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
     return _result(job, records, reason, returncode, out, err, backend, time.monotonic() - start)
 
 
-def _drain(res_r: int, records: _Records, proc, out: bytearray, err: bytearray, cfg: SandboxConfig) -> None:
+def _drain(res_r: int, records: Records, proc, out: bytearray, err: bytearray, cfg: SandboxConfig) -> None:
     """Read what is already buffered in the pipes (the child may have exited before we read it)."""
     budget = cfg.max_output_bytes
     for fd, sink in ((res_r, None), (proc.stdout.fileno(), out), (proc.stderr.fileno(), err)):
@@ -278,7 +236,8 @@ def _drain(res_r: int, records: _Records, proc, out: bytearray, err: bytearray, 
 def _result(job, records, reason, returncode, out, err, backend, duration) -> ExecResult:
     status = _status(reason, records, returncode, err)
     n = len(job.inputs)
-    if status == "protocol":
+    if status == "protocol_error":
+        log.warning("sandbox job failed with protocol_error: %s", records.violation)
         outputs, errors = [None] * n, [f"protocol violation: {records.violation}"] * n
     elif records.load_error:
         outputs, errors = [None] * n, [records.load_error] * n
@@ -291,19 +250,24 @@ def _result(job, records, reason, returncode, out, err, backend, duration) -> Ex
 
 
 class Sandbox:
-    """Runs jobs on the first working backend (or the configured one), in parallel."""
+    """Runs jobs on the first working isolating backend (or the configured one), in parallel."""
 
     def __init__(self, cfg: SandboxConfig | None = None):
         self.cfg = cfg or SandboxConfig()
         available = available_backends()
         if self.cfg.backend == "auto":
-            if not available:
-                raise RuntimeError("no sandbox backend works on this machine")
-            self.backend = available[0]
+            isolating = [b for b in available if b != "rlimit"]
+            if not isolating:
+                raise RuntimeError(NO_ISOLATION)
+            self.backend = isolating[0]
         elif self.cfg.backend in available:
             self.backend = self.cfg.backend
         else:
             raise RuntimeError(f"sandbox backend {self.cfg.backend!r} unavailable here (have {available})")
+        if self.backend == "rlimit":
+            log.warning("sandbox.backend is rlimit: generated code runs WITHOUT isolation and can read and write "
+                        "this host's files, shared memory and local sockets; install bubblewrap "
+                        "(apt-get install bubblewrap) and use sandbox.backend: auto")
         # 2x cores: jobs spend much of their time waiting on the kernel (bench/verify.py measures it)
         self.workers = self.cfg.workers or 2 * (os.cpu_count() or 1)
 

@@ -18,3 +18,21 @@ def test_math_verdicts_from_decoded_rows_and_empty_ones():
         got = {v["rollout_id"]: v for v in verdicts(SimpleNamespace(mathcheck=mc, sandbox=no_code), rows)}
     assert {k: v["s_gt"] for k, v in got.items()} == {"right": 1.0, "int_gold": 1.0, "no_answer": 0.0, "no_gold": 0.0}
     assert got["no_answer"]["error"] == "no answer" and got["no_gold"]["tests"]["gold"] == ""
+
+
+def test_one_hostile_answer_keeps_the_honest_verdicts_of_its_batch():
+    from sage.configs.schema import SandboxConfig
+    from sage.engines.verify.sandbox import Sandbox
+
+    hostile = ("import os, sys\ndef f(x):\n    fr = sys._getframe(1).f_locals\n    body = b'[\"out\",0,{}]'\n"
+               "    os.write(fr['fd_out'], fr['nonce'] + b' ' + str(len(body)).encode() + b'\\n' + body)\n"
+               "    os._exit(0)\n")
+    verifier = {"entry_point": "f", "inputs": [[2], [3]], "outputs": [4, 6]}
+    rows = [dict(rollout_id=f"honest{i}", domain="code", parsed={"answer": "def f(x):\n    return 2 * x\n"},
+                 verifier=verifier) for i in range(3)]
+    rows.insert(1, dict(rollout_id="hostile", domain="code", parsed={"answer": hostile}, verifier=verifier))
+    no_math = SimpleNamespace(check_many=lambda pairs: [])  # code rows only
+    engines = SimpleNamespace(mathcheck=no_math, sandbox=Sandbox(SandboxConfig(timeout_s=10, workers=2)))
+    got = {v["rollout_id"]: v for v in verdicts(engines, rows)}
+    assert {k: v["s_gt"] for k, v in got.items()} == {"honest0": 1.0, "hostile": 0.0, "honest1": 1.0, "honest2": 1.0}
+    assert got["hostile"]["error"] == "protocol_error" and got["hostile"]["tests"]["status"] == "protocol_error"

@@ -13,7 +13,7 @@ import pytest
 
 from sage.configs.schema import SandboxConfig
 from sage.engines.data import benchmarks
-from sage.engines.data.benchmarks import (BenchmarkUnavailable, code_job, complete_code_verifiers, decode_lcb_tests,
+from sage.engines.data.benchmarks import (BenchmarkUnavailable, code_job, code_passes, complete_code_verifiers, decode_lcb_tests,
                                 expected_of, load_benchmark, pass_at_k)
 from sage.engines.verify.outputs import score_outputs
 from sage.engines.verify.sandbox import Sandbox
@@ -56,7 +56,8 @@ def test_pass_at_k_large_n_and_bad_arguments():
 def test_offline_counts_and_shapes():
     he = load_benchmark("humaneval")
     assert len(he) == 164 and he[0].problem_id == "HumanEval/0" and he[0].domain == "code"
-    assert {"entry_point", "inputs", "reference"} <= set(he[0].verifier) and "outputs" not in he[0].verifier
+    assert he[0].verifier["kind"] == "check" and he[0].verifier["entry_point"] == "has_close_elements"
+    assert "def check(candidate)" in he[0].verifier["check"] and "outputs" not in he[0].verifier
     assert he[0].verifier["reference"].startswith(he[0].question)
     m500, aime = load_benchmark("math500"), load_benchmark("aime")
     assert len(m500) == 311 and len(aime) == 45
@@ -203,13 +204,11 @@ def test_livecodebench_stdin_and_functional(tmp_path, sandbox):
     assert score_outputs(expected_of(f.verifier), results[2]) == (1.0, [True, True])
 
 
-def test_humaneval_reference_outputs_in_sandbox(sandbox):
+def test_humaneval_is_scored_by_its_check_not_reference_outputs(sandbox):
     by_id = {p.problem_id: p for p in load_benchmark("humaneval")}
     picked = [by_id["HumanEval/0"], by_id["HumanEval/32"]]  # /32 builds its inputs in a loop
-    assert picked[1].verifier["inputs"] == []
-    done = complete_code_verifiers(picked, sandbox)
-    assert [p.problem_id for p in done] == ["HumanEval/0", "HumanEval/32"]
-    assert len(done[1].verifier["inputs"]) >= 50
-    assert len(done[0].verifier["outputs"]) == len(done[0].verifier["inputs"]) and True in done[0].verifier["outputs"]
+    assert complete_code_verifiers(picked, sandbox) == picked  # nothing to fill in
+    results = sandbox.execute([code_job(p.verifier, p.verifier["reference"]) for p in picked])
+    assert [code_passes(p.verifier, r) for p, r in zip(picked, results)] == [True, True]
     with pytest.raises(ValueError, match="complete_code_verifiers"):
-        expected_of(picked[0].verifier)
+        expected_of({"entry_point": "f", "inputs": [[1]], "reference": "def f(x): return x"})

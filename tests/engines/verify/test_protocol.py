@@ -1,0 +1,169 @@
+"""The child protocol under hostile records: the candidate shares the child's process, so it can find the
+nonce and the result pipe and write any bytes there. Whatever it writes, the parent never raises, only
+that job fails (`protocol_error`), and honest jobs of the same batch keep their verdicts."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from sage.configs.schema import SandboxConfig
+from sage.engines.verify.child import MAX_DEPTH, ProtocolError, decode_value, encode_value
+from sage.engines.verify.outputs import score_outputs
+from sage.engines.verify.protocol import Records
+from sage.engines.verify.sandbox import Job, Sandbox, available_backends
+
+BACKENDS = available_backends()
+NONCE = "ab" * 16
+
+# Writes BODY as a well-framed record (or FRAME verbatim) on the real result pipe, then exits at once.
+WRITER = (
+    "import os, sys\n"
+    "def f(*args):\n"
+    "    fr = sys._getframe(1).f_locals\n"
+    "    nonce, fd = fr['nonce'], fr['fd_out']\n"
+    "    body = __BODY__\n"
+    "    frame = __FRAME__\n"
+    "    if frame is None:\n"
+    "        frame = nonce + b' ' + str(len(body)).encode() + b'\\n' + body\n"
+    "    while frame:\n"
+    "        frame = frame[os.write(fd, frame):]\n"
+    "    os._exit(0)\n")
+
+
+def writer(body: bytes = b"", frame: bytes | None = None) -> str:
+    return WRITER.replace("__BODY__", repr(body)).replace("__FRAME__", repr(frame))
+
+
+def deep(n: int) -> bytes:
+    return b"[" * n + b"]" * n
+
+
+# Records the honest child never writes; each must fail its job with protocol_error.
+HOSTILE = {
+    "object_record": b"{}",
+    "bad_int_hex": b'["out",0,{"t":"int","v":"zz"}]',
+    "bare_object_value": b'["out",0,{}]',
+    "unknown_tag": b'["out",0,{"t":"pwned","v":1}]',
+    "tuple_of_int": b'["out",0,{"t":"tuple","v":5}]',
+    "dict_bad_items": b'["out",0,{"t":"dict","v":[[1]]}]',
+    "complex_of_str": b'["out",0,{"t":"complex","v":["a","b"]}]',
+    "arrays_900_deep": b'["out",0,' + deep(900) + b"]",
+    "arrays_100k_deep": b'["out",0,' + deep(100_000) + b"]",
+    "tuples_deep": b'["out",0,' + b'{"t":"tuple","v":[' * 300 + b"]}" * 300 + b"]",
+    "huge_hex_int": b'["out",0,{"t":"int","v":"' + b"f" * 200_000 + b'"}]',
+    "huge_decimal_int": b'["out",0,' + b"9" * 100_000 + b"]",
+    "index_bool": b'["out",true,1]',
+    "index_out_of_range": b'["out",7,1]',
+    "err_not_str": b'["err",0,[1,2]]',
+    "load_not_str": b'["load",{"a":1}]',
+    "end_with_extra": b'["end",1]',
+    "not_json": b"\xff\xfe not json",
+    "empty_list": b"[]",
+    "number_record": b"42",
+}
+FRAMES = {  # framing problems: the header itself is wrong
+    "wrong_nonce": b"0" * 32 + b' 7\n["end"]',
+    "header_without_newline": b"x" * 200,
+    "negative_length": b"__NONCE__ -5\n[]",
+    "length_too_large": b"__NONCE__ 999999999999\n[]",
+    "length_too_many_digits": b"__NONCE__ " + b"9" * 40 + b"\n[]",
+}
+
+
+def _frame_writer(frame: bytes) -> str:
+    code = writer(frame=frame)
+    return code.replace("frame = " + repr(frame), "frame = %r.replace(b'__NONCE__', nonce)" % frame)
+
+
+def _fuzz_bodies(n: int, seed: int = 17) -> list[bytes]:
+    rng = random.Random(seed)
+    atoms = [b"0", b"-1", b"1e999", b"NaN", b"true", b"null", b'"x"', b'{"t":"int","v":"-ff"}', b'{"t":"set","v":[[]]}',
+             b'{"t":"bytes","v":"0g"}', b'{"t":"repr","v":1,"type":2}', b'{"t":"dict","v":[[[1],2]]}', b"[", b"]", b","]
+    bodies = []
+    for _ in range(n):
+        mode = rng.random()
+        if mode < 0.3:
+            bodies.append(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40))))
+        elif mode < 0.7:
+            value = b"".join(rng.choice(atoms) for _ in range(rng.randrange(1, 6)))
+            bodies.append(b'["' + rng.choice([b"out", b"err", b"load", b"end"]) + b'",0,' + value + b"]")
+        else:
+            good = json.dumps(["out", 0, encode_value(rng.choice([(1, [2]), {3: b"x"}, 2**80, {1, 2}]))]).encode()
+            cut = rng.randrange(len(good))
+            bodies.append(good[:cut] + bytes([rng.randrange(256)]) + good[cut + 1:])
+    return bodies
+
+
+# ------------------------------------------------------------------------------------------ in process
+
+
+def test_records_never_raise_on_fuzzed_bytes():
+    rng = random.Random(5)
+    pieces = list(HOSTILE.values()) + _fuzz_bodies(400)
+    for _ in range(600):
+        rec = Records(NONCE, 2, 1 << 20)
+        body = rng.choice(pieces)
+        stream = (NONCE + " %d\n" % len(body)).encode() + body
+        if rng.random() < 0.3:
+            stream = stream[:rng.randrange(len(stream) + 1)]
+        if rng.random() < 0.3:
+            stream = bytes(rng.randrange(256) for _ in range(rng.randrange(100))) + stream
+        for i in range(0, len(stream), rng.randrange(1, 64)):
+            rec.feed(stream[i:i + 64])
+        assert rec.violation is None or isinstance(rec.violation, str)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_each_hostile_record_is_a_violation(name):
+    rec = Records(NONCE, 1, 1 << 20)
+    body = HOSTILE[name]
+    rec.feed((NONCE + " %d\n" % len(body)).encode() + body)
+    assert rec.violation and rec.outputs == [None]
+
+
+def test_decode_is_bounded_in_depth_and_keeps_honest_values():
+    ok = [1]
+    for _ in range(MAX_DEPTH - 1):
+        ok = [ok]
+    assert decode_value(json.loads(json.dumps(encode_value(ok)))) == ok
+    with pytest.raises(ProtocolError):
+        decode_value([[ok]])
+
+
+# ------------------------------------------------------------------------------------------ real children
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hostile_writer_fails_only_itself(backend):
+    honest = [Job("def f(x):\n    return (x, [x * 2], {x: str(x)})\n", "f", [[i], [i + 1]]) for i in range(5)]
+    hostile = Job(writer(HOSTILE["bad_int_hex"]), "f", [[0], [1]])
+    deep_one = Job(writer(HOSTILE["arrays_900_deep"]), "f", [[0]])
+    jobs = honest[:2] + [hostile] + honest[2:] + [deep_one]
+    results = Sandbox(SandboxConfig(backend=backend, timeout_s=10, workers=4)).execute(jobs)
+    statuses = [r.status for r in results]
+    assert statuses == ["ok", "ok", "protocol_error", "ok", "ok", "ok", "protocol_error"], statuses
+    for job, res in zip(honest, results[:2] + results[3:6]):
+        i = job.inputs[0][0]
+        assert score_outputs([(i, [i * 2], {i: str(i)}), (i + 1, [i * 2 + 2], {i + 1: str(i + 1)})], res)[0] == 1.0
+    assert results[2].outputs == [None, None] and results[2].errors[0].startswith("protocol violation")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fuzzed_records_through_a_real_child(backend):
+    hostile = [writer(b) for b in HOSTILE.values()] + [_frame_writer(f) for f in FRAMES.values()]
+    fuzzed = [writer(b) for b in _fuzz_bodies(24, seed=hash(backend) % 1000)]
+    truncated = [
+        "import os, sys\ndef f():\n    fr = sys._getframe(1).f_locals\n"
+        "    os.write(fr['fd_out'], fr['nonce'] + b' 100\\n[\"out\",0,')\n    os._exit(0)\n"]
+    jobs = [Job(code, "f", [[]]) for code in hostile + fuzzed + truncated]
+    results = Sandbox(SandboxConfig(backend=backend, timeout_s=10, workers=4)).execute(jobs)  # never raises
+    assert len(results) == len(jobs)
+    known = {"ok", "error", "timeout", "memory", "crashed", "output_limit", "protocol_error"}
+    assert all(r.status in known and len(r.outputs) == 1 for r in results)
+    by_name = dict(zip(list(HOSTILE) + list(FRAMES), results))
+    for name, res in by_name.items():
+        assert res.status == "protocol_error", (name, res.status, res.errors)
+    assert results[-1].status == "crashed"  # a truncated frame, then exit: no end record
