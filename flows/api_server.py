@@ -11,7 +11,6 @@ and the flow then retried the dead API for minutes.)
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,15 +18,9 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from sage.engines.verify.isolation import die_with_parent
+
 STARTUP_TIMEOUT_S = 120.0
-
-
-def die_with_parent() -> None:
-    """In a child between fork and exec: ask Linux to SIGKILL it when its parent dies (prctl PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:

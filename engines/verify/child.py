@@ -237,9 +237,22 @@ def _enter_root(os, root, uid, gid, job):
     os.setresuid(uid, uid, uid)
 
 
+def _die_with_parent(os, parent=None):
+    """SIGKILL this process when its parent dies (PR_SET_PDEATHSIG). Set again after the uid changes, which
+    clears it: a sandbox never outlives the pipeline that started it, even one killed outright. A parent that
+    died before this call is caught by comparing with its pid, where the child can see it (no namespace)."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
 def _stay_init(os, fd_out):
     """We are pid 1 of a new pid namespace, which ignores its own fatal signals: fork, let the child run
-    the job as an ordinary process, and here only wait for it (its exit ends the namespace)."""
+    the job as an ordinary process, and here only wait for it (its exit ends the namespace). Pid 1 dies with
+    the `unshare` process above it, and the namespace with it."""
+    _die_with_parent(os)
     pid = os.fork()
     if pid == 0:
         return
@@ -273,6 +286,7 @@ def main():
     if len(sys.argv) > 3 and sys.argv[3] == "chroot":
         _enter_root(os, sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), job)
         _stay_init(os, fd_out)
+    _die_with_parent(os, job.get("parent"))
     _set_limits(resource, job["limits"])
 
     # Private references, all taken before any untrusted code exists in this process.

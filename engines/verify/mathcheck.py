@@ -26,6 +26,7 @@ import time
 from collections import deque
 
 from sage.configs.schema import MathCheckConfig
+from sage.engines.verify.isolation import die_with_parent
 
 STARTUP_TIMEOUT_S = 120.0
 
@@ -102,6 +103,7 @@ class _Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sage.engines.verify.mathcheck", str(memory_mb)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+            preexec_fn=die_with_parent,
             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         self.fd = self.proc.stdout.fileno()
         os.set_blocking(self.fd, False)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from sage.configs.schema import SandboxConfig
 from sage.engines.verify.isolation import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TMPFS_BYTES, TMPFS_INODES, UIDS, \
-    backend_possible, child_env, command, interpreter, kill_job, remove_owned, scratch_root_needed
+    backend_possible, child_env, command, die_with_parent, interpreter, kill_job, remove_owned, scratch_root_needed
 from sage.engines.verify.protocol import Records
 
 log = logging.getLogger(__name__)
@@ -182,6 +182,7 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
             "inputs": [list(args) for args in job.inputs],
             "max_output_bytes": cfg.max_output_bytes, "tmpfs_bytes": TMPFS_BYTES,
             "tmpfs_inodes": TMPFS_INODES, "ro_dirs": extra,
+            "parent": os.getpid() if backend == "rlimit" else None,  # the child's parent outside a namespace
             "limits": {"CPU": cfg.cpu_s, "AS": cfg.memory_mb << 20, "FSIZE": FSIZE_BYTES, "NOFILE": NOFILE,
                        "NPROC": cfg.max_procs, "CORE": 0}}, 4)
         job_r, job_w = os.pipe()
@@ -190,7 +191,7 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
             proc = subprocess.Popen(
                 command(backend, uid, tmp, (job_r, res_w)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(job_r, res_w), env=child_env(backend, tmp),
-                cwd=tmp if backend == "rlimit" else "/", start_new_session=True)
+                cwd=tmp if backend == "rlimit" else "/", start_new_session=True, preexec_fn=die_with_parent)
         except BaseException:
             os.close(job_w)
             os.close(res_r)
