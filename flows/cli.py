@@ -62,12 +62,12 @@ def _config(config: str, overrides: list[str] | None):
 
 def _check_seed_file(cfg) -> None:
     """A user's seed file is read and checked before anything is written, so a bad row (SeedFileError, with
-    file and line) leaves the warehouse as it was."""
-    from sage.engines.data.files import SUFFIXES
+    file and line) leaves the warehouse as it was. (A missing file is the seed stage's to report: a run whose
+    seeds are loaded never reads it again.)"""
     from sage.engines.data.seeds import load_file
 
     source = Path(cfg.seeds.source)
-    if source.suffix in SUFFIXES or source.exists():
+    if source.is_file():
         load_file(source)
 
 
@@ -169,7 +169,7 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None):
     says how to resume and exits 130 or 143."""
     from sage.flows.api_server import prefect_api
     from sage.flows.progress import StageProgress
-    from sage.flows.record import Interrupted
+    from sage.flows.record import Interrupted, ended
 
     caught: list[int] = []
 
@@ -184,9 +184,9 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None):
             quiet_prefect_tracebacks()
             return fn(*args)
     except BaseException as e:
-        if not (caught or isinstance(e, KeyboardInterrupt)):
+        if not (caught or isinstance(e, KeyboardInterrupt) or ended(e) == "interrupted"):
             raise
-        signum = caught[0] if caught else signal.SIGINT
+        signum = caught[0] if caught else getattr(e, "signal", signal.SIGINT)
         err.print(f"interrupted ({signal.Signals(signum).name}): committed work is kept, the batch in flight was "
                   f"dropped; resume with: {' '.join(['sage', *sys.argv[1:]])}", highlight=False, soft_wrap=True)
         raise typer.Exit(128 + signum) from None

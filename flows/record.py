@@ -28,7 +28,9 @@ class Interrupted(KeyboardInterrupt):
 
 def ended(exc: BaseException) -> str:
     """The status a stage, iteration or run ends in when `exc` stops it."""
-    return "interrupted" if is_interrupt(exc) else "failed"
+    from prefect.exceptions import TerminationSignal  # Prefect's own form of a SIGTERM inside a flow run
+
+    return "interrupted" if is_interrupt(exc) or isinstance(exc, TerminationSignal) else "failed"
 
 
 def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], StageReport], *,

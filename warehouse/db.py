@@ -90,11 +90,11 @@ def _check_readable(path: str) -> None:
     row count reads: DuckDB opens a truncated file and fails only when a query reaches a missing block, and a
     read-write open of a damaged file could write to it."""
     with duckdb.connect(path, read_only=True) as con:
-        block_size, blocks = con.execute("SELECT block_size, total_blocks FROM pragma_database_size()").fetchall()[0]
-        need, have = _HEADER_BYTES + block_size * blocks, Path(path).stat().st_size
+        block_size, used = con.execute("SELECT block_size, used_blocks FROM pragma_database_size()").fetchall()[0]
+        need, have = _HEADER_BYTES + block_size * used, Path(path).stat().st_size  # at least; free blocks may go
         if have < need:
-            raise duckdb.IOException(f"Could not read enough bytes: the file holds {have:,} bytes, its {blocks} "
-                                     f"blocks need {need:,}")
+            raise duckdb.IOException(f"Could not read enough bytes: the file holds {have:,} bytes, its {used} "
+                                     f"blocks in use need at least {need:,}")
         tables = [t for (t,) in con.execute("SELECT table_name FROM information_schema.tables "
                                             "WHERE table_type = 'BASE TABLE'").fetchall()]
         for table in tables:

@@ -1,0 +1,89 @@
+"""Stopping `sage run`: Ctrl-C (SIGINT to the process group) or SIGTERM ends it within seconds with one line
+saying how to resume, leaves no process behind, and the same command resumes; SIGKILL of `sage` itself leaves
+none of its helpers (the private Prefect server, math workers, sandboxes) alive."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from sage.warehouse import Warehouse
+from tests.flows.test_training_loop import SMALL
+
+
+def _start(tiny_model, directory) -> tuple[subprocess.Popen, list[str]]:
+    """`sage run` of the tiny model as a terminal would start it (its own process group), reporting to the
+    private Prefect server it starts; its stderr lines are collected as they come."""
+    args = [sys.executable, "-m", "sage.flows.cli", "run", "--run", "stop", "-n", "1"]
+    for s in [f"run.dir={directory}", f"model.name={tiny_model}", f"model.cache_dir={directory}/models", *SMALL]:
+        args += ["--set", s]
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True).start()
+    return p, lines
+
+
+def _wait_for(lines: list[str], text: str, p: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in lines):
+        assert p.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+        time.sleep(0.2)
+
+
+def _alive(procs: list[psutil.Process]) -> list:
+    out = []
+    for q in procs:
+        try:
+            if q.is_running() and q.status() != psutil.STATUS_ZOMBIE:
+                out.append((q.pid, q.cmdline()[:4]))
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_run_in_seconds_and_it_resumes(tiny_model, tmp_path, sig):
+    p, lines = _start(tiny_model, tmp_path)
+    _wait_for(lines, "Beginning flow run", p)
+    time.sleep(3)  # into the seeds or the first stage
+    family = psutil.Process(p.pid).children(recursive=True)
+    start = time.monotonic()
+    os.killpg(p.pid, sig)
+    code = p.wait(60)
+    took = time.monotonic() - start
+    err = "".join(lines)
+    assert code == 128 + sig, err[-3000:]
+    assert took < 10, f"took {took:.1f} s"
+    assert f"interrupted ({signal.Signals(sig).name})" in err and "resume with: sage run" in err
+    assert "Traceback" not in err, err[-3000:]
+    time.sleep(2)
+    assert not _alive(family)
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT status FROM runs WHERE run_id = 'stop'") == "interrupted"
+
+    p, lines = _start(tiny_model, tmp_path)  # the same command resumes and finishes
+    assert p.wait(600) == 0, "".join(lines)[-3000:]
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT status FROM runs WHERE run_id = 'stop'") == "done"
+        assert {r["status"] for r in wh.rows("SELECT status FROM stage_runs WHERE run_id = 'stop'")} == {"done"}
+
+
+def test_sigkill_of_sage_leaves_none_of_its_processes(tiny_model, tmp_path):
+    p, lines = _start(tiny_model, tmp_path)
+    _wait_for(lines, "Beginning flow run", p)
+    time.sleep(3)
+    family = psutil.Process(p.pid).children(recursive=True)
+    assert any("prefect" in " ".join(q.cmdline()) for q in family)  # the private server is among them
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(30)
+    time.sleep(5)
+    assert not _alive(family)
