@@ -6,5 +6,5 @@ about DuckDB or Prefect.
   what sandboxed code returned with what was expected, and the math checker (equivalence of two answers).
 - `train/`: the policy-gradient step on stored rows (a TRL `GRPOTrainer` subclass) and adapter merging.
 - `text/`: what model output means: role tag parsing, the constrained-output regexes, code and answer extraction.
-- `data/`: problems from outside: seeds, benchmarks, HumanEval.
+- `data/`: problems from outside: seeds, benchmarks (and how their code checks run), HumanEval.
 """

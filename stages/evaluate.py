@@ -22,8 +22,8 @@ import re
 
 from sage.configs.names import Role
 from sage.engines.text import tags
-from sage.engines.data.benchmarks import BENCHMARKS, Problem, code_job, code_passes, complete_code_verifiers, \
-    load_benchmark, pass_at_k
+from sage.engines.data.benchmarks import BENCHMARKS, Problem, load_benchmark, pass_at_k
+from sage.engines.data.code_jobs import code_job, code_passes, complete_code_verifiers
 from sage.engines.llm.base import GenRequest
 from sage.stages.context import StageContext, StageReport
 from sage.stages.prompts import TEMPLATE_VERSION, render

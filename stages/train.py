@@ -24,6 +24,7 @@ from pathlib import Path
 from sage import configs
 from sage.configs import ConfigError
 from sage.configs.names import Stage
+from sage.engines.verify.isolation import die_with_parent
 from sage.stages.context import StageContext, StageReport
 from sage.stages.score import REWARD_VERSION
 from sage.warehouse.queries import checkpoint_path, record_checkpoint, training_rows
@@ -83,7 +84,8 @@ def _train_isolated(ctx: StageContext, model_path: str, rows, out: Path) -> dict
                 "--seed", str(ctx.cfg.run.seed + ctx.iteration), "--dtype", ctx.cfg.model.dtype]
         if ctx.adapter:
             args += ["--adapter-in", ctx.adapter]
-        proc = subprocess.run(trainer_command(args, ctx.cfg.train.accelerate_config), capture_output=True, text=True)
+        proc = subprocess.run(trainer_command(args, ctx.cfg.train.accelerate_config), capture_output=True, text=True,
+                              preexec_fn=die_with_parent)  # never outlives the pipeline
         if proc.returncode != 0:
             raise RuntimeError(f"training process failed (exit {proc.returncode}):\n{_failure_text(proc.stderr)}")
         return json.loads(metrics_file.read_text())

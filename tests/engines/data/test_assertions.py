@@ -7,7 +7,8 @@ import pytest
 
 from sage.configs.schema import SandboxConfig
 from sage.engines.data.assertions import check_job, judge, rewrite_check
-from sage.engines.data.benchmarks import code_job, code_passes, load_benchmark
+from sage.engines.data.benchmarks import load_benchmark
+from sage.engines.data.code_jobs import code_job, code_passes
 from sage.engines.verify.sandbox import Sandbox
 
 # Wrong solutions that pass every literal-argument test call but fail the official check.

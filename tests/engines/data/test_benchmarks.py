@@ -13,8 +13,8 @@ import pytest
 
 from sage.configs.schema import SandboxConfig
 from sage.engines.data import benchmarks
-from sage.engines.data.benchmarks import (BenchmarkUnavailable, code_job, code_passes, complete_code_verifiers, decode_lcb_tests,
-                                expected_of, load_benchmark, pass_at_k)
+from sage.engines.data.benchmarks import BenchmarkUnavailable, decode_lcb_tests, load_benchmark, pass_at_k
+from sage.engines.data.code_jobs import code_job, code_passes, complete_code_verifiers, expected_of
 from sage.engines.verify.outputs import score_outputs
 from sage.engines.verify.sandbox import Sandbox
 
