@@ -66,7 +66,7 @@ def validation_problems(cfg, run_dir: str | None, origin: str = "validation",
     s, v = cfg.seeds, cfg.validate
     ctx = StageContext(cfg=cfg, wh=None)
     items = default_math(v.n_math, s.seed, "validation") + _complete_code(ctx, default_code(2 * v.n_code, s.seed,
-                                                                                           "validation"))[:v.n_code]
+                                                                                           "validation"))[0][:v.n_code]
     ctx.close()
     rows = [dict(question_id=question_id(i), domain=i.domain, text=i.question, verifier=i.verifier)
             for i in items]

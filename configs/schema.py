@@ -181,6 +181,10 @@ class SeedsConfig(_Section):
     n_math: int = Field(250, ge=0, description="Default seed set: math questions.")
     n_code: int = Field(250, ge=0, description="Default seed set: code questions.")
     seed: int = Field(0, description="Seed of the procedural generators.")
+    skip_bad: bool = Field(False, description="Load a user's seed file even when some of its code problems "
+                           "cannot be used (the reference solution fails, hangs, lacks its entry point or is "
+                           "nondeterministic): they are reported with file, line and reason, and skipped. Off: "
+                           "such a file is refused and nothing is written.")
 
 
 class RunConfig(_Section):

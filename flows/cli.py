@@ -49,6 +49,9 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", help="Show a failure
 ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="Profile name in configs/ (cpu, paper-7b) or a YAML path.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override one field: section.field=value (repeatable).")]
 DirOpt = Annotated[Path, typer.Option("--dir", help="Project directory holding warehouse.duckdb.")]
+SkipBadOpt = Annotated[bool, typer.Option("--skip-bad", help="Load a seed file even when some of its code problems "
+                                          "cannot be used (reported with file, line and reason, and skipped); "
+                                          "the same as --set seeds.skip_bad=true.")]
 
 
 def _config(config: str, overrides: list[str] | None):
@@ -81,17 +84,15 @@ def _open(path: Path, read_only: bool = False):
 
 
 @app.command()
-def seed(config: ConfigOpt = "cpu", set_: SetOpt = None) -> None:
+def seed(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = False) -> None:
     """Load the seed pool and the held-out validation set into the warehouse (idempotent)."""
     from sage.configs.names import Stage
-    from sage.engines.data.seeds import SeedFileError
     from sage.flows.record import run_recorded
     from sage.stages import seed as seed_stage
     from sage.warehouse import WarehouseBusy
     from sage.warehouse.queries import question_counts
 
-    cfg = _config(config, set_)
-    _check_seed_file(cfg)
+    cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else [])])
     try:
         with Session(cfg.run.dir) as s, console.status("loading seeds (code tasks run in the sandbox)..."):
             ctx = s.context_for(cfg, None)
@@ -99,12 +100,12 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None) -> None:
             counts = question_counts(s.warehouse)
     except WarehouseBusy as e:
         fail(str(e), code=BUSY)
-    except SeedFileError as e:
-        fail(f"{e}\nnothing was written")
     if report is None:
         console.print("seeds already loaded (nothing to do)")
     else:
         console.print(f"seed: {report.rows_out} new question(s) of {report.rows_in} loaded")
+        for line in report.info.get("skipped", []):
+            err.print(f"skipped {line}", highlight=False, markup=False)
     print_rows(counts, title=f"questions in {warehouse_path(cfg.run.dir)}")
 
 
@@ -196,7 +197,7 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None):
 
 
 @app.command()
-def run(config: ConfigOpt = "cpu", set_: SetOpt = None,
+def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = False,
         iterations: Annotated[Optional[int], typer.Option("--iterations", "-n", min=1, help="Iterations to run, at least 1 (default: run.iterations).")] = None,
         run_id: Annotated[Optional[str], typer.Option("--run", help="Run name (default: run-<config hash>, so the same config resumes).")] = None) -> None:
     """Seed if needed, then run SAGE iterations as Prefect flows; resumes a run where it stopped."""
@@ -204,7 +205,7 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None,
     from sage.warehouse import WarehouseBusy
     from sage.warehouse.runs import RunConfigMismatch
 
-    cfg = _config(config, set_)
+    cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else [])])
     n = iterations or cfg.run.iterations
     directory = str(Path(cfg.run.dir).expanduser())
     _check_seed_file(cfg)

@@ -78,7 +78,9 @@ def _evolve(s: session.Session, directory: str, run_id: str, iterations: int) ->
     set_run_status(wh, run_id, "running")
     summaries = []
     try:
-        run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
+        seeded = run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
+        for line in (seeded.info.get("skipped", []) if seeded else []):
+            log.warning(f"seed file: skipped {line}")
         validating = count_validation_questions(wh) > 0
         if not validating:
             log.warning("no validation questions in the warehouse: no validation, best checkpoint or early stopping")

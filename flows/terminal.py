@@ -61,7 +61,9 @@ def expected_error(exc: BaseException) -> tuple[str, int] | None:
         exc = storage_error(exc, "the warehouse") or exc
     if isinstance(exc, WarehouseError):
         return str(exc), BUSY if isinstance(exc, WarehouseBusy) else USAGE
-    if isinstance(exc, (ConfigError, SeedFileError, BenchmarkUnavailable, ModelNotFoundError, RunNotFound,
+    if isinstance(exc, SeedFileError):  # raised before the seeds are written
+        return f"{exc}\nnothing was written", USAGE
+    if isinstance(exc, (ConfigError, BenchmarkUnavailable, ModelNotFoundError, RunNotFound,
                         RunConfigMismatch, IterationNotFound, CheckpointNotFound)):
         return str(exc), USAGE
     return None

@@ -4,17 +4,21 @@ Reads: `seeds.source` (the default offline set from reasoning-gym, or a user's J
 Hugging Face dataset). Writes: `questions` rows with origin `seed` or `validation` (run_id NULL: every run
 of the warehouse shares them), all in one transaction, after the whole source has been checked.
 Idempotency key: question id = hash(origin, domain, text, source); the stage itself is recorded in
-`stage_runs` under run id `seeds:<hash of the seeds settings>`, so a second `sage seed` does nothing.
+`stage_runs` under run id `seeds:<hash of the seeds settings and of a user file's content>`, so a second
+`sage seed` does nothing, and an edited file loads its new rows.
 Code tasks: test inputs come from the task's input generator and expected outputs from its reference
 solution, both run in the sandbox (twice for the solution: runs that error or disagree drop the task).
-Fails: a bad user file raises SeedFileError naming file and line; nothing is written.
+Fails: a bad user file raises SeedFileError naming file and line, and so do code problems of a user's file
+whose reference solution cannot give outputs (each with its reason) unless `seeds.skip_bad`, which loads the
+rest and reports them; nothing is written when it fails.
 """
 
 from __future__ import annotations
 
 from sage.configs.names import Stage
-from sage.engines.data.seeds import (INPUTS_ENTRY, SeedItem, default_code, default_math, function_params,
-                           input_generator_job_code, load_source, CODEIO_INPUTS_PER_TASK)
+from sage.engines.data.files import file_digest
+from sage.engines.data.seeds import (CODEIO_INPUTS_PER_TASK, INPUTS_ENTRY, SeedFileError, SeedItem, default_code,
+                                    default_math, function_params, input_generator_job_code, load_source)
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse import content_id, norm_hash
 from sage.warehouse.queries import existing_ids
@@ -23,8 +27,10 @@ STAGE = Stage.SEED
 
 
 def seeds_key(ctx: StageContext) -> str:
+    """What the loaded seeds follow from, the content of a user's file included: an edited file loads again."""
     s, v = ctx.cfg.seeds, ctx.cfg.validate
-    return "seeds:" + content_id(s.source, s.n_math, s.n_code, s.seed, v.n_math, v.n_code, length=12)
+    return "seeds:" + content_id(s.source, file_digest(s.source), s.n_math, s.n_code, s.seed, v.n_math, v.n_code,
+                                 s.skip_bad, length=12)
 
 
 def question_id(item: SeedItem) -> str:
@@ -40,15 +46,17 @@ def _gather(ctx: StageContext) -> list[SeedItem]:
     # Twice the candidates: tasks whose generator or solution fails in the sandbox are dropped.
     for n, split in ((s.n_code, "seed"), (v.n_code, "validation")):
         candidates = default_code(2 * n, s.seed, split)
-        items += _complete_code(ctx, candidates)[:n]
+        items += _complete_code(ctx, candidates)[0][:n]
     return items
 
 
-def _complete_code(ctx: StageContext, items: list[SeedItem]) -> list[SeedItem]:
-    """Fill in inputs (from generators) and outputs (from reference solutions) in the sandbox."""
-    from sage.engines.verify.outputs import reference_outputs, storable
+def _complete_code(ctx: StageContext, items: list[SeedItem]) -> tuple[list[SeedItem], list[tuple[SeedItem, str]]]:
+    """Fill in inputs (from generators) and outputs (from reference solutions) in the sandbox. Returns the
+    items that are usable and the code items that are not, each with the reason."""
+    from sage.engines.verify.outputs import reference_runs, storable
     from sage.engines.verify.sandbox import Job
 
+    dropped: list[tuple[SeedItem, str]] = []
     gen = [i for i in items if i.input_generator and "inputs" not in i.verifier]
     if gen:
         jobs = []
@@ -59,20 +67,31 @@ def _complete_code(ctx: StageContext, items: list[SeedItem]) -> list[SeedItem]:
         for item, res in zip(gen, ctx.sandbox.execute(jobs)):
             if res.errors[0] is None and isinstance(res.outputs[0], list):
                 item.verifier["inputs"] = storable(res.outputs[0])
+            else:
+                dropped.append((item, f"the input generator failed ({res.errors[0] or res.status})"))
     todo = [i for i in items if "outputs" not in i.verifier and i.solution and i.verifier.get("inputs")]
     jobs = [Job(i.solution, i.verifier["entry_point"], i.verifier["inputs"]) for i in todo]
-    for item, outputs in zip(todo, reference_outputs(ctx.sandbox, jobs)):
+    for item, (outputs, why) in zip(todo, reference_runs(ctx.sandbox, jobs)):
         stored = storable(outputs)
         if stored is not None:
             item.verifier["outputs"] = stored
-    return [i for i in items if i.domain != "code" or "outputs" in i.verifier]
+        elif why is None:
+            dropped.append((item, "the reference solution returns values JSON cannot store (sets, objects)"))
+        else:
+            dropped.append((item, why))
+    kept = [i for i in items if i.domain != "code" or "outputs" in i.verifier]
+    return kept, dropped
 
 
 def run(ctx: StageContext) -> StageReport:
     items = _gather(ctx)
+    dropped: list[tuple[SeedItem, str]] = []
     if ctx.cfg.seeds.source != "default":
-        # A user's code problems without outputs: computed from their reference solution, or dropped.
-        items = _complete_code(ctx, items)
+        # A user's code problems without outputs: computed from their reference solution, or reported.
+        items, dropped = _complete_code(ctx, items)
+        if dropped and not ctx.cfg.seeds.skip_bad:
+            raise SeedFileError("\n".join([f"{len(dropped)} code problem(s) of {ctx.cfg.seeds.source} cannot be "
+                                             f"used (fix them, or load the rest with --skip-bad):"] + [f"  {i.where or i.source}: {why}" for i, why in dropped]))
     ids = [question_id(i) for i in items]
     have = existing_ids(ctx.wh, "questions", "question_id", ids)
     rows = [dict(question_id=qid, origin="seed" if i.split == "seed" else "validation", domain=i.domain,
@@ -80,5 +99,7 @@ def run(ctx: StageContext) -> StageReport:
             for qid, i in zip(ids, items) if qid not in have]
     added = ctx.wh.insert_batch("questions", rows)
     info = {f"{o}_{d}": sum(1 for i in items if i.split == o and i.domain == d)
-          for o in ("seed", "validation") for d in ("math", "code")}
-    return StageReport(STAGE, rows_in=len(items), rows_out=added, info=info)
+            for o in ("seed", "validation") for d in ("math", "code")}
+    if dropped:
+        info["skipped"] = [f"{i.where or i.source}: {why}" for i, why in dropped]
+    return StageReport(STAGE, rows_in=len(items) + len(dropped), rows_out=added, info=info)

@@ -9,11 +9,19 @@ names the file (and the line, where there is one); callers re-raise it as their 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def file_digest(path: str | Path) -> str | None:
+    """SHA-256 of a file's bytes (None when `path` is not a file, e.g. a dataset name): what keys a file's
+    loaded rows, so an edited file is loaded again."""
+    p = Path(path)
+    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
 
 
 class RowFileError(ValueError):

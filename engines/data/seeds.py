@@ -54,6 +54,7 @@ class SeedItem:
     split: str = "seed"               # seed | validation
     solution: str | None = None       # code: reference solution (run in the sandbox for outputs)
     input_generator: str | None = field(default=None, repr=False)  # codeio: code that makes the inputs
+    where: str | None = field(default=None, repr=False)            # a user's file: PATH:LINE of the row
 
 
 # -- default set ---------------------------------------------------------------------------------------
@@ -165,7 +166,7 @@ def _check_row(row: Any, where: str) -> SeedItem:
         answer = row.get("answer")
         if answer is None or not str(answer).strip():
             raise SeedFileError(f"{where}: math problem without 'answer'")
-        return SeedItem("math", question.strip(), {"answer": str(answer).strip()}, source, split)
+        return SeedItem("math", question.strip(), {"answer": str(answer).strip()}, source, split, where=where)
     entry = row.get("entry_point")
     if not isinstance(entry, str) or not entry.isidentifier():
         raise SeedFileError(f"{where}: code problem needs 'entry_point', a Python function name")
@@ -186,7 +187,7 @@ def _check_row(row: Any, where: str) -> SeedItem:
             ast.parse(solution)
         except SyntaxError as e:
             raise SeedFileError(f"{where}: 'solution' does not parse: {e.msg} (line {e.lineno})") from None
-    return SeedItem("code", question.strip(), verifier, source, split, solution=solution or None)
+    return SeedItem("code", question.strip(), verifier, source, split, solution=solution or None, where=where)
 
 
 def _as_list(value: Any, name: str, where: str) -> list:

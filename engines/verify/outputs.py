@@ -75,14 +75,25 @@ def score_outputs(expected: list, result: ExecResult) -> tuple[float, list[bool]
 def reference_outputs(sandbox: Sandbox, jobs: list[Job], repeats: int = 2) -> list[list | None]:
     """Expected outputs from reference solutions: each job runs `repeats` times; a job that fails or is
     nondeterministic (random, time, set order, ...) gets None, so its task cannot be used as a verifier."""
+    return [outputs for outputs, _ in reference_runs(sandbox, jobs, repeats)]
+
+
+def reference_runs(sandbox: Sandbox, jobs: list[Job], repeats: int = 2) -> list[tuple[list | None, str | None]]:
+    """`reference_outputs` with the reason a job gives none: (outputs, None) or (None, why), the why worded
+    for the person who wrote the reference (its first error, a timeout, outputs that differ between runs)."""
     results = sandbox.execute([j for j in jobs for _ in range(repeats)])
-    out = []
+    out: list[tuple[list | None, str | None]] = []
     for k in range(len(jobs)):
         runs = results[k * repeats:(k + 1) * repeats]
         first = runs[0]
-        stable = all(r.status == "ok" for r in runs) and all(
-            _match_exact(first.outputs, r.outputs) for r in runs[1:])
-        out.append(first.outputs if stable else None)
+        failed = next((r for r in runs if r.status != "ok"), None)
+        if failed is not None:
+            error = next((e for e in failed.errors if e), None)
+            out.append((None, f"the reference solution failed ({failed.status}{': ' + error if error else ''})"))
+        elif not all(_match_exact(first.outputs, r.outputs) for r in runs[1:]):
+            out.append((None, f"the reference solution gave different outputs in {repeats} runs (nondeterministic)"))
+        else:
+            out.append((first.outputs, None))
     return out
 
 

@@ -117,3 +117,48 @@ def test_default_seed_twice_same_counts(tmp_path):
     assert second.returncode == 0 and "nothing to do" in second.stdout
     with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
         assert wh.rows("SELECT origin, domain, count(*) AS n FROM questions GROUP BY ALL ORDER BY ALL") == counts1
+
+
+BROKEN = [  # code problems whose reference solution cannot give outputs, each for its own reason
+    {"domain": "code", "question": "Write boom(x).", "entry_point": "boom", "inputs": [[1]],
+     "solution": "def boom(x):\n    raise ValueError('no')\n"},
+    {"domain": "code", "question": "Write hang(x).", "entry_point": "hang", "inputs": [[1]],
+     "solution": "def hang(x):\n    while True:\n        pass\n"},
+    {"domain": "code", "question": "Write other(x).", "entry_point": "missing", "inputs": [[1]],
+     "solution": "def other(x):\n    return x\n"},
+]
+
+
+def test_unusable_code_problems_are_reported_and_refused(tmp_path):
+    """A seed file whose reference solutions raise, hang or lack the entry point: every such row is named with
+    file, line and reason, the command fails and nothing is written; --skip-bad loads the rest and says what
+    it skipped."""
+    path = _write_jsonl(tmp_path / "s.jsonl", [GOOD_MATH, *BROKEN, GOOD_CODE])
+    base = ["seed", "--set", f"run.dir={tmp_path}", "--set", f"seeds.source={path}", "--set", "sandbox.timeout_s=2",
+            "--set", "sandbox.cpu_s=2"]
+    r = _sage(*base)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2 and "Traceback" not in out, out[-2000:]
+    assert "3 code problem(s)" in out and "nothing was written" in out and "--skip-bad" in out
+    assert f"{path}:2: the reference solution failed (error: ValueError: no)" in out
+    assert f"{path}:3: the reference solution failed (timeout" in out
+    assert f"{path}:4: the reference solution failed" in out
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT count(*) FROM questions") == 0
+    r = _sage(*base, "--skip-bad")
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 0, out[-2000:]
+    assert "2 new question(s) of 5 loaded" in out and f"skipped {path}:3" in out
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT count(*) FROM questions") == 2
+
+
+def test_an_edited_seed_file_loads_its_new_rows(tmp_path):
+    path = _write_jsonl(tmp_path / "s.jsonl", [GOOD_MATH])
+    base = ["seed", "--set", f"run.dir={tmp_path}", "--set", f"seeds.source={path}"]
+    assert _sage(*base).returncode == 0
+    _write_jsonl(path, [GOOD_MATH, dict(GOOD_MATH, question="What is 4+4?", answer="8")])
+    r = _sage(*base)
+    assert r.returncode == 0 and "1 new question(s) of 2 loaded" in r.stdout, r.stdout + r.stderr
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        assert sorted(r["text"] for r in wh.rows("SELECT text FROM questions")) == ["What is 2+3?", "What is 4+4?"]
