@@ -59,6 +59,10 @@ class _UidPool:
                 except OSError:
                     os.close(fd)
                     continue
+                if not sweep_uid(uid):  # a process of a dead pipeline still runs as this uid: not reused
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    os.close(fd)
+                    continue
                 self._locks[uid] = fd
                 return uid
         raise RuntimeError("no free sandbox uid")
@@ -108,8 +112,9 @@ def remove_owned(uid: int, dirs: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/sh
                 continue
 
 
-def sweep_uid(uid: int, wait_s: float = 2.0) -> None:
-    """SIGKILL every (non-zombie) process whose uid is `uid`, until none is left or `wait_s` passes."""
+def sweep_uid(uid: int, wait_s: float = 2.0) -> bool:
+    """SIGKILL every (non-zombie) process whose uid is `uid`, until none is left or `wait_s` passes; True when
+    none is left."""
     end = time.monotonic() + wait_s
     while True:
         alive = []
@@ -127,7 +132,7 @@ def sweep_uid(uid: int, wait_s: float = 2.0) -> None:
             except (OSError, IndexError):
                 continue
         if not alive or time.monotonic() > end:
-            return
+            return not alive
         time.sleep(0.001)
 
 

@@ -56,3 +56,29 @@ def test_sigkill_of_the_owner_leaves_no_process(backend):
     time.sleep(5)
     left = [(p.pid, p.cmdline()[:4], p.uids()) for p in family if _alive(p)]
     assert not left
+
+
+def test_a_uid_is_reused_only_once_no_process_of_it_remains():
+    """A uid whose lock a dead pipeline released may still run that pipeline's leftovers: taking it again
+    kills them first."""
+    import shutil
+
+    from sage.engines.verify.isolation import IS_ROOT, _UidPool
+
+    if not IS_ROOT or shutil.which("setpriv") is None:
+        pytest.skip("dedicated sandbox uids need root and setpriv")
+    first = _UidPool()
+    uid = first.take()
+    leftover = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "300"],
+                                start_new_session=True)
+    try:
+        time.sleep(0.3)
+        assert leftover.poll() is None
+        os.close(first._locks.pop(uid))  # the owner is gone: its lock is released, its leftover still runs
+        second = _UidPool()
+        taken = second.take()
+        assert taken == uid
+        assert leftover.wait(5) == -signal.SIGKILL
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
