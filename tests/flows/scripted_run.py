@@ -1,9 +1,10 @@
 """Run iterations with the ScriptedLLM in this process (used by tests, also as a subprocess).
 
-    python -m tests.flows.scripted_run DIR [--iterations N] [--pause-at-call K] [--marker FILE]
+    python -m tests.flows.scripted_run DIR [--iterations N] [--pause-at-call K] [--marker FILE] [--as-cli]
 
 With --pause-at-call K the scripted generator writes MARKER and sleeps forever on its K-th call, so a test
-can SIGKILL the process in the middle of a stage.
+can signal the process in the middle of a stage. --as-cli runs the flow the way `sage run` does (its signal
+handling, progress display and Prefect API choice), exiting with the command's exit code.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import argparse
 import json
 import time
 from pathlib import Path
+
+import typer
 
 from sage.engines.llm.base import GenRequest
 from tests.scripted import ScriptedLLM, prompt_text
@@ -98,12 +101,17 @@ def prepare(directory: Path, run_id: str = "scripted", extra: list[str] = ()) ->
 
 
 def run(directory: Path, iterations: int = 1, pause_at: int | None = None, marker: Path | None = None,
-        run_id: str = "scripted") -> list[dict]:
+        run_id: str = "scripted", as_cli: bool = False) -> list[dict]:
     from sage.flows.evolve import evolve_flow
     from sage.flows.session import Session, warehouse_path
 
     rid = run_id if warehouse_path(directory).exists() else prepare(directory, run_id)
-    with Session(directory, engines={"llm": PausingScriptedLLM(pause_at, marker)}):
+    llm = PausingScriptedLLM(pause_at, marker)
+    if as_cli:
+        from sage.flows.cli import _run_flow
+
+        return _run_flow(str(directory), evolve_flow, str(directory), rid, iterations, engines={"llm": llm})
+    with Session(directory, engines={"llm": llm}):
         return evolve_flow(str(directory), rid, iterations)
 
 
@@ -113,8 +121,12 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=1)
     ap.add_argument("--pause-at-call", type=int)
     ap.add_argument("--marker", type=Path)
+    ap.add_argument("--as-cli", action="store_true")
     a = ap.parse_args()
-    print(json.dumps(run(a.dir, a.iterations, a.pause_at_call, a.marker), default=str))
+    try:
+        print(json.dumps(run(a.dir, a.iterations, a.pause_at_call, a.marker, as_cli=a.as_cli), default=str))
+    except typer.Exit as e:  # how the command ends when a signal stopped it
+        raise SystemExit(e.exit_code) from None
 
 
 if __name__ == "__main__":

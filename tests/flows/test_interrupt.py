@@ -87,3 +87,31 @@ def test_sigkill_of_sage_leaves_none_of_its_processes(tiny_model, tmp_path):
     p.wait(30)
     time.sleep(5)
     assert not _alive(family)
+
+
+def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(prefect_api, tmp_path):
+    """The scripted generator pauses in the middle of the probe stage (some of its batches committed); Ctrl-C
+    then, and the same command again, give every row an uninterrupted run gives."""
+    from tests.flows import scripted_run
+    from tests.flows.test_iteration import dump
+
+    reference = tmp_path / "reference"
+    scripted_run.run(reference)
+    directory, marker = tmp_path / "interrupted", tmp_path / "paused"
+    p = subprocess.Popen([sys.executable, "-m", "tests.flows.scripted_run", str(directory), "--pause-at-call", "8",
+                          "--marker", str(marker), "--as-cli"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), p.stderr.read()[-3000:] if p.poll() is not None else "never paused"
+    start = time.monotonic()
+    os.killpg(p.pid, signal.SIGINT)
+    code = p.wait(60)
+    assert code == 130 and time.monotonic() - start < 10
+    with Warehouse.open(directory / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT status FROM stage_runs WHERE stage = 'probe'") == "interrupted"
+    r = subprocess.run([sys.executable, "-m", "tests.flows.scripted_run", str(directory), "--as-cli"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert dump(directory) == dump(reference)
