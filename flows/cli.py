@@ -89,17 +89,13 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = 
     from sage.configs.names import Stage
     from sage.flows.record import run_recorded
     from sage.stages import seed as seed_stage
-    from sage.warehouse import WarehouseBusy
     from sage.warehouse.queries import question_counts
 
     cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else [])])
-    try:
-        with Session(cfg.run.dir) as s, console.status("loading seeds (code tasks run in the sandbox)..."):
-            ctx = s.context_for(cfg, None)
-            report = run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
-            counts = question_counts(s.warehouse)
-    except WarehouseBusy as e:
-        fail(str(e), code=BUSY)
+    with Session(cfg.run.dir) as s, console.status("loading seeds (code tasks run in the sandbox)..."):
+        ctx = s.context_for(cfg, None)
+        report = run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
+        counts = question_counts(s.warehouse)
     if report is None:
         console.print("seeds already loaded (nothing to do)")
     else:
@@ -202,20 +198,13 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
         run_id: Annotated[Optional[str], typer.Option("--run", help="Run name (default: run-<config hash>, so the same config resumes).")] = None) -> None:
     """Seed if needed, then run SAGE iterations as Prefect flows; resumes a run where it stopped."""
     from sage.flows.evolve import evolve_flow
-    from sage.warehouse import WarehouseBusy
-    from sage.warehouse.runs import RunConfigMismatch
 
     cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else [])])
     n = iterations or cfg.run.iterations
     directory = str(Path(cfg.run.dir).expanduser())
     _check_seed_file(cfg)
-    try:
-        with Session(directory) as s:
-            rid = s.create_run(cfg, run_id)
-    except WarehouseBusy as e:
-        fail(str(e), code=BUSY)
-    except RunConfigMismatch as e:
-        fail(str(e))
+    with Session(directory) as s:
+        rid = s.create_run(cfg, run_id)
     console.print(f"run {rid}: {n} iteration(s) of {cfg.model.name} ({cfg.model.backend}); warehouse {warehouse_path(directory)}")
     summaries = _run_flow(directory, evolve_flow, directory, rid, n)
     wh = _open(warehouse_path(directory), read_only=True)
@@ -232,20 +221,14 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
           force: Annotated[bool, typer.Option("--force", help="Redo the stage even if it is done: replace its rows for the iteration; the stages after it become stale and the next `sage run` redoes them.")] = False) -> None:
     """Re-run exactly one stage of one iteration (skipped if done, unless --force)."""
     from sage.flows.iteration import RUNNABLE, stage_flow
-    from sage.warehouse import WarehouseBusy
-    from sage.warehouse.runs import IterationNotFound, RunNotFound, check_stage_target
+    from sage.warehouse.runs import check_stage_target
 
     if name not in RUNNABLE:
         fail(f"unknown stage {name!r}; one of: {', '.join(RUNNABLE)}")
     if not warehouse_path(directory).exists():
         fail(f"no warehouse at {warehouse_path(directory)}")
-    try:
-        with Session(str(directory)) as s:  # refused here, before a flow run starts or a row is written
-            check_stage_target(s.warehouse, run_id, iteration, name)
-    except WarehouseBusy as e:
-        fail(str(e), code=BUSY)
-    except (RunNotFound, IterationNotFound) as e:
-        fail(str(e))
+    with Session(str(directory)) as s:  # refused here, before a flow run starts or a row is written
+        check_stage_target(s.warehouse, run_id, iteration, name)
     result = _run_flow(str(directory), stage_flow, str(directory), run_id, iteration, name, force)
     console.print(f"{name}: already done (use --force to redo)" if result is None else f"{name}: {result}")
 

@@ -8,7 +8,6 @@ numbers. Without a run, the base model of `--config/--set` is evaluated (rows wi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 

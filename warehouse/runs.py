@@ -42,8 +42,8 @@ def create_run(wh: Warehouse, cfg: SageConfig, run_id: str | None = None) -> str
     if diff:
         raise RunConfigMismatch(
             f"run {run_id!r} exists with a config that decides other rows:\n  " + "\n  ".join(diff) +
-            f"\nto keep the stored run, drop the --set overrides that changed these; to start a new run with "
-            f"this config, name it: --run NAME (a name not in `sage status`)")
+            "\nto keep the stored run, drop the --set overrides that changed these; to start a new run with "
+            "this config, name it: --run NAME (a name not in `sage status`)")
     if existing[0] != config_json(cfg) or existing[1] != h:
         # same rows, other schedule or placement (more iterations, Ray, another batch size): later stages use it
         set_run_config(wh, run_id, config_json(cfg), h)
