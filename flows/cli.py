@@ -188,6 +188,7 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None):
                   f"dropped; resume with: {' '.join(['sage', *sys.argv[1:]])}", highlight=False, soft_wrap=True)
         raise typer.Exit(128 + signum) from None
     finally:
+        Interrupted.received = None
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -19,18 +19,24 @@ from sage.warehouse.redo import forget_outputs, mark_later_stale
 
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM arrived: the batch in flight is dropped (the warehouse contract makes that safe) and
-    the command stops; `signum` decides its exit code (128 + signum)."""
+    the command stops; `signum` decides its exit code (128 + signum). `received` remembers, for this process,
+    that one arrived: whatever exception the engines or Prefect make of it on its way up, it ends things as
+    `interrupted`."""
+
+    received: int | None = None
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        Interrupted.received = signum
 
 
 def ended(exc: BaseException) -> str:
     """The status a stage, iteration or run ends in when `exc` stops it."""
     from prefect.exceptions import TerminationSignal  # Prefect's own form of a SIGTERM inside a flow run
 
-    return "interrupted" if is_interrupt(exc) or isinstance(exc, TerminationSignal) else "failed"
+    interrupted = Interrupted.received is not None or is_interrupt(exc) or isinstance(exc, TerminationSignal)
+    return "interrupted" if interrupted else "failed"
 
 
 def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], StageReport], *,
