@@ -168,11 +168,8 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None):
     from sage.flows.progress import StageProgress
     from sage.flows.record import Interrupted, ended
 
-    caught: list[int] = []
-
     def interrupt(signum, frame):
-        if not caught:  # a second signal during the clean-up must not cut it short
-            caught.append(signum)
+        if Interrupted.received is None:  # a second signal during the clean-up must not cut it short
             raise Interrupted(signum)
 
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -181,9 +178,9 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None):
             quiet_prefect_tracebacks()
             return fn(*args)
     except BaseException as e:
-        if not (caught or isinstance(e, KeyboardInterrupt) or ended(e) == "interrupted"):
+        if ended(e) != "interrupted":
             raise
-        signum = caught[0] if caught else getattr(e, "signal", signal.SIGINT)
+        signum = Interrupted.received or getattr(e, "signal", signal.SIGINT)
         err.print(f"interrupted ({signal.Signals(signum).name}): committed work is kept, the batch in flight was "
                   f"dropped; resume with: {' '.join(['sage', *sys.argv[1:]])}", highlight=False, soft_wrap=True)
         raise typer.Exit(128 + signum) from None
