@@ -3,12 +3,14 @@
 A stage builds all its `GenRequest`s and hands them to `LLM.generate` in one call; the backend decides how
 to batch. Results come back in request order, one `GenResult` per request with `n` completions each.
 
-Log-probs (`Completion.logprobs`): for each sampled token, its log-probability under the *policy* at that
-position, i.e. `log_softmax(raw_logits)[token]` with the model's raw logits (temperature 1), before
-temperature scaling, top-p truncation or the grammar mask. That is what a teacher-forced forward pass of the
-same model (and adapter) gives for the same tokens, so a trainer can use it as the behaviour policy's
-log-prob for off-policy clipping. vLLM returns the same quantity (`logprobs_mode="raw_logprobs"`, its
-default). The list has one entry per entry of `token_ids`, the final EOS included.
+Log-probs (`Completion.logprobs`): for each sampled token, its log-probability under the *behaviour policy*
+at that position, `log_softmax(raw_logits / T)[token]` with T the request's sampling temperature (1 for a
+greedy request), before top-p truncation or the grammar mask. That is what a teacher-forced forward pass of
+the same model (and adapter) at the same temperature gives for the same tokens, which is how the trainer
+takes them (each row at its role's temperature), so it can use them as the behaviour policy's log-probs for
+off-policy clipping. vLLM returns the same quantity with `logprobs_mode="processed_logprobs"` (what TRL's
+own vLLM path uses), identical when top_p is 1; with top_p < 1 vLLM's includes the truncation, which a
+teacher-forced pass cannot reproduce. The list has one entry per entry of `token_ids`, the final EOS included.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class GenRequest:
 class Completion:
     text: str                     # decoded completion, special tokens (the final EOS) left out
     token_ids: list[int]          # sampled tokens, the final EOS included when finish_reason == "stop"
-    logprobs: list[float] | None  # per token of token_ids: log_softmax(raw logits)[token]; see module doc
+    logprobs: list[float] | None  # per token of token_ids: log_softmax(logits / T)[token]; see module doc
     finish_reason: str            # "stop" (EOS, or the regex completed) | "length" (max_new_tokens)
 
     @property

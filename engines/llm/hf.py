@@ -22,7 +22,7 @@ This loop keeps what matters of it and adds what the pipeline needs:
   (`engines/llm/sampling.py`), faster on a CPU than `torch.argmax` / a full `cumsum`.
 - `regex` requests are constrained with xgrammar: one `GrammarMatcher` per row, token bitmasks applied to
   the logits; compiled grammars are cached by regex.
-- Log-probs: `log_softmax(raw logits)[token]`, see `engines/llm/base.py`.
+- Log-probs: `log_softmax(logits / temperature)[token]`, see `engines/llm/base.py`.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ class HFLLM:
             row.finish = "length"
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row], step: int) -> tuple[list[int], list[float]]:
-        """Next token of every row, and its log-prob under the raw logits."""
+        """Next token of every row, and its log-prob under the row's sampling temperature (1 when greedy)."""
         logits = logits.float()
         constrained = [k for k, r in enumerate(rows) if r.matcher is not None and r.finish is None]
         scores = logits.clone() if constrained else logits  # the mask must not reach the log-probs
@@ -261,6 +261,9 @@ class HFLLM:
             idx = torch.tensor(sampled, device=out.device)
             out[idx] = draw(scores[idx] if len(sampled) < len(rows) else scores, [r.temperature for r in picked],
                             [r.top_p for r in picked], [uniform(r.seed, step) for r in picked])
+        if any(r.temperature not in (0.0, 1.0) for r in rows):
+            temps = torch.tensor([r.temperature or 1.0 for r in rows], device=logits.device).view(-1, 1)
+            logits = logits / temps
         logprobs = logits.gather(-1, out.view(-1, 1)).view(-1) - log_normalizer(logits)
         return out.tolist(), logprobs.tolist()
 

@@ -7,8 +7,9 @@ parallelism, all at once as concurrent async-engine requests).
   completion j does not depend on `n` and matches the `hf` backend's seeding scheme; vLLM's prefix cache
   shares the prompt's KV blocks between them.
 - `logprobs=0` returns the sampled token's log-prob only; the engine is built with
-  `logprobs_mode="raw_logprobs"` (vLLM's default, pinned here): log-softmax of the raw logits, before
-  temperature / top-p / the grammar mask, the same quantity the `hf` backend returns.
+  `logprobs_mode="processed_logprobs"`: log-softmax of the logits after temperature scaling (the behaviour
+  policy the trainer compares with, as in TRL's vLLM path), the quantity the `hf` backend returns when top_p
+  is 1 (see `engines/llm/base.py`).
 - `regex` becomes `SamplingParams(structured_outputs=StructuredOutputsParams(regex=...))` (vLLM >= 0.12
   names; xgrammar is vLLM's default structured-output backend).
 - `use_adapter(path)` makes a new `LoRARequest(name, int_id, path)` with a new integer id every time, so a
@@ -53,7 +54,7 @@ class VLLMLLM:
         kwargs = dict(model=self.path, tokenizer=self.path, enable_lora=True, max_lora_rank=cfg.max_lora_rank,
                       tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
                       gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
-                      logprobs_mode="raw_logprobs", seed=0)
+                      logprobs_mode="processed_logprobs", seed=0)
         if cfg.data_parallel_size > 1:
             # the offline LLM turns stats logging off; the async engine would print throughput lines every few s
             self.engine = _AsyncEngine(dict(kwargs, data_parallel_size=cfg.data_parallel_size, disable_log_stats=True))

@@ -127,15 +127,24 @@ def test_logprobs_match_a_forward_pass(llm):
         for c in res.completions:
             assert len(c.logprobs) == len(c.token_ids)
             assert all(torch.isfinite(torch.tensor(c.logprobs))) and max(c.logprobs) <= 0
-            _assert_logprobs_of(llm.base, res.prompt_ids, c)
+            _assert_logprobs_of(llm.base, res.prompt_ids, c, temperature=0.7)
 
 
-def _assert_logprobs_of(model, prompt_ids: list[int], c) -> None:
-    """The completion's log-probs are what a teacher-forced forward pass of `model` gives its tokens."""
+def test_logprobs_are_taken_at_each_requests_temperature(llm):
+    """Rows of one batch at different temperatures (and a greedy one, at 1) each get their own scale."""
+    reqs = [GenRequest(_msgs(PROMPTS[0]), n=1, max_new_tokens=8, temperature=t, seed=3) for t in (0.5, 1.5, 0.0)]
+    results = llm.generate(reqs)
+    for req, res in zip(reqs, results):
+        _assert_logprobs_of(llm.base, res.prompt_ids, res.completions[0], temperature=req.temperature or 1.0)
+
+
+def _assert_logprobs_of(model, prompt_ids: list[int], c, temperature: float = 1.0) -> None:
+    """The completion's log-probs are what a teacher-forced forward pass of `model` at `temperature` gives its
+    tokens."""
     ids = torch.tensor([prompt_ids + c.token_ids])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float()
-    ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids).view(-1, 1)).view(-1)
+    ref = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(c.token_ids).view(-1, 1)).view(-1)
     assert c.logprobs == pytest.approx(ref.tolist(), abs=1e-4)
 
 

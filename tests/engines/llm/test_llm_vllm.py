@@ -174,7 +174,7 @@ def test_engine_is_built_with_lora_and_parallelism(fake_vllm, tiny_model):
     assert kw["model"] == str(tiny_model) and kw["enable_lora"] is True and kw["max_lora_rank"] == 64
     assert kw["tensor_parallel_size"] == 2 and "data_parallel_size" not in kw  # vLLM's LLM refuses it
     assert (kw["gpu_memory_utilization"], kw["max_model_len"], kw["dtype"]) == (0.5, 1024, "bfloat16")
-    assert kw["logprobs_mode"] == "raw_logprobs"
+    assert kw["logprobs_mode"] == "processed_logprobs"
     assert llm.model_name == str(tiny_model) and llm.adapter is None and not FakeVLLMAsyncLLM.instances
 
 
