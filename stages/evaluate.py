@@ -26,7 +26,8 @@ from sage.engines.data.benchmarks import BENCHMARKS, Problem, load_benchmark, pa
 from sage.engines.data.code_jobs import code_job, code_passes, complete_code_verifiers
 from sage.engines.llm.base import GenRequest
 from sage.stages.context import StageContext, StageReport
-from sage.stages.prompts import TEMPLATE_VERSION, render
+from sage.stages.prompts import TEMPLATE_VERSION
+from sage.stages.rollouts import prompt
 from sage.warehouse import content_id, seed_from_id
 from sage.warehouse.checkpoints import Checkpoint
 from sage.warehouse.eval_queries import insert_evaluations, stored_evaluations
@@ -96,7 +97,7 @@ def _request(ctx: StageContext, p: Problem, samples: int) -> GenRequest:
     regex = tags.role_regex(tags.role_key(Role.SOLVER, p.domain), solver.max_new_tokens) if solver.constrain else None
     seed = seed_from_id(content_id(ctx.cfg.run.seed, "evaluate", p.benchmark, p.problem_id, samples))
     greedy = samples == 1
-    return GenRequest(messages=render(f"solver_{p.domain}", question=p.question), n=samples,
+    return GenRequest(messages=prompt(ctx, f"solver_{p.domain}", solver.max_new_tokens, question=p.question), n=samples,
                       max_new_tokens=solver.max_new_tokens, temperature=0.0 if greedy else solver.temperature,
                       top_p=1.0 if greedy else solver.top_p, seed=seed, regex=regex)
 

@@ -12,7 +12,7 @@ import random
 
 from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
-from sage.stages.rollouts import Unit, generate
+from sage.stages.rollouts import Unit, generate, question_fields
 from sage.warehouse import content_id
 from sage.warehouse.queries import pool_questions
 
@@ -27,6 +27,6 @@ def sample(ctx: StageContext) -> list[dict]:
 
 def run(ctx: StageContext) -> StageReport:
     questions = sample(ctx)
-    units = [Unit("planner", q["question_id"], q["domain"], {"question": q["text"]}) for q in questions]
+    units = [Unit("planner", q["question_id"], q["domain"], question_fields(q)) for q in questions]
     _, written = generate(ctx, STAGE, Purpose.PLAN, units)
     return StageReport(STAGE, rows_in=len(questions), rows_out=written)

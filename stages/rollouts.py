@@ -15,7 +15,7 @@ from sage.configs.names import Purpose, Role, Stage
 from sage.engines.text import tags
 from sage.engines.llm.base import GenRequest
 from sage.stages.context import StageContext
-from sage.stages.prompts import TEMPLATE_VERSION, render
+from sage.stages.prompts import TEMPLATE_VERSION, field_limit, render
 from sage.warehouse import content_id, seed_from_id
 from sage.warehouse.queries import existing_ids
 
@@ -46,6 +46,27 @@ class Unit:
         return content_id("rollout", self.unit_id(ctx, purpose), sample)
 
 
+def question_fields(question: dict, plan: str | None = None) -> dict[str, Any]:
+    """Template fields for a stored question (a `questions` row): its text, a code question's function
+    (its signature, else its entry point's name) and, when given, the plan. Planner, Critic and Solver all
+    see the function a code answer must define."""
+    fields: dict[str, Any] = {"question": question["text"]}
+    if question["domain"] == "code":
+        verifier = question.get("verifier") or {}
+        function = verifier.get("signature") or verifier.get("entry_point")
+        if function:
+            fields["signature"] = function
+    if plan is not None:
+        fields["plan"] = plan
+    return fields
+
+
+def prompt(ctx: StageContext, kind: str, max_new_tokens: int, **fields: Any) -> list[dict]:
+    """The chat messages of one prompt, its fields cut to the tokens the context leaves (`field_limit`)."""
+    limit = field_limit(kind, getattr(ctx.llm, "tokenizer", None), ctx.cfg.model.max_model_len, max_new_tokens)
+    return render(kind, limit, **fields)
+
+
 def parse(role: Role, domain: str, text: str) -> tags.Parsed:
     if role == Role.CHALLENGER:
         return tags.parse_challenger(text, domain)
@@ -63,7 +84,7 @@ def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool = Fal
         key = tags.role_key(unit.role, unit.domain if unit.role in (Role.CHALLENGER, Role.SOLVER) else None)
         regex = tags.role_regex(key, role_cfg.max_new_tokens)
     seed = seed_from_id(content_id(ctx.cfg.run.seed, unit.unit_id(ctx, purpose)))
-    return GenRequest(messages=render(unit.kind, **unit.fields), n=unit.n,
+    return GenRequest(messages=prompt(ctx, unit.kind, role_cfg.max_new_tokens, **unit.fields), n=unit.n,
                       max_new_tokens=role_cfg.max_new_tokens, temperature=0.0 if greedy else role_cfg.temperature,
                       top_p=role_cfg.top_p, seed=seed, regex=regex)
 

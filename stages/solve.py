@@ -12,26 +12,15 @@ from __future__ import annotations
 
 from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
-from sage.stages.rollouts import Unit, generate
+from sage.stages.rollouts import Unit, generate, question_fields
 from sage.warehouse.queries import generated_questions, plans_for, questions_by_id
-
-
-def _fields(question: dict, plan: str | None = None) -> dict:
-    fields = {"question": question["text"]}
-    if question["domain"] == "code":
-        signature = question["verifier"].get("signature")
-        if signature:
-            fields["signature"] = signature
-    if plan is not None:
-        fields["plan"] = plan
-    return fields
 
 
 def run_probe(ctx: StageContext) -> StageReport:
     alpha = ctx.cfg.iteration.alpha
     questions = [q for q in generated_questions(ctx.wh, ctx.run_id, ctx.iteration)
                  if q["verifier_valid"] and q["s_q"] is not None and q["s_q"] >= alpha]
-    units = [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], _fields(q), n=ctx.cfg.iteration.n_probe)
+    units = [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q), n=ctx.cfg.iteration.n_probe)
              for q in questions]
     _, written = generate(ctx, Stage.PROBE, Purpose.PROBE, units)
     return StageReport(Stage.PROBE, rows_in=len(questions), rows_out=written)
@@ -45,9 +34,9 @@ def run_solve(ctx: StageContext) -> StageReport:
         q = qs[p["question_id"]]
         if p["passed"]:
             plan_text = p["parsed"].get("plan") or ""
-            kind, fields = f"solver_{q['domain']}_plan", _fields(q, plan_text)
+            kind, fields = f"solver_{q['domain']}_plan", question_fields(q, plan_text)
         else:
-            kind, fields = f"solver_{q['domain']}", _fields(q)
+            kind, fields = f"solver_{q['domain']}", question_fields(q)
         units.append(Unit(kind, q["question_id"], q["domain"], fields, n=ctx.cfg.iteration.n_solve,
                           plan_id=p["plan_id"]))
     _, written = generate(ctx, Stage.SOLVE, Purpose.SOLVE, units)

@@ -20,8 +20,7 @@ import dataclasses
 
 from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
-from sage.stages.rollouts import Unit, generate
-from sage.stages.solve import _fields as solver_fields
+from sage.stages.rollouts import Unit, generate, question_fields
 from sage.stages.verify import verify_rollouts
 from sage.warehouse.queries import iteration_adapter
 from sage.warehouse.validate_queries import BASE, record_validation, validation_questions, validation_scores
@@ -53,7 +52,7 @@ def run(ctx: StageContext) -> StageReport:
         return StageReport(STAGE, info={"skipped": "no validation questions (origin 'validation')"})
     adapter = model_of(ctx)
     vctx = _validation_context(ctx, adapter)
-    units = [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], solver_fields(q)) for q in questions]
+    units = [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q)) for q in questions]
     _, written = generate(vctx, STAGE, Purpose.VALIDATE, units, greedy=True)
     verify_rollouts(vctx, Purpose.VALIDATE, "validate_verify")
     scores = validation_scores(ctx.wh, ctx.run_id, ctx.iteration)

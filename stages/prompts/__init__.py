@@ -1,8 +1,9 @@
-"""Versioned prompt templates for the four roles (SAGE.md, "Roles"), one per kind.
+"""Prompt templates for the four roles (SAGE.md, "Roles"), one per kind.
 
-`render(kind, **fields)` returns chat messages; `TEMPLATE_VERSION[kind]` is hashed into every row id a
-stage writes, so changing a prompt means bumping its version (`"planner@2"` -> `"planner@3"`), and rows
-made with the old prompt are never mistaken for new ones.
+`render(kind, **fields)` returns chat messages. `TEMPLATE_VERSION[kind]` (`"planner@<hash>"`) is a hash of
+everything the template puts in a prompt (system text, task text, worked example, optional lines) and is
+hashed into every row id a stage writes, so an edited prompt gets new ids by itself and rows made with the
+old prompt are never mistaken for new ones.
 
 Each prompt shows one worked example of the exact output format, the tags `engines/text/tags.py` parses (each
 reply scores 1.0 there and fits the role's constraint regex). Challenger, Planner and Solver show it as an
@@ -14,22 +15,30 @@ speed, counting vowels) and write no placeholder such as `\\boxed{...}`, which t
 The Critic keeps its inline example: as a turn it copied no less and told good questions from bad ones no
 better.
 
-Prompts are short (the CPU profile runs a 135M model with a 2048-token context). Inserted fields longer
-than MAX_FIELD_CHARS are cut (marked with "...") so a runaway generated question cannot overflow the
-context. Code kinds take an optional `signature` (the function the answer must define).
+Inserted fields are cut (marked with "...") so a runaway generated question cannot overflow the context:
+with a `FieldLimit` (what the stages pass: the model's tokenizer and the tokens left once the template and
+the role's `max_new_tokens` are taken from `model.max_model_len`, shared among the fields) at that many
+tokens; without one, at MAX_FIELD_CHARS characters. Code kinds, the Planner's and the Critic's take an
+optional `signature` (the function the answer must define).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
 
+#: The cut for a field when no tokenizer is at hand (a scripted engine).
 MAX_FIELD_CHARS = 3000
+#: The fewest tokens a field keeps however short the context is (the engine then shortens the completion).
+MIN_FIELD_TOKENS = 32
 
 
 @dataclass(frozen=True)
 class Template:
-    version: str
+    kind: str
     system: str
     user: str                           # `{{name}}` placeholders
     required: tuple[str, ...]
@@ -147,19 +156,19 @@ def _solver(kind: str, code: bool, plan: bool) -> Template:
         example["plan"] = _EX_CODE_PLAN if code else _EX_MATH_PLAN
     reply = f"<answer>\n{_EX_CODE_BLOCK}\n</answer>" if code else \
         "Distance = speed * time = 60 * 3 = 180. <answer>\\boxed{180}</answer>"
-    return Template(f"{kind}@2", SYSTEM, user, ("question", "plan") if plan else ("question",),
+    return Template(kind, SYSTEM, user, ("question", "plan") if plan else ("question",),
                     ("signature",) if code else (), example, reply)
 
 
 TEMPLATES: dict[str, Template] = {
-    "challenger_math": Template("challenger_math@2", SYSTEM, _CHALLENGER_MATH, ("question",), (), _MATH,
+    "challenger_math": Template("challenger_math", SYSTEM, _CHALLENGER_MATH, ("question",), (), _MATH,
                                 _CHALLENGER_MATH_REPLY),
-    "challenger_code": Template("challenger_code@2", SYSTEM, _CHALLENGER_CODE, ("question",), ("signature",),
+    "challenger_code": Template("challenger_code", SYSTEM, _CHALLENGER_CODE, ("question",), ("signature",),
                                 {"question": _EX_CODE.split("\n")[0]}, _CHALLENGER_CODE_REPLY),
-    "critic_question": Template("critic_question@1", _SYSTEM_INLINE, _CRITIC_QUESTION, ("question",),
+    "critic_question": Template("critic_question", _SYSTEM_INLINE, _CRITIC_QUESTION, ("question",),
                                 ("signature",)),
-    "critic_plan": Template("critic_plan@1", _SYSTEM_INLINE, _CRITIC_PLAN, ("question", "plan"), ("signature",)),
-    "planner": Template("planner@2", SYSTEM, _PLANNER, ("question",), ("signature",), _MATH,
+    "critic_plan": Template("critic_plan", _SYSTEM_INLINE, _CRITIC_PLAN, ("question", "plan"), ("signature",)),
+    "planner": Template("planner", SYSTEM, _PLANNER, ("question",), ("signature",), _MATH,
                         f"<plan>\n{_EX_MATH_PLAN}\n3. Check the units.\n</plan>"),
     "solver_math": _solver("solver_math", code=False, plan=False),
     "solver_code": _solver("solver_code", code=True, plan=False),
@@ -167,30 +176,78 @@ TEMPLATES: dict[str, Template] = {
     "solver_code_plan": _solver("solver_code_plan", code=True, plan=True),
 }
 
-TEMPLATE_VERSION: dict[str, str] = {kind: t.version for kind, t in TEMPLATES.items()}
-KINDS: tuple[str, ...] = tuple(TEMPLATES)
-
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _OPTIONAL_LINES = {"signature": "\nFunction: {}"}
 
 
-def _clip(value: object) -> str:
+def template_version(t: Template) -> str:
+    """`kind@<hash>` of everything `t` puts in a prompt: editing any of it gives new row ids."""
+    parts = [t.kind, t.system, t.user, repr(t.required), repr(t.optional), repr(sorted(t.example.items())), t.reply,
+             repr([(f, _OPTIONAL_LINES[f]) for f in t.optional])]
+    return f"{t.kind}@{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:10]}"
+
+
+TEMPLATE_VERSION: dict[str, str] = {kind: template_version(t) for kind, t in TEMPLATES.items()}
+KINDS: tuple[str, ...] = tuple(TEMPLATES)
+
+
+@dataclass(frozen=True)
+class FieldLimit:
+    """Cut each inserted field to `tokens` tokens of `tokenizer` (a transformers tokenizer)."""
+
+    tokens: int
+    tokenizer: Any = field(compare=False, hash=False)
+
+    def clip(self, text: str) -> str:
+        text = text[:self.tokens * 32]  # bounds the tokenizer's work; no token is 32 characters long
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return text if len(ids) <= self.tokens else self.tokenizer.decode(ids[:self.tokens]).rstrip() + " ..."
+
+
+@lru_cache(maxsize=256)
+def _field_limit(kind: str, tokenizer: Any, max_model_len: int, max_new_tokens: int) -> FieldLimit:
+    t = TEMPLATES[kind]
+    empty = render(kind, **{f: "" for f in t.required})
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(empty, add_generation_prompt=True, tokenize=False)
+        fixed = len(tokenizer(text, add_special_tokens=False)["input_ids"])  # as the engines count a prompt
+    else:
+        fixed = sum(len(tokenizer.encode(m["content"], add_special_tokens=False)) + 8 for m in empty)
+    fixed += sum(len(tokenizer.encode(_OPTIONAL_LINES[f].format(""), add_special_tokens=False)) for f in t.optional)
+    # 8 tokens a field for the " ..." mark and for merges where a field's text meets the template's
+    room = (max_model_len - max_new_tokens - fixed) // (len(t.required) + len(t.optional)) - 8
+    return FieldLimit(max(room, MIN_FIELD_TOKENS), tokenizer)
+
+
+def field_limit(kind: str, tokenizer: Any | None, max_model_len: int, max_new_tokens: int) -> FieldLimit | None:
+    """The per-field token limit for prompts of `kind`: what `max_model_len` leaves once the template's own
+    tokens and the completion's `max_new_tokens` are taken, shared equally among the template's fields (at least
+    MIN_FIELD_TOKENS). None without a tokenizer (render then cuts at MAX_FIELD_CHARS characters)."""
+    if tokenizer is None:
+        return None
+    return _field_limit(kind, tokenizer, max_model_len, max_new_tokens)
+
+
+def _clip(value: object, limit: FieldLimit | None) -> str:
     text = str(value).strip()
+    if limit is not None:
+        return limit.clip(text)
     return text if len(text) <= MAX_FIELD_CHARS else text[:MAX_FIELD_CHARS] + " ..."
 
 
-def _fill(t: Template, fields: dict) -> str:
-    values = {f: _clip(fields[f]) for f in t.required}
+def _fill(t: Template, fields: dict, limit: FieldLimit | None = None) -> str:
+    values = {f: _clip(fields[f], limit) for f in t.required}
     for f in t.optional:
         given = fields.get(f)
-        values[f"{f}_line"] = _OPTIONAL_LINES[f].format(_clip(given)) if given else ""
+        values[f"{f}_line"] = _OPTIONAL_LINES[f].format(_clip(given, limit)) if given else ""
     # One pass, so text inside a field (say "{{plan}}" in a question) is never substituted again.
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], t.user)
 
 
-def render(kind: str, **fields: object) -> list[dict[str, str]]:
+def render(kind: str, limit: FieldLimit | None = None, **fields: object) -> list[dict[str, str]]:
     """Chat messages for one prompt of `kind`: system, the worked example's task (user) and reply
-    (assistant) when the kind shows it as a turn, then the task itself (user, always the last message)."""
+    (assistant) when the kind shows it as a turn, then the task itself (user, always the last message), its
+    fields cut by `limit` (see `field_limit`)."""
     if kind not in TEMPLATES:
         raise ValueError(f"unknown prompt kind {kind!r}; expected one of: {', '.join(KINDS)}")
     t = TEMPLATES[kind]
@@ -201,4 +258,4 @@ def render(kind: str, **fields: object) -> list[dict[str, str]]:
                          f"missing {missing}, unexpected {unknown}")
     example = [{"role": "user", "content": _fill(t, t.example)}, {"role": "assistant", "content": t.reply}] \
         if t.example else []
-    return [{"role": "system", "content": t.system}, *example, {"role": "user", "content": _fill(t, fields)}]
+    return [{"role": "system", "content": t.system}, *example, {"role": "user", "content": _fill(t, fields, limit)}]

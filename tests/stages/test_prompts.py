@@ -1,14 +1,19 @@
 """Prompt templates: every kind renders its fields and a worked example (as an earlier turn, or inline for the
-Critic) that parses with full format reward and fits the role's constraint, and has its own version."""
+Critic) that parses with full format reward and fits the role's constraint, and has its own version, a hash of
+its text; fields are cut to the tokens the context leaves."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
+from transformers import AutoTokenizer
 
 from sage.engines.text.tags import parse_challenger, parse_critic, parse_planner, parse_solver, role_key, role_regex
-from sage.stages.prompts import KINDS, MAX_FIELD_CHARS, SYSTEM, TEMPLATE_VERSION, TEMPLATES, render
+from sage.stages import prompts
+from sage.stages.prompts import (KINDS, MAX_FIELD_CHARS, MIN_FIELD_TOKENS, SYSTEM, TEMPLATE_VERSION, TEMPLATES,
+                                 field_limit, render, template_version)
 
 EXPECTED_KINDS = {"challenger_math", "challenger_code", "critic_question", "critic_plan", "planner",
                   "solver_math", "solver_code", "solver_math_plan", "solver_code_plan"}
@@ -37,9 +42,58 @@ def test_kinds_and_versions():
     assert set(KINDS) == EXPECTED_KINDS == set(TEMPLATE_VERSION)
     assert len(set(TEMPLATE_VERSION.values())) == len(KINDS)
     for kind, version in TEMPLATE_VERSION.items():
-        assert re.fullmatch(rf"{kind}@\d+", version)
-        # @1 showed the example inline: rows made with it must not share ids with the example-turn prompts
-        assert (version == f"{kind}@1") == (kind in INLINE)
+        assert re.fullmatch(rf"{kind}@[0-9a-f]{{10}}", version)
+
+
+@pytest.mark.parametrize("part", ["system", "user", "reply", "example", "optional"])
+def test_editing_any_part_of_a_template_changes_its_version_and_the_row_ids(part, monkeypatch):
+    from sage.stages.rollouts import Unit
+
+    t = TEMPLATES["planner"]
+    edited = {"system": dict(system=t.system + " "), "user": dict(user=t.user.replace("short", "brief")),
+              "reply": dict(reply=t.reply + "\n"), "example": dict(example={"question": "another"}),
+              "optional": dict(optional=())}[part]
+    assert template_version(dataclasses.replace(t, **edited)) != TEMPLATE_VERSION["planner"]
+    assert template_version(dataclasses.replace(t)) == TEMPLATE_VERSION["planner"]   # same text, same version
+
+    class Ctx:
+        run_id, iteration = "r", 1
+    unit = Unit("planner", "q1", "math", {"question": "x"})
+    before = unit.rollout_id(Ctx, "plan", 0)
+    monkeypatch.setitem(prompts.TEMPLATE_VERSION, "planner", template_version(dataclasses.replace(t, **edited)))
+    assert unit.rollout_id(Ctx, "plan", 0) != before
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+def _tokens(tokenizer, messages) -> int:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@pytest.mark.parametrize("kind", ["solver_code_plan", "critic_plan", "challenger_math"])
+def test_fields_are_cut_in_tokens_to_what_the_context_leaves(kind, tokenizer):
+    max_len, new = 1024, 200
+    limit = field_limit(kind, tokenizer, max_len, new)
+    long = {f: " ".join(f"w{i}" for i in range(3000)) for f in TEMPLATES[kind].required}
+    if "signature" in TEMPLATES[kind].optional:
+        long["signature"] = "def f(" + ", ".join(f"a{i}" for i in range(900)) + ")"
+    cut = render(kind, limit, **long)
+    assert " ..." in cut[-1]["content"]
+    assert _tokens(tokenizer, cut) + new <= max_len                      # the completion still fits
+    assert _tokens(tokenizer, cut) + new > max_len - 60 * (len(long) + 1)  # and the fields use the room
+    short = {f: "a short field" for f in long}
+    assert render(kind, limit, **short) == render(kind, **short)          # what fits is not touched
+    # A longer context gives each field more tokens.
+    assert field_limit(kind, tokenizer, 4 * max_len, new).tokens > limit.tokens
+
+
+def test_a_context_too_small_for_the_template_keeps_a_floor(tokenizer):
+    assert field_limit("planner", tokenizer, 300, 290).tokens == MIN_FIELD_TOKENS
+    assert field_limit("planner", None, 300, 290) is None                # no tokenizer: the character cut
 
 
 @pytest.mark.parametrize("kind", sorted(EXPECTED_KINDS))
