@@ -77,3 +77,68 @@ def test_sigkill_during_training_redoes_only_training(prefect_api, tiny_model, t
     p.communicate(timeout=600)
     with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
         assert wh.scalar("SELECT attempts FROM stage_runs WHERE stage = 'train'") == 2
+
+
+_CLOCK = ("seconds", "time", "tokens_per_s")
+
+
+def _untimed(value):
+    """A JSON value without wall-clock fields (which differ between any two runs); lists of module names (PEFT
+    writes `target_modules`, a set, in hash order) compared as sets."""
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if not any(c in k for c in _CLOCK)}
+    if isinstance(value, list):
+        items = [_untimed(v) for v in value]
+        return frozenset(items) if items and all(isinstance(v, str) for v in items) else items
+    return value
+
+
+def _files(adapter) -> dict[str, object]:
+    """An adapter directory's files: bytes, or for JSON files their content without clock fields."""
+    import json
+
+    return {p.name: _untimed(json.loads(p.read_text())) if p.suffix == ".json" else p.read_bytes()
+            for p in sorted(adapter.iterdir()) if p.is_file()}
+
+
+def test_resume_after_sigkill_in_training_gives_the_uninterrupted_adapter_bit_for_bit(prefect_api, tiny_model,
+                                                                                     tmp_path):
+    """Killed while iteration 2 trains (on the optimizer state iteration 1 left beside its adapter), the run
+    resumes to the same adapter weights and optimizer state, byte for byte, and the same training metrics, as a
+    run that was never killed."""
+    import psutil
+
+    reference = tmp_path / "reference"
+    p = sage_run(tiny_model, reference, "train.isolate=true", iterations=2)
+    _, err = p.communicate(timeout=900)
+    assert p.returncode == 0, err[-3000:]
+
+    killed = tmp_path / "killed"
+    p = sage_run(tiny_model, killed, "train.isolate=true", iterations=2, start_new_session=True)
+    deadline, trainer = time.time() + 900, None
+    while trainer is None and p.poll() is None and time.time() < deadline:
+        for q in psutil.Process(p.pid).children(recursive=True):
+            try:
+                if "sage.engines.train" in q.cmdline() and any("iteration-2" in a for a in q.cmdline()):
+                    trainer = q
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.1)
+    assert trainer is not None, "the run never reached iteration 2's training"
+    time.sleep(1.0)  # into the training step
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait(30)
+    with Warehouse.open(killed / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT count(*) FROM checkpoints WHERE iteration = 2") == 0
+    p = sage_run(tiny_model, killed, "train.isolate=true", iterations=2)
+    _, err = p.communicate(timeout=900)
+    assert p.returncode == 0, err[-3000:]
+
+    from sage.engines.train.step import OPTIMIZER_FILE
+
+    for k in (1, 2):
+        ref, got = _files(reference / "adapters" / "loop" / f"iteration-{k}"), \
+            _files(killed / "adapters" / "loop" / f"iteration-{k}")
+        assert "adapter_model.safetensors" in ref and OPTIMIZER_FILE in ref and "sage_train_metrics.json" in ref
+        assert got.keys() == ref.keys()
+        assert all(got[name] == ref[name] for name in ref), [n for n in ref if got[n] != ref[n]]
