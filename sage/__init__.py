@@ -3,5 +3,17 @@
 The installed package is `sage`; its sub-packages live in the repository's top-level folders, mapped by
 `pyproject.toml` (`package-dir`): `sage.flows` is `flows/`, `sage.stages` is `stages/`, `sage.engines` is
 `engines/`, `sage.warehouse` is `warehouse/`, `sage.configs` is `configs/`. Imports only point down that
-list (DESIGN.md's layers). This folder holds nothing else.
+list (DESIGN.md's layers). This folder holds nothing else but the OpenMP settings below, which must be in
+place before torch is first imported.
 """
+
+import os as _os
+
+# OpenMP threads wait passively and number the cores this process may run on, unless the user said otherwise.
+# torch's default spin-wait collapses when anything else runs, and the pipeline always runs beside its own
+# Prefect server, math workers and sandbox children: a decode-like loop measured 55x slower spinning than
+# passive under load (`python bench/threads.py`). Set here, before any sub-package can import torch: the
+# OpenMP runtime reads these once, when it starts.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if hasattr(_os, "sched_getaffinity"):
+    _os.environ.setdefault("OMP_NUM_THREADS", str(len(_os.sched_getaffinity(0))))
