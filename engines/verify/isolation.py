@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import functools
 import os
 import pwd
 import shutil
@@ -199,8 +200,10 @@ def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
     if backend == "bwrap":
         binds = [a for d in extra for a in ("--ro-bind", d, d)]
-        if root is not None:  # root: one private tmpfs, inode-capped, bound at /work, /tmp and /dev/shm alike
+        if root is not None:  # one private tmpfs, inode-capped, bound at /work, /tmp and /dev/shm alike
             scratch = ["--bind", root, "/dev/shm", "--remount-ro", "/dev", "--bind", root, "/tmp", "--bind", root, "/work"]
+            if not IS_ROOT:  # bwrap runs as root of the mounting user namespace: map the sandbox back to our uid
+                scratch += ["--uid", str(os.getuid()), "--gid", str(os.getgid()), "--cap-drop", "ALL"]
         else:  # bwrap has no inode option for its tmpfs mounts: size caps only
             size = str(TMPFS_BYTES)
             scratch = ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", size, "--tmpfs",
@@ -217,16 +220,38 @@ def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int
 
 
 def _scratch_mount(root: str) -> list[str]:
-    """Prefix (root only) that mounts an inode-capped tmpfs on `root` in a private mount namespace, so
-    the mount vanishes with the job's processes and the host never sees it, then runs the rest."""
+    """Prefix that mounts an inode-capped tmpfs on `root` in a private mount namespace, so the mount vanishes
+    with the job's processes and the host never sees it, then runs the rest. Unprivileged, the mount namespace
+    belongs to a user namespace of our own (where we are root, as tmpfs mounts require); bwrap then nests its
+    own user namespace inside and maps the sandbox back to our uid with no capabilities."""
     script = (f'mount -t tmpfs -o size={TMPFS_BYTES},nr_inodes={TMPFS_INODES},mode=1777,nosuid,nodev sage-sandbox '
               '"$0" && exec "$@"')
-    return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, root]
+    user = [] if IS_ROOT else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, root]
+
+
+@functools.cache
+def _userns_mount_works() -> bool:
+    """Can this unprivileged process mount a tmpfs in a user namespace of its own? Kernels and distributions
+    that forbid unprivileged user namespaces say no (probed once)."""
+    root = tempfile.mkdtemp(prefix="sage-sandbox-probe-")
+    try:
+        return subprocess.run(_scratch_mount(root) + ["/bin/true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        os.rmdir(root)
 
 
 def scratch_root_needed(backend: str) -> bool:
-    """Does the job need a host directory (rlimit: its work dir; unshare and root bwrap: a mount point)?"""
-    return backend != "bwrap" or (IS_ROOT and shutil.which("unshare") is not None and shutil.which("mount") is not None)
+    """Does the job need a host directory (rlimit: its work dir; unshare, and bwrap wherever it can get an
+    inode-capped tmpfs: a mount point)? bwrap can as root with `unshare` and `mount`, and unprivileged where
+    a user namespace of our own may mount one; elsewhere its tmpfs mounts cap size only."""
+    if backend != "bwrap":
+        return True
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return False
+    return IS_ROOT or _userns_mount_works()
 
 
 def backend_possible(backend: str) -> bool:

@@ -2,9 +2,10 @@
 
 Backends, tried in order (`available_backends()` probes each once per process):
 
-- `bwrap`: bubblewrap with every namespace unshared (no network), read-only /usr, size-capped tmpfs for
-  /tmp, /dev/shm and the work dir (as root: one tmpfs capped in size and inodes, mounted in a private mount
-  namespace around bwrap), read-only root and /dev; started under `setpriv` to a dedicated uid when
+- `bwrap`: bubblewrap with every namespace unshared (no network), read-only /usr, one tmpfs capped in size
+  and inodes for /tmp, /dev/shm and the work dir, mounted in a private mount namespace around bwrap (when
+  unprivileged, one owned by a user namespace of our own; where neither works, bwrap's own size-capped
+  tmpfs mounts), read-only root and /dev; started under `setpriv` to a dedicated uid when
   we are root (bwrap would otherwise map the sandbox back to uid 0, where RLIMIT_NPROC does nothing).
 - `unshare` (root only): new mount/net/pid/ipc/uts namespaces; the child itself builds a tmpfs root with
   read-only /usr, chroots and drops to the dedicated uid (see `child._enter_root`).
