@@ -18,7 +18,8 @@ Verifiers, one shape per kind:
   `complete_code_verifiers` runs the references in the sandbox to fill them in. LiveCodeBench's LeetCode
   tasks add `"method_of": "Solution"`: the model writes a class method. `"compare"` names the official
   harness whose comparison decides (`"evalplus"` with its `"atol"`, `"livecodebench"`; see `code_jobs.py`).
-- code, stdin (LiveCodeBench AtCoder/Codeforces): `{"kind": "stdin", "tests": [[stdin, expected_stdout], ...]}`.
+- code, stdin (LiveCodeBench AtCoder/Codeforces): `{"kind": "stdin", "tests": [[stdin, expected_stdout], ...],
+  "compare": "livecodebench-stdio"}`.
 
 How a code verifier runs in the sandbox and what passes is in `code_jobs.py`.
 """
@@ -237,7 +238,8 @@ def _livecodebench(rows: list[dict]) -> list[Problem]:
             if r.get("starter_code"):
                 question += f"\n\nComplete this code:\n```python\n{r['starter_code']}\n```"
         else:
-            verifier = {"kind": "stdin", "tests": [[t["input"], t["output"]] for t in tests]}
+            verifier = {"kind": "stdin", "tests": [[t["input"], t["output"]] for t in tests],
+                        "compare": "livecodebench-stdio"}
             question += "\n\nRead the input from standard input and write the answer to standard output."
         out.append(Problem("livecodebench", str(r["question_id"]), "code", question, verifier, {**meta}))
     return out

@@ -16,6 +16,8 @@ sandbox reported (the candidate's whole program runs, its entry point is called 
   a list for a tuple does not.
 - `"compare": "livecodebench"`: LiveCodeBench's call-based grading: a returned tuple becomes a list, then
   `prediction == expected` (its expected values are JSON).
+- `"compare": "livecodebench-stdio"`: its stdin grading: the same number of stripped lines, each equal as
+  text or else as a list of `Decimal`s (so `6.0` passes for `6`).
 
 Generated (Challenger) tasks are different: their expected outputs were computed by a reference solution
 and stored as JSON, which has no tuples, sets or int/float distinction and keeps floats only to their
@@ -28,6 +30,7 @@ the official harness.
 from __future__ import annotations
 
 from dataclasses import replace
+from decimal import Decimal
 
 from sage.engines.data.assertions import CHECK_SEED, check_job, has_opaque, judge
 from sage.engines.data.benchmarks import Problem
@@ -146,7 +149,22 @@ def _livecodebench_equal(out, exp, atol: float) -> bool:
         return False
 
 
-_OFFICIAL = {"evalplus": _evalplus_equal, "livecodebench": _livecodebench_equal}
+def _livecodebench_stdio_equal(out, exp, atol: float) -> bool:
+    """LiveCodeBench's stdin check: stripped lines, each equal as text or as its whitespace-split Decimals."""
+    if type(out) is not str or type(exp) is not str:
+        return False
+    got, want = normalize_stdout(out).split("\n"), normalize_stdout(exp).split("\n")
+    if len(got) != len(want):
+        return False
+    try:
+        return all(g == w or [Decimal(x) for x in g.split()] == [Decimal(x) for x in w.split()]
+                   for g, w in zip(got, want))
+    except Exception:  # not numbers (decimal.InvalidOperation), or a signalling NaN
+        return False
+
+
+_OFFICIAL = {"evalplus": _evalplus_equal, "livecodebench": _livecodebench_equal,
+             "livecodebench-stdio": _livecodebench_stdio_equal}
 
 
 def complete_code_verifiers(problems: list[Problem], sandbox: Sandbox) -> list[Problem]:

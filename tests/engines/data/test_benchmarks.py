@@ -187,7 +187,8 @@ def test_livecodebench_stdin_and_functional(tmp_path, sandbox):
         "metadata": json.dumps({"func_name": "twoSum"})}
     s, f = load_benchmark("livecodebench", path=write_jsonl(tmp_path / "lcb.jsonl", [stdin_row, func_row]))
     assert s.problem_id == "abc300_a" and s.meta["platform"] == "atcoder" and s.domain == "code"
-    assert s.verifier == {"kind": "stdin", "tests": [["3\n1 2 3\n", "6\n"], ["2\n-5 5\n", "0\n"], ["1\n7\n", "7\n"]]}
+    assert s.verifier == {"kind": "stdin", "tests": [["3\n1 2 3\n", "6\n"], ["2\n-5 5\n", "0\n"], ["1\n7\n", "7\n"]],
+                          "compare": "livecodebench-stdio"}
     assert f.verifier == {"entry_point": "twoSum", "method_of": "Solution", "inputs": [[[2, 7, 11, 15], 9], [[3, 2, 4], 6]],
                           "outputs": [[0, 1], [1, 2]], "compare": "livecodebench"}
     assert "class Solution" in f.question

@@ -70,6 +70,44 @@ for gt_inp, gt_out in zip(inputs, outputs):
         sys.exit(1)
 '''
 
+# LiveCodeBench's stdin grading (grade_stdio: get_stripped_lines, convert_line_to_decimals), each program
+# run as a script on the test's stdin
+LCB_STDIO_OFFICIAL = '''
+import json, subprocess, sys
+from decimal import Decimal
+program, inputs, outputs = json.loads(sys.stdin.read())
+
+def get_stripped_lines(val):
+    val = val.strip()
+    return [val_line.strip() for val_line in val.split("\\n")]
+
+def convert_line_to_decimals(line):
+    try:
+        decimal_line = [Decimal(elem) for elem in line.split()]
+    except Exception:
+        return False, []
+    return True, decimal_line
+
+for gt_inp, gt_out in zip(inputs, outputs):
+    prediction = subprocess.run([sys.executable, "-c", program], input=gt_inp, capture_output=True, text=True).stdout
+    stripped_prediction_lines = get_stripped_lines(prediction)
+    stripped_gt_out_lines = get_stripped_lines(gt_out)
+    if len(stripped_prediction_lines) != len(stripped_gt_out_lines):
+        sys.exit(1)
+    for stripped_prediction_line, stripped_gt_out_line in zip(stripped_prediction_lines, stripped_gt_out_lines):
+        if stripped_prediction_line == stripped_gt_out_line:
+            continue
+        success, decimal_prediction_line = convert_line_to_decimals(stripped_prediction_line)
+        if not success:
+            sys.exit(1)
+        success, decimal_gtout_line = convert_line_to_decimals(stripped_gt_out_line)
+        if not success:
+            sys.exit(1)
+        if decimal_prediction_line == decimal_gtout_line:
+            continue
+        sys.exit(1)
+'''
+
 # name -> (inputs, results, atol, {candidate program: official verdict the test expects})
 MBPP_PLUS = {
     "square": ([[3], [2]], [9, 4], 0, {
@@ -113,6 +151,16 @@ LCB = {
     "class Solution:\n    def flip(self, xs):\n        return [float(x) for x in xs[::-1]]\n": True,  # 2.0 == 2
     "class Solution:\n    def flip(self, xs):\n        return [x + 1e-9 for x in xs[::-1]]\n": False,
     "class Solution:\n    def flip(self, xs):\n        return [(x,) for x in xs[::-1]]\n": False,
+}
+
+LCB_STDIO_TESTS = [{"input": "3\n1 2 3\n", "output": "6\n0.5\n", "testtype": "stdin"},
+                   {"input": "2\n4 6\n", "output": "10\n0.5\n", "testtype": "stdin"}]
+LCB_STDIO = {
+    "n = int(input())\nxs = list(map(int, input().split()))\nprint(sum(xs))\nprint(0.5)\n": True,
+    "input()\nxs = input().split()\nprint(float(sum(map(int, xs))), ' ')\nprint('0.50')\n\n": True,  # 6.0 is 6
+    "input()\nxs = input().split()\nprint(sum(map(int, xs)) + 1e-9)\nprint(0.5)\n": False,
+    "input()\nxs = input().split()\nprint(sum(map(int, xs)), 0.5)\n": False,  # one line, not two
+    "input()\nxs = input().split()\nprint(sum(map(int, xs)))\nprint('half')\n": False,
 }
 
 
@@ -190,3 +238,18 @@ def test_unknown_compare_is_a_clear_error(sandbox):
     res = sandbox.execute([code_job(verifier, "def f(x):\n    return x\n")])[0]
     with pytest.raises(ValueError, match="unknown compare 'exact-ish'"):
         code_passes(verifier, res)
+
+
+def test_livecodebench_stdin_verdicts_match_its_grader(tmp_path, sandbox):
+    row = {"question_title": "Sum", "question_content": "Print the sum, then one half.", "platform": "atcoder",
+           "question_id": "abc999_a", "contest_date": "2024-01-01", "difficulty": "easy", "starter_code": "",
+           "public_test_cases": json.dumps(LCB_STDIO_TESTS[:1]), "private_test_cases": json.dumps(LCB_STDIO_TESTS[1:]),
+           "metadata": "{}"}
+    (tmp_path / "lcb.jsonl").write_text(json.dumps(row) + "\n")
+    (p,) = load_benchmark("livecodebench", path=tmp_path / "lcb.jsonl")
+    results = sandbox.execute([code_job(p.verifier, code) for code in LCB_STDIO])
+    stdin = [[t["input"] for t in LCB_STDIO_TESTS], [t["output"] for t in LCB_STDIO_TESTS]]
+    for (code, want), res in zip(LCB_STDIO.items(), results):
+        official = _official(["-c", LCB_STDIO_OFFICIAL], json.dumps([code, *stdin]))
+        assert official is want, code
+        assert code_passes(p.verifier, res) is official, (code, res.status, res.outputs)
