@@ -298,7 +298,8 @@ def teardown(proc, uid: int | None, tmp: str | None, backend: str, until: float,
     done = proc is None or returncode is not None
     if done and uid is not None:
         done = sweep_uid(uid, max(0.0, until - time.monotonic()))
-    if done and time.monotonic() < until:
+    # rlimit's work dir is on the host's disk, where deleting what a job wrote can take longer than any limit
+    if done and time.monotonic() < until and backend != "rlimit":
         _release(uid, tmp, backend)
     else:
         threading.Thread(target=_finish_teardown, args=(proc, uid, tmp, backend), name="sandbox-teardown",
