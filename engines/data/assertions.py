@@ -1,5 +1,5 @@
-"""Assertion-test benchmarks (HumanEval) scored with the official `check(candidate)` function, decided in
-the parent.
+"""Assertion-test benchmarks (HumanEval, and MBPP+ rows checked by their base asserts) scored with the
+official `check(candidate)` function, decided in the parent.
 
 The official harness runs `program + test + check(entry_point)` and counts a task as passed when no
 assertion fails and nothing raises. Here the same `check` runs in the sandbox with the candidate's whole
@@ -111,18 +111,20 @@ def check_job(program: str, test_code: str, entry_point: str, seed: int = CHECK_
                [[]])
 
 
-def _opaque(value, depth: int = 0) -> bool:
+def has_opaque(value, depth: int = 0) -> bool:
+    """Does the value hold anything the child could only describe by its repr? Such a value never passes:
+    the official harness would call the object's own `__eq__`, which may lie."""
     if isinstance(value, Opaque) or depth > 200:
         return True
     if isinstance(value, (list, tuple, set, frozenset)):
-        return any(_opaque(v, depth + 1) for v in value)
+        return any(has_opaque(v, depth + 1) for v in value)
     if isinstance(value, dict):
-        return any(_opaque(k, depth + 1) or _opaque(v, depth + 1) for k, v in value.items())
+        return any(has_opaque(k, depth + 1) or has_opaque(v, depth + 1) for k, v in value.items())
     return False
 
 
 def _holds(spec: list, values) -> bool:
-    if type(values) is not list or _opaque(values):
+    if type(values) is not list or has_opaque(values):
         return False
     kind = spec[0]
     try:

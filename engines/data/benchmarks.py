@@ -11,11 +11,15 @@ Verifiers, one shape per kind:
 - code, assertion check (HumanEval): `{"kind": "check", "entry_point", "check", "seed", "reference"}`: the official
   `check(candidate)` runs in the sandbox and the parent applies each assertion's own comparison
   (`engines/data/assertions.py`), so every official test call counts.
-- code, functional: `{"entry_point", "inputs", "outputs"}`; when the dataset has no expected outputs
-  (evalplus-format MBPP+) it has `"reference"` (solution source) instead of `"outputs"`, and
+- code, assertion check (MBPP+ rows whose plus tests are not literals): the row's `test_list` asserts (and
+  `test_imports`) as a `check` verifier, judged the same way.
+- code, functional: `{"entry_point", "inputs", "outputs", "compare"}`; when the dataset has no expected
+  outputs (evalplus-format MBPP+) it has `"reference"` (solution source) instead of `"outputs"`, and
   `complete_code_verifiers` runs the references in the sandbox to fill them in. LiveCodeBench's LeetCode
-  tasks add `"method_of": "Solution"`: the model writes a class method.
-- code, stdin (LiveCodeBench AtCoder/Codeforces): `{"kind": "stdin", "tests": [[stdin, expected_stdout], ...]}`.
+  tasks add `"method_of": "Solution"`: the model writes a class method. `"compare"` names the official
+  harness whose comparison decides (`"evalplus"` with its `"atol"`, `"livecodebench"`; see `code_jobs.py`).
+- code, stdin (LiveCodeBench AtCoder/Codeforces): `{"kind": "stdin", "tests": [[stdin, expected_stdout], ...],
+  "compare": "livecodebench-stdio"}`.
 
 How a code verifier runs in the sandbox and what passes is in `code_jobs.py`.
 """
@@ -27,7 +31,7 @@ import base64
 import io
 import json
 import pickle
-import re
+import textwrap
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +39,7 @@ from typing import Any, Callable
 
 from sage.engines.data.assertions import CHECK_SEED
 from sage.engines.data.files import RowFileError, read_records
-from sage.engines.data.humaneval import literal_inputs, load_humaneval
+from sage.engines.data.humaneval import load_humaneval
 
 
 class BenchmarkUnavailable(RuntimeError):
@@ -166,9 +170,7 @@ def _mbppplus(rows: list[dict]) -> list[Problem]:
         pid = tid if tid.startswith("Mbpp/") else f"Mbpp/{tid}"
         if "base_input" in r:  # evalplus release format: no expected outputs, a reference solution
             verifier = {"entry_point": r["entry_point"], "inputs": list(r["base_input"]) + list(r.get("plus_input") or []),
-                        "reference": r["canonical_solution"]}
-            if r.get("atol"):
-                verifier["atol"] = float(r["atol"])
+                        "reference": r["canonical_solution"], "compare": "evalplus", "atol": float(r.get("atol") or 0)}
             out.append(Problem("mbppplus", pid, "code", r["prompt"], verifier))
             continue
         tests = list(r.get("test_list") or [])
@@ -178,18 +180,25 @@ def _mbppplus(rows: list[dict]) -> list[Problem]:
         question = f"{r['prompt']}\nYour code should pass this test:\n{tests[0]}"
         plus = _plus_tests(r.get("test") or "")
         if plus is not None:
-            verifier = {"entry_point": entry, "inputs": plus[0], "outputs": plus[1]}
-            if plus[2]:
-                verifier["atol"] = plus[2]
-        else:
-            inputs = [args for t in tests for args in _literal_calls(t, entry)]
-            verifier = {"entry_point": entry, "inputs": inputs, "reference": r["code"]}
+            verifier = {"entry_point": entry, "inputs": plus[0], "outputs": plus[1], "compare": "evalplus",
+                        "atol": plus[2]}
+        else:  # the base asserts, run as written: Python's `==`, the candidate's whole program in scope
+            try:
+                check = _mbpp_check(tests, r.get("test_imports"))
+            except SyntaxError as exc:
+                raise BenchmarkUnavailable(f"mbppplus row {i + 1}: its test_list does not parse ({exc.msg})") from None
+            verifier = {"kind": "check", "entry_point": entry, "check": check, "seed": CHECK_SEED,
+                        "reference": r["code"]}
         out.append(Problem("mbppplus", pid, "code", question, verifier, {"reference": r.get("code")}))
     return out
 
 
-def _literal_calls(test: str, entry: str | None) -> list[list]:
-    return literal_inputs(re.sub(rf"\b{re.escape(entry)}\(", "candidate(", test)) if entry else []
+def _mbpp_check(tests: list[str], imports) -> str:
+    """MBPP's `test_list` asserts (which call the entry point by name) as the body of a `check(candidate)`."""
+    body = "".join(textwrap.indent(t.strip(), "    ") + "\n" for t in tests)
+    source = "\n".join(list(imports or [])) + "\n\n\ndef check(candidate):\n" + body
+    ast.parse(source)  # a row whose tests do not parse is refused here, not in the sandbox
+    return source
 
 
 class _NoGlobals(pickle.Unpickler):
@@ -225,11 +234,12 @@ def _livecodebench(rows: list[dict]) -> list[Problem]:
                                            f"metadata.func_name")
             verifier = {"entry_point": metadata["func_name"], "method_of": "Solution",
                         "inputs": [[json.loads(line) for line in t["input"].split("\n") if line.strip()] for t in tests],
-                        "outputs": [json.loads(t["output"]) for t in tests]}
+                        "outputs": [json.loads(t["output"]) for t in tests], "compare": "livecodebench"}
             if r.get("starter_code"):
                 question += f"\n\nComplete this code:\n```python\n{r['starter_code']}\n```"
         else:
-            verifier = {"kind": "stdin", "tests": [[t["input"], t["output"]] for t in tests]}
+            verifier = {"kind": "stdin", "tests": [[t["input"], t["output"]] for t in tests],
+                        "compare": "livecodebench-stdio"}
             question += "\n\nRead the input from standard input and write the answer to standard output."
         out.append(Problem("livecodebench", str(r["question_id"]), "code", question, verifier, {**meta}))
     return out

@@ -3,15 +3,36 @@
 The sandbox only calls functions, so `code_job(verifier, code)` turns any code verifier into a `Job` (stdin
 programs are wrapped in a function that feeds stdin and returns the captured stdout, whitespace-normalised)
 and `code_passes(verifier, result)` decides; for functional and stdin kinds `expected_of(verifier)` gives the
-outputs to compare with: `score_outputs(expected_of(v), result)`. `complete_code_verifiers` fills in the
-expected outputs of verifiers that only carry a reference solution.
+outputs to compare with. `complete_code_verifiers` fills in the expected outputs of verifiers that only
+carry a reference solution.
+
+Benchmark verdicts use each official harness's own comparison, applied in the parent to the values the
+sandbox reported (the candidate's whole program runs, its entry point is called on each input):
+
+- `check` verifiers (HumanEval, MBPP+ base asserts): every assertion with Python's operators (`assertions.py`).
+- `"compare": "evalplus"` (MBPP+): evalplus's `assertion(out, exp, atol)`: `out == exp`, and only where that
+  fails and atol is set (1e-6 when `exp` is a float or a list or tuple of floats)
+  `numpy.testing.assert_allclose(out, exp, atol=atol)`. So 3 == 3.0 passes, 3.0000001 for 3 does not, and
+  a list for a tuple does not.
+- `"compare": "livecodebench"`: LiveCodeBench's call-based grading: a returned tuple becomes a list, then
+  `prediction == expected` (its expected values are JSON).
+- `"compare": "livecodebench-stdio"`: its stdin grading: the same number of stripped lines, each equal as
+  text or else as a list of `Decimal`s (so `6.0` passes for `6`).
+
+Generated (Challenger) tasks are different: their expected outputs were computed by a reference solution
+and stored as JSON, which has no tuples, sets or int/float distinction and keeps floats only to their
+printed digits, so they are compared at that level (`engines/verify/outputs.py`: a tuple equals a list,
+floats within 1e-6). Comparing them with Python's `==` would fail correct answers for what storage did to
+the reference's values; a benchmark's expected values are the official ones, and its verdicts must match
+the official harness.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from decimal import Decimal
 
-from sage.engines.data.assertions import CHECK_SEED, check_job, judge
+from sage.engines.data.assertions import CHECK_SEED, check_job, has_opaque, judge
 from sage.engines.data.benchmarks import Problem
 from sage.engines.data.humaneval import record_missing_inputs
 from sage.engines.verify.outputs import reference_outputs, score_outputs
@@ -85,11 +106,65 @@ def expected_of(verifier: dict) -> list:
 
 
 def code_passes(verifier: dict, result: ExecResult) -> bool:
-    """Whether a code answer passes every test: the official check's assertions for `check` verifiers
-    (Python's own comparisons), every expected output otherwise (JSON-level equality, `score_outputs`)."""
+    """Whether a code answer passes every test: the official check's assertions for `check` verifiers, the
+    official harness's comparison where the verifier names one (`compare`), every expected output otherwise
+    (JSON-level equality, `score_outputs`)."""
     if verifier.get("kind") == "check":
         return judge(verifier["check"], result)[0]
-    return score_outputs(expected_of(verifier), result)[0] == 1.0
+    expected = expected_of(verifier)
+    compare = verifier.get("compare")
+    if compare is None:
+        return score_outputs(expected, result)[0] == 1.0
+    if compare not in _OFFICIAL:
+        raise ValueError(f"unknown compare {compare!r} in a code verifier: use one of {sorted(_OFFICIAL)}")
+    if len(result.outputs) < len(expected) or not expected:
+        return False
+    atol = float(verifier.get("atol") or 0.0)
+    return all(err is None and not has_opaque(out) and _OFFICIAL[compare](out, exp, atol)
+               for out, err, exp in zip(result.outputs, result.errors, expected))
+
+
+def _evalplus_equal(out, exp, atol: float) -> bool:
+    """evalplus's `assertion(out, exp, atol)`, as a verdict."""
+    try:
+        exact = out == exp
+        floats = isinstance(exp, float) or isinstance(exp, (list, tuple)) and all(isinstance(x, float) for x in exp)
+        if atol == 0 and floats:
+            atol = 1e-6
+        if exact or atol == 0:
+            return bool(exact)
+        from numpy.testing import assert_allclose
+
+        assert_allclose(out, exp, atol=atol)
+        return True
+    except Exception:  # what fails or raises in the official assertion fails the test
+        return False
+
+
+def _livecodebench_equal(out, exp, atol: float) -> bool:
+    """LiveCodeBench's call-based check: a tuple is taken as a list, then `==`."""
+    try:
+        return bool((list(out) if type(out) is tuple else out) == exp)
+    except Exception:
+        return False
+
+
+def _livecodebench_stdio_equal(out, exp, atol: float) -> bool:
+    """LiveCodeBench's stdin check: stripped lines, each equal as text or as its whitespace-split Decimals."""
+    if type(out) is not str or type(exp) is not str:
+        return False
+    got, want = normalize_stdout(out).split("\n"), normalize_stdout(exp).split("\n")
+    if len(got) != len(want):
+        return False
+    try:
+        return all(g == w or [Decimal(x) for x in g.split()] == [Decimal(x) for x in w.split()]
+                   for g, w in zip(got, want))
+    except Exception:  # not numbers (decimal.InvalidOperation), or a signalling NaN
+        return False
+
+
+_OFFICIAL = {"evalplus": _evalplus_equal, "livecodebench": _livecodebench_equal,
+             "livecodebench-stdio": _livecodebench_stdio_equal}
 
 
 def complete_code_verifiers(problems: list[Problem], sandbox: Sandbox) -> list[Problem]:

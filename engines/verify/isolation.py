@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import functools
 import os
 import pwd
 import shutil
@@ -28,6 +29,9 @@ TMPFS_BYTES = 64 << 20  # size of each private tmpfs (/tmp, /dev/shm, the work d
 # Inodes of each private tmpfs: without a cap the kernel allows millions, a candidate creating empty files
 # pins hundreds of MiB of kernel memory, and tearing the mount down outlasts the time limit.
 TMPFS_INODES = 4096
+# How long past its deadline a job's teardown (kill, reap, process sweep, temp dirs) may hold the caller. What
+# the kernel has not finished by then goes on in the background, so the time limit holds whatever the job did.
+TEARDOWN_S = 0.25
 NOFILE = 64
 UID_BASE, UID_SPAN = 61000, 512  # dedicated sandbox uids (root only), skipping any in /etc/passwd
 LOCK_DIR = Path(tempfile.gettempdir()) / "sage-sandbox-uids"
@@ -59,7 +63,7 @@ class _UidPool:
                 except OSError:
                     os.close(fd)
                     continue
-                if not sweep_uid(uid):  # a process of a dead pipeline still runs as this uid: not reused
+                if not sweep_uid(uid, 0.2):  # a process of a dead pipeline still runs as this uid: not reused
                     fcntl.flock(fd, fcntl.LOCK_UN)
                     os.close(fd)
                     continue
@@ -112,7 +116,7 @@ def remove_owned(uid: int, dirs: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/sh
                 continue
 
 
-def sweep_uid(uid: int, wait_s: float = 2.0) -> bool:
+def sweep_uid(uid: int, wait_s: float) -> bool:
     """SIGKILL every (non-zombie) process whose uid is `uid`, until none is left or `wait_s` passes; True when
     none is left."""
     end = time.monotonic() + wait_s
@@ -196,8 +200,10 @@ def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
     if backend == "bwrap":
         binds = [a for d in extra for a in ("--ro-bind", d, d)]
-        if root is not None:  # root: one private tmpfs, inode-capped, bound at /work, /tmp and /dev/shm alike
+        if root is not None:  # one private tmpfs, inode-capped, bound at /work, /tmp and /dev/shm alike
             scratch = ["--bind", root, "/dev/shm", "--remount-ro", "/dev", "--bind", root, "/tmp", "--bind", root, "/work"]
+            if not IS_ROOT:  # bwrap runs as root of the mounting user namespace: map the sandbox back to our uid
+                scratch += ["--uid", str(os.getuid()), "--gid", str(os.getgid()), "--cap-drop", "ALL"]
         else:  # bwrap has no inode option for its tmpfs mounts: size caps only
             size = str(TMPFS_BYTES)
             scratch = ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", size, "--tmpfs",
@@ -214,16 +220,38 @@ def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int
 
 
 def _scratch_mount(root: str) -> list[str]:
-    """Prefix (root only) that mounts an inode-capped tmpfs on `root` in a private mount namespace, so
-    the mount vanishes with the job's processes and the host never sees it, then runs the rest."""
+    """Prefix that mounts an inode-capped tmpfs on `root` in a private mount namespace, so the mount vanishes
+    with the job's processes and the host never sees it, then runs the rest. Unprivileged, the mount namespace
+    belongs to a user namespace of our own (where we are root, as tmpfs mounts require); bwrap then nests its
+    own user namespace inside and maps the sandbox back to our uid with no capabilities."""
     script = (f'mount -t tmpfs -o size={TMPFS_BYTES},nr_inodes={TMPFS_INODES},mode=1777,nosuid,nodev sage-sandbox '
               '"$0" && exec "$@"')
-    return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, root]
+    user = [] if IS_ROOT else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, root]
+
+
+@functools.cache
+def _userns_mount_works() -> bool:
+    """Can this unprivileged process mount a tmpfs in a user namespace of its own? Kernels and distributions
+    that forbid unprivileged user namespaces say no (probed once)."""
+    root = tempfile.mkdtemp(prefix="sage-sandbox-probe-")
+    try:
+        return subprocess.run(_scratch_mount(root) + ["/bin/true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        os.rmdir(root)
 
 
 def scratch_root_needed(backend: str) -> bool:
-    """Does the job need a host directory (rlimit: its work dir; unshare and root bwrap: a mount point)?"""
-    return backend != "bwrap" or (IS_ROOT and shutil.which("unshare") is not None and shutil.which("mount") is not None)
+    """Does the job need a host directory (rlimit: its work dir; unshare, and bwrap wherever it can get an
+    inode-capped tmpfs: a mount point)? bwrap can as root with `unshare` and `mount`, and unprivileged where
+    a user namespace of our own may mount one; elsewhere its tmpfs mounts cap size only."""
+    if backend != "bwrap":
+        return True
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return False
+    return IS_ROOT or _userns_mount_works()
 
 
 def backend_possible(backend: str) -> bool:
@@ -242,23 +270,56 @@ def child_env(backend: str, tmp: str | None) -> dict[str, str]:
     return dict(ENV)
 
 
-def kill_job(proc, uid: int | None, grace_s: float = 0.0) -> int | None:
-    if proc is None:
-        return None
-    if grace_s > 0:  # the child said "end" and is exiting: let the namespace go down by itself
+def teardown(proc, uid: int | None, tmp: str | None, backend: str, until: float, grace_s: float = 0.0) -> int | None:
+    """Kill a job's processes and release what it held (its uid, temp dir, and on rlimit what its uid left in
+    the host's temp dirs), holding the caller until `until` (monotonic) at most; returns the child's exit
+    status, or None when it was not reaped by then. What is left at `until` finishes on a daemon thread: a
+    killed process can take the kernel a while to tear down, and the job's time limit must hold anyway. The
+    uid returns to the pool only once no process of it remains, so no later job shares it with leftovers."""
+    returncode = None
+    if proc is not None:
+        if grace_s > 0:  # the child said "end" and is exiting: let the namespace go down by itself
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
         try:
-            proc.wait(timeout=grace_s)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            returncode = proc.wait(timeout=max(0.0, until - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if proc.poll() is None:
-        proc.kill()
-    returncode = proc.wait()
-    for stream in (proc.stdout, proc.stderr):
-        stream.close()
-    if uid is not None:
-        sweep_uid(uid)
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+    done = proc is None or returncode is not None
+    if done and uid is not None:
+        done = sweep_uid(uid, max(0.0, until - time.monotonic()))
+    # rlimit's work dir is on the host's disk, where deleting what a job wrote can take longer than any limit
+    if done and time.monotonic() < until and backend != "rlimit":
+        _release(uid, tmp, backend)
+    else:
+        threading.Thread(target=_finish_teardown, args=(proc, uid, tmp, backend), name="sandbox-teardown",
+                         daemon=True).start()
     return returncode
+
+
+def _finish_teardown(proc, uid: int | None, tmp: str | None, backend: str) -> None:
+    """The rest of a teardown that outlasted its job: reap, sweep until no process of the uid is left, release."""
+    if proc is not None:
+        proc.wait()
+    while uid is not None and not sweep_uid(uid, 5.0):
+        time.sleep(0.5)
+    _release(uid, tmp, backend)
+
+
+def _release(uid: int | None, tmp: str | None, backend: str) -> None:
+    if uid is not None and backend == "rlimit":
+        remove_owned(uid)
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if uid is not None:
+        UIDS.give(uid)

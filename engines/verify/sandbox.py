@@ -2,9 +2,10 @@
 
 Backends, tried in order (`available_backends()` probes each once per process):
 
-- `bwrap`: bubblewrap with every namespace unshared (no network), read-only /usr, size-capped tmpfs for
-  /tmp, /dev/shm and the work dir (as root: one tmpfs capped in size and inodes, mounted in a private mount
-  namespace around bwrap), read-only root and /dev; started under `setpriv` to a dedicated uid when
+- `bwrap`: bubblewrap with every namespace unshared (no network), read-only /usr, one tmpfs capped in size
+  and inodes for /tmp, /dev/shm and the work dir, mounted in a private mount namespace around bwrap (when
+  unprivileged, one owned by a user namespace of our own; where neither works, bwrap's own size-capped
+  tmpfs mounts), read-only root and /dev; started under `setpriv` to a dedicated uid when
   we are root (bwrap would otherwise map the sandbox back to uid 0, where RLIMIT_NPROC does nothing).
 - `unshare` (root only): new mount/net/pid/ipc/uts namespaces; the child itself builds a tmpfs root with
   read-only /usr, chroots and drops to the dedicated uid (see `child._enter_root`).
@@ -15,8 +16,10 @@ Backends, tried in order (`available_backends()` probes each once per process):
 Always: a fresh `/usr/bin/python3 -I -S` (the virtualenv may live where other uids cannot read), minimal
 environment, hard=soft rlimits set by the child before any untrusted code, stdin from /dev/null, capped
 non-blocking reads, a wall-clock deadline in the parent, SIGKILL of the process group and (as root) of
-every process of the job's uid, temp dirs removed. Each concurrent job gets its own uid
-(`isolation`), so RLIMIT_NPROC, `kill(-1)` and the final sweep stay per job. Results come back as typed
+every process of the job's uid, temp dirs removed. The deadline covers that teardown: a job returns by its
+time limit plus `TEARDOWN_S` whatever it did, and its duration includes the teardown; what the kernel has
+not finished by then goes on in the background, and the job's uid is reused only once none of its
+processes remain. Each concurrent job gets its own uid (`isolation`), so RLIMIT_NPROC, `kill(-1)` and the final sweep stay per job. Results come back as typed
 JSON records on a separate pipe with a per-run nonce (`child`); the parent reads them as hostile input
 (`protocol`): a malformed record fails only its own job, with status `protocol_error`.
 """
@@ -28,7 +31,6 @@ import marshal
 import os
 import secrets
 import selectors
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -38,8 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sage.configs.schema import SandboxConfig
-from sage.engines.verify.isolation import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TMPFS_BYTES, TMPFS_INODES, UIDS, \
-    backend_possible, child_env, command, die_with_parent, interpreter, kill_job, remove_owned, scratch_root_needed
+from sage.engines.verify.isolation import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TEARDOWN_S, TMPFS_BYTES, \
+    TMPFS_INODES, UIDS, backend_possible, child_env, command, die_with_parent, interpreter, scratch_root_needed, \
+    teardown
 from sage.engines.verify.protocol import Records
 
 log = logging.getLogger(__name__)
@@ -206,13 +209,7 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
             os.close(res_r)
     finally:
         grace = min(0.05, max(0.0, deadline - time.monotonic())) if records.ended else 0.0
-        returncode = kill_job(proc, uid, grace)
-        if uid is not None:
-            if backend == "rlimit":
-                remove_owned(uid)
-            UIDS.give(uid)
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+        returncode = teardown(proc, uid, tmp, backend, deadline + TEARDOWN_S, grace)
     return _result(job, records, reason, returncode, out, err, backend, time.monotonic() - start)
 
 

@@ -141,9 +141,10 @@ def test_mbppplus_hub_and_evalplus_formats(tmp_path, sandbox):
     pd.DataFrame(hub).to_parquet(tmp_path / "mbpp.parquet")
     a, b = load_benchmark("mbppplus", path=tmp_path / "mbpp.parquet")
     assert a.problem_id == "Mbpp/2" and "add two numbers" in a.question and "assert add_nums(1, 2) == 3" in a.question
-    assert a.verifier == {"entry_point": "add_nums", "inputs": [[3, 4], [10, -2], [0, 0]], "outputs": [7, 8, 0]}
-    assert b.verifier["entry_point"] == "is_not_prime" and b.verifier["inputs"] == [[2], [10]]
-    assert "reference" in b.verifier and "outputs" not in b.verifier
+    assert a.verifier == {"entry_point": "add_nums", "inputs": [[3, 4], [10, -2], [0, 0]], "outputs": [7, 8, 0],
+                          "compare": "evalplus", "atol": 0.0}
+    assert b.verifier["kind"] == "check" and b.verifier["entry_point"] == "is_not_prime"
+    assert "assert is_not_prime(10) == True" in b.verifier["check"] and "outputs" not in b.verifier
 
     evalplus = [{"task_id": "Mbpp/4", "prompt": '"""\nWrite a function to square a number.\nassert square(3) == 9\n"""\n',
                  "entry_point": "square", "canonical_solution": "def square(x):\n    return x * x\n",
@@ -153,7 +154,10 @@ def test_mbppplus_hub_and_evalplus_formats(tmp_path, sandbox):
 
     done = complete_code_verifiers([a, b, c], sandbox)
     assert [p.problem_id for p in done] == ["Mbpp/2", "Mbpp/3", "Mbpp/4"]
-    assert done[1].verifier["outputs"] == [False, True] and done[2].verifier["outputs"] == [9, 4, 0]
+    assert done[1] == b and done[2].verifier["outputs"] == [9, 4, 0]  # a check verifier has nothing to fill in
+    base = sandbox.execute([code_job(b.verifier, b.verifier["reference"]),
+                            code_job(b.verifier, "def is_not_prime(n):\n    return n % 2 == 1\n")])
+    assert [code_passes(b.verifier, r) for r in base] == [True, False]
     assert "outputs" not in c.verifier  # the caller's problems are not modified
     s_gt, passed = score_outputs(expected_of(done[2].verifier), sandbox.execute(
         [code_job(done[2].verifier, "def square(x):\n    return abs(x) * 3\n")])[0])
@@ -183,9 +187,10 @@ def test_livecodebench_stdin_and_functional(tmp_path, sandbox):
         "metadata": json.dumps({"func_name": "twoSum"})}
     s, f = load_benchmark("livecodebench", path=write_jsonl(tmp_path / "lcb.jsonl", [stdin_row, func_row]))
     assert s.problem_id == "abc300_a" and s.meta["platform"] == "atcoder" and s.domain == "code"
-    assert s.verifier == {"kind": "stdin", "tests": [["3\n1 2 3\n", "6\n"], ["2\n-5 5\n", "0\n"], ["1\n7\n", "7\n"]]}
+    assert s.verifier == {"kind": "stdin", "tests": [["3\n1 2 3\n", "6\n"], ["2\n-5 5\n", "0\n"], ["1\n7\n", "7\n"]],
+                          "compare": "livecodebench-stdio"}
     assert f.verifier == {"entry_point": "twoSum", "method_of": "Solution", "inputs": [[[2, 7, 11, 15], 9], [[3, 2, 4], 6]],
-                          "outputs": [[0, 1], [1, 2]]}
+                          "outputs": [[0, 1], [1, 2]], "compare": "livecodebench"}
     assert "class Solution" in f.question
     assert decode_lcb_tests(stdin_row["private_test_cases"])[0]["input"] == "2\n-5 5\n"
     with pytest.raises(pickle.UnpicklingError):  # a pickle that names any global is refused, never run
