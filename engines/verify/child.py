@@ -5,7 +5,8 @@ and its whole source is handed to a fresh system interpreter (`python3 -I -S -c 
 sandbox, where `__name__ == "__main__"` runs `main()`. It therefore uses the standard library only and
 must stay importable by any Python >= 3.8.
 
-Child protocol. argv: `fd_in fd_out [chroot ROOT UID GID]`. The parent writes one `marshal`-ed job
+Child protocol. argv: `fd_in fd_out [chroot ROOT UID GID]` (or a zygote's fork calls `run(job, fd_out)`,
+see `zygote.py`). The parent writes one `marshal`-ed job
 (data only: code text, entry point, inputs, nonce, limits) to `fd_in` and closes it; marshal keeps
 tuples/sets/bytes and avoids importing `json` (and `re`) in the child. The child reads it, optionally
 builds its own root (unshare backend: mounts, chroot, drop to UID/GID), sets hard=soft rlimits, grabs
@@ -275,11 +276,8 @@ def _set_limits(resource, limits):
 
 
 def main():
-    import builtins
     import os
-    import resource
     import sys
-    from _json import encode_basestring_ascii, make_encoder as c_make_encoder
 
     fd_in, fd_out = int(sys.argv[1]), int(sys.argv[2])
     job = __import__("marshal").loads(_read_all(os, fd_in))
@@ -287,6 +285,18 @@ def main():
         _enter_root(os, sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), job)
         _stay_init(os, fd_out)
     _die_with_parent(os, job.get("parent"))
+    run(job, fd_out)
+
+
+def run(job, fd_out):
+    """Set the job's limits, run its code on its inputs and write the records to `fd_out`; never returns.
+    Called by `main()` in a fresh interpreter, or by a warm zygote in the child it forked for this job."""
+    import builtins
+    import os
+    import resource
+    import sys
+    from _json import encode_basestring_ascii, make_encoder as c_make_encoder
+
     _set_limits(resource, job["limits"])
 
     # Private references, all taken before any untrusted code exists in this process.

@@ -37,6 +37,7 @@ UID_BASE, UID_SPAN = 61000, 512  # dedicated sandbox uids (root only), skipping 
 LOCK_DIR = Path(tempfile.gettempdir()) / "sage-sandbox-uids"
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work"}
 _CHILD_SOURCE = Path(__file__).with_name("child.py").read_text()
+_ZYGOTE_SOURCE = Path(__file__).with_name("zygote.py").read_text()
 
 # ------------------------------------------------------------------------------------------ uids
 
@@ -176,8 +177,9 @@ def child_dir() -> str | None:
                 atexit.register(shutil.rmtree, d, True)
                 os.chmod(d, 0o755)
                 (Path(d) / "sage_sandbox_child.py").write_text(_CHILD_SOURCE)
-                subprocess.run([interpreter()[0], "-I", "-S", "-m", "py_compile", f"{d}/sage_sandbox_child.py"],
-                               check=True, capture_output=True, timeout=60)
+                (Path(d) / "sage_sandbox_zygote.py").write_text(_ZYGOTE_SOURCE)
+                subprocess.run([interpreter()[0], "-I", "-S", "-m", "py_compile", f"{d}/sage_sandbox_child.py",
+                                f"{d}/sage_sandbox_zygote.py"], check=True, capture_output=True, timeout=60)
                 for root, dirs, files in os.walk(d):
                     for name in dirs + files:
                         os.chmod(os.path.join(root, name), 0o755 if name in dirs else 0o644)
@@ -188,12 +190,17 @@ def child_dir() -> str | None:
         return _CHILD_DIR[0]
 
 
-def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int]) -> list[str]:
+def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int], zygote: bool = False) -> list[str]:
+    """The command line of a one-job child (`fds`: job in, results out) or, with `zygote`, of a warm slot's
+    zygote (`fds`: set-up in, control socket; bwrap and unshare only, needs `child_dir()`)."""
     python, extra = interpreter()
     cdir = child_dir()
     if cdir:
         inside = "/sandbox" if backend == "bwrap" else cdir  # bwrap binds it there, above its private /tmp
-        stub = f"import sys; sys.path.insert(0, {inside!r}); import sage_sandbox_child as c; del sys.path[0]; c.main()"
+        module = "sage_sandbox_zygote" if zygote else "sage_sandbox_child"
+        stub = f"import sys; sys.path.insert(0, {inside!r}); import {module} as c; c.main()"
+        if not zygote:  # a zygote's fork imports nothing after the path is set
+            stub = stub.replace("; c.main()", "; del sys.path[0]; c.main()")
         child = [python, "-I", "-S", "-c", stub, str(fds[0]), str(fds[1])]
     else:
         child = [python, "-I", "-S", "-c", _CHILD_SOURCE, str(fds[0]), str(fds[1])]
@@ -209,7 +216,8 @@ def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int
             scratch = ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", size, "--tmpfs",
                        "/tmp", "--size", size, "--tmpfs", "/work"]
         inner = drop + [
-            "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr",
+            "bwrap", "--unshare-all", "--die-with-parent", "--new-session", *(["--as-pid-1"] if zygote else []),
+            "--ro-bind", "/usr", "/usr",
             *_system_links(), *binds, "--proc", "/proc", "--dev", "/dev", *scratch,
             *(["--ro-bind", cdir, "/sandbox"] if cdir else []), "--remount-ro", "/", "--chdir", "/work", "--", *child]
         return inner if root is None else _scratch_mount(root) + inner
@@ -294,7 +302,8 @@ def teardown(proc, uid: int | None, tmp: str | None, backend: str, until: float,
         except subprocess.TimeoutExpired:
             pass
         for stream in (proc.stdout, proc.stderr):
-            stream.close()
+            if stream is not None:
+                stream.close()
     done = proc is None or returncode is not None
     if done and uid is not None:
         done = sweep_uid(uid, max(0.0, until - time.monotonic()))

@@ -13,15 +13,26 @@ Backends, tried in order (`available_backends()` probes each once per process):
   isolation. `auto` never picks it (with neither of the others it stops with how to install bubblewrap);
   chosen explicitly, every `Sandbox` built on it logs a warning that generated code can reach the host.
 
-Always: a fresh `/usr/bin/python3 -I -S` (the virtualenv may live where other uids cannot read), minimal
-environment, hard=soft rlimits set by the child before any untrusted code, stdin from /dev/null, capped
-non-blocking reads, a wall-clock deadline in the parent, SIGKILL of the process group and (as root) of
-every process of the job's uid, temp dirs removed. The deadline covers that teardown: a job returns by its
+Always: the system `/usr/bin/python3 -I -S` (the virtualenv may live where other uids cannot read), minimal
+environment, hard=soft rlimits set in the job's own process before any untrusted code, stdin from /dev/null,
+capped non-blocking reads, a wall-clock deadline in the parent, SIGKILL of the process group and (as root)
+of every process of the uid, temp dirs removed. The deadline covers that teardown: a job returns by its
 time limit plus `TEARDOWN_S` whatever it did, and its duration includes the teardown; what the kernel has
-not finished by then goes on in the background, and the job's uid is reused only once none of its
-processes remain. Each concurrent job gets its own uid (`isolation`), so RLIMIT_NPROC, `kill(-1)` and the final sweep stay per job. Results come back as typed
-JSON records on a separate pipe with a per-run nonce (`child`); the parent reads them as hostile input
-(`protocol`): a malformed record fails only its own job, with status `protocol_error`.
+not finished by then goes on in the background, and a uid is reused only once none of its processes
+remain. Each concurrent job has its own uid (`isolation`), so RLIMIT_NPROC, `kill(-1)` and the final sweep
+stay per job. Results come back as typed JSON records on a separate pipe with a per-run nonce (`child`);
+the parent reads them as hostile input (`protocol`): a malformed record fails only its own job, with
+status `protocol_error`.
+
+Warm slots (bwrap and unshare): within one `execute` call each worker keeps a slot (`slot.py`): the
+namespaces, uid and tmpfs above, with a zygote (`zygote.py`) as their pid 1 that forks a fresh child per
+job and never runs untrusted code nor reads a job's payload. What the jobs of one slot share, one after
+another: those namespaces (mount, pid, network, IPC, UTS), the uid, the tmpfs and the zygote. A slot is
+reused only when the job ended and the zygote found nothing left: no other process in the pid namespace,
+/tmp, /work and /dev/shm as they were, no SysV IPC object, no new kernel key (and RLIMIT_MSGQUEUE is 0, so
+no POSIX message queue). After anything else (a timeout, an output or protocol violation, a crash of the
+slot, anything left) the slot is torn down as a one-job sandbox is and a fresh one starts for the next
+job. `rlimit` runs every job in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import logging
 import marshal
 import os
 import secrets
+import select
 import selectors
 import signal
 import subprocess
@@ -41,9 +53,10 @@ from dataclasses import dataclass
 
 from sage.configs.schema import SandboxConfig
 from sage.engines.verify.isolation import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TEARDOWN_S, TMPFS_BYTES, \
-    TMPFS_INODES, UIDS, backend_possible, child_env, command, die_with_parent, interpreter, scratch_root_needed, \
-    teardown
+    TMPFS_INODES, UIDS, backend_possible, child_dir, child_env, command, die_with_parent, interpreter, \
+    scratch_root_needed, teardown
 from sage.engines.verify.protocol import Records
+from sage.engines.verify.slot import Slot
 
 log = logging.getLogger(__name__)
 NO_ISOLATION = ("no isolating sandbox backend works on this machine: install bubblewrap (`apt-get install "
@@ -94,15 +107,18 @@ def _tail(data: bytearray, cap: int = 4000) -> str:
     return bytes(data[-cap:]).decode("utf-8", "replace")
 
 
-def _communicate(proc, job_w: int, payload: bytes, res_r: int, records: Records, cfg: SandboxConfig,
-                 deadline: float) -> tuple[str | None, bytearray, bytearray]:
-    """Feed the job, read stdout/stderr/results until the end record, exit, the deadline or a cap."""
+def _communicate(exited, streams: tuple[int, int], job_w: int, payload: bytes, res_r: int, records: Records,
+                 cfg: SandboxConfig, deadline: float, watch: int | None = None) -> tuple[str | None, bytearray, bytearray]:
+    """Feed the job, read stdout/stderr/results until the end record, exit (`exited()`, checked at least every
+    50 ms and whenever `watch` is readable), the deadline or a cap."""
     sel = selectors.DefaultSelector()
     out, err = bytearray(), bytearray()
-    bufs = {proc.stdout.fileno(): out, proc.stderr.fileno(): err, res_r: None}
+    bufs = {streams[0]: out, streams[1]: err, res_r: None}
     for fd in bufs:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
+    if watch is not None:
+        sel.register(watch, selectors.EVENT_READ)
     os.set_blocking(job_w, False)
     sel.register(job_w, selectors.EVENT_WRITE)
     pending, got, reason = memoryview(payload), 0, None
@@ -112,10 +128,14 @@ def _communicate(proc, job_w: int, payload: bytes, res_r: int, records: Records,
             if left <= 0:
                 reason = "timeout"
                 break
-            if proc.poll() is not None:
+            if exited():
                 reason = "exited"
             for key, _ in sel.select(min(left, 0.05)):
                 fd = key.fd
+                if fd == watch:
+                    if exited():
+                        reason = "exited"
+                    continue
                 if fd == job_w:
                     try:
                         pending = pending[os.write(fd, pending):]
@@ -168,6 +188,80 @@ def _status(reason: str | None, records: Records, returncode: int | None, err: b
     return "ok"
 
 
+def _payload(job: Job, cfg: SandboxConfig, nonce: str, backend: str) -> bytes:
+    """The job as the child reads it: data only (marshal), never the expected outputs."""
+    return marshal.dumps({
+        "code": job.code, "entry_point": job.entry_point, "nonce": nonce,
+        "inputs": [list(args) for args in job.inputs],
+        "max_output_bytes": cfg.max_output_bytes, "tmpfs_bytes": TMPFS_BYTES,
+        "tmpfs_inodes": TMPFS_INODES, "ro_dirs": interpreter()[1],
+        "parent": os.getpid() if backend == "rlimit" else None,  # the child's parent outside a namespace
+        # MSGQUEUE 0: no POSIX message queue, which would outlive the job in a warm slot's IPC namespace
+        "limits": {"CPU": cfg.cpu_s, "AS": cfg.memory_mb << 20, "FSIZE": FSIZE_BYTES, "NOFILE": NOFILE,
+                   "NPROC": cfg.max_procs, "CORE": 0, "MSGQUEUE": 0}}, 4)
+
+
+def _run_in_slot(job: Job, slot: Slot, cfg: SandboxConfig) -> ExecResult:
+    """Run one job in a warm slot's fresh fork (starting the slot first if needed); the slot is kept only
+    when the job ended and its zygote reported the slot clean, and is torn down otherwise."""
+    start = time.monotonic()
+    deadline = start + cfg.timeout_s
+    nonce = secrets.token_hex(16)
+    records = Records(nonce, len(job.inputs), cfg.max_output_bytes + 4096)
+    reason, out, err, report = "exited", bytearray(), bytearray(), None
+    reads: list[int] = []  # the parent's ends of the results, stdout and stderr pipes
+    try:
+        if not slot.alive and not slot.start(deadline):
+            err += slot.start_error.encode()
+            raise _SlotFailed
+        job_r, job_w = os.pipe()
+        res_r, res_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        reads = [res_r, out_r, err_r]
+        try:
+            slot.send((job_r, res_w, out_w, err_w))
+        except OSError:
+            os.close(job_w)
+            raise
+        finally:
+            for fd in (job_r, res_w, out_w, err_w):
+                os.close(fd)
+        got: list = []
+
+        def exited() -> bool:
+            if not got and (slot.proc.poll() is not None or _readable(slot.sock)):
+                got.append(slot.report(time.monotonic() + 0.05))
+            return bool(got)
+
+        reason, out, err = _communicate(exited, (out_r, err_r), job_w, _payload(job, cfg, nonce, slot.backend),
+                                        res_r, records, cfg, deadline, watch=slot.sock.fileno())
+        if reason is None and records.ended and records.violation is None:  # wait for the zygote's report
+            got.append(slot.report(deadline))
+        report = got[0] if got else None
+        _drain(res_r, records, (out_r, err_r), out, err, cfg)
+    except (_SlotFailed, OSError):
+        report = None
+    finally:
+        for fd in reads:
+            os.close(fd)
+        keep = report is not None and report[1] and reason not in ("timeout", "output_limit") \
+            and records.violation is None
+        returncode = report[0] if report else None
+        if not keep:
+            closed = slot.close(deadline + TEARDOWN_S)
+            returncode = returncode if returncode is not None else closed
+    return _result(job, records, reason, returncode, out, err, slot.backend, time.monotonic() - start)
+
+
+class _SlotFailed(Exception):
+    """The slot's zygote did not start."""
+
+
+def _readable(sock) -> bool:
+    return bool(select.select([sock], [], [], 0)[0])
+
+
 def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
     start = time.monotonic()
     deadline = start + cfg.timeout_s
@@ -179,15 +273,7 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
     try:
         if tmp and uid is not None and backend == "rlimit":
             os.chown(tmp, uid, uid)
-        _, extra = interpreter()
-        payload = marshal.dumps({
-            "code": job.code, "entry_point": job.entry_point, "nonce": nonce,
-            "inputs": [list(args) for args in job.inputs],
-            "max_output_bytes": cfg.max_output_bytes, "tmpfs_bytes": TMPFS_BYTES,
-            "tmpfs_inodes": TMPFS_INODES, "ro_dirs": extra,
-            "parent": os.getpid() if backend == "rlimit" else None,  # the child's parent outside a namespace
-            "limits": {"CPU": cfg.cpu_s, "AS": cfg.memory_mb << 20, "FSIZE": FSIZE_BYTES, "NOFILE": NOFILE,
-                       "NPROC": cfg.max_procs, "CORE": 0}}, 4)
+        payload = _payload(job, cfg, nonce, backend)
         job_r, job_w = os.pipe()
         res_r, res_w = os.pipe()
         try:
@@ -203,8 +289,10 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
             os.close(job_r)
             os.close(res_w)
         try:
-            reason, out, err = _communicate(proc, job_w, payload, res_r, records, cfg, deadline)
-            _drain(res_r, records, proc, out, err, cfg)
+            streams = (proc.stdout.fileno(), proc.stderr.fileno())
+            reason, out, err = _communicate(lambda: proc.poll() is not None, streams, job_w, payload, res_r,
+                                            records, cfg, deadline)
+            _drain(res_r, records, streams, out, err, cfg)
         finally:
             os.close(res_r)
     finally:
@@ -213,10 +301,11 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
     return _result(job, records, reason, returncode, out, err, backend, time.monotonic() - start)
 
 
-def _drain(res_r: int, records: Records, proc, out: bytearray, err: bytearray, cfg: SandboxConfig) -> None:
+def _drain(res_r: int, records: Records, streams: tuple[int, int], out: bytearray, err: bytearray,
+           cfg: SandboxConfig) -> None:
     """Read what is already buffered in the pipes (the child may have exited before we read it)."""
     budget = cfg.max_output_bytes
-    for fd, sink in ((res_r, None), (proc.stdout.fileno(), out), (proc.stderr.fileno(), err)):
+    for fd, sink in ((res_r, None), (streams[0], out), (streams[1], err)):
         while budget > 0:
             try:
                 data = os.read(fd, 1 << 16)
@@ -270,12 +359,34 @@ class Sandbox:
         self.workers = self.cfg.workers or 2 * (os.cpu_count() or 1)
 
     def execute(self, jobs: list[Job]) -> list[ExecResult]:
+        """Run `jobs` in parallel, up to `workers` at a time; results in the order of `jobs`. On bwrap and
+        unshare each worker runs its jobs in a warm slot (`slot.py`) that lives until this call returns."""
         if not jobs:
             return []
-        if len(jobs) == 1 or self.workers == 1:
-            return [_run_job(j, self.backend, self.cfg) for j in jobs]
-        with ThreadPoolExecutor(max_workers=min(self.workers, len(jobs))) as pool:
-            return list(pool.map(lambda j: _run_job(j, self.backend, self.cfg), jobs))
+        workers = min(self.workers, len(jobs))
+        if self.backend == "rlimit" or child_dir() is None:
+            run = lambda j: _run_job(j, self.backend, self.cfg)  # noqa: E731
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                return list(pool.map(run, jobs))
+        free = [Slot(self.backend) for _ in range(workers)]
+        lock = threading.Lock()
+
+        def run_in_slot(job: Job) -> ExecResult:
+            with lock:
+                slot = free.pop()
+            try:
+                return _run_in_slot(job, slot, self.cfg)
+            finally:
+                with lock:
+                    free.append(slot)
+
+        try:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                return list(pool.map(run_in_slot, jobs))
+        finally:
+            until = time.monotonic() + TEARDOWN_S
+            for slot in free:
+                slot.close(until, grace_s=0.05)
 
 
 __all__ = ["Job", "ExecResult", "Sandbox", "available_backends"]

@@ -1,0 +1,128 @@
+"""A warm sandbox slot's init process: inside the slot's namespaces, it forks one fresh child per job.
+
+This file, like `child.py`, is handed to the system interpreter inside the sandbox (`python3 -I -S`), so it
+uses the standard library only. argv: `setup_fd ctrl_fd [chroot ROOT UID GID]`. It reads the slot's set-up
+(marshal: tmpfs sizes, read-only dirs) from `setup_fd`, builds its root like a one-job child does (unshare
+backend), and becomes pid 1 of the slot's pid namespace (bwrap `--as-pid-1`, or `unshare --fork`), where
+signals from the jobs cannot reach it. It never runs untrusted code and never reads a job: per job it
+receives, over the `ctrl_fd` unix socket, four pipe ends (job in, results out, stdout, stderr) as
+SCM_RIGHTS, forks, and only the fork reads the job's payload and runs it (`child.run`, which sets the
+rlimits first). So a job's fork is a copy of a zygote that holds no other job's data.
+
+After each job the zygote kills every other process of its pid namespace (`kill(-1)`), reaps them, and
+checks what the jobs of this slot share: the tmpfs (/tmp, /work, /dev/shm), SysV IPC objects and kernel
+keys. It reports `done <exit status> <clean>` on `ctrl_fd`. When anything was left (a process, a file, an
+IPC object, a key), `clean` is 0 and the zygote exits: the parent starts a fresh slot for the next job.
+The zygote is non-dumpable, so a job (same uid) can neither ptrace it nor read its memory or its fds.
+"""
+
+FDS_PER_JOB = 4  # job_r, res_w, out_w, err_w
+SHARED_DIRS = ("/tmp", "/work", "/dev/shm")
+KERNEL_STATE = ("/proc/sysvipc/shm", "/proc/sysvipc/sem", "/proc/sysvipc/msg", "/proc/keys")
+
+
+def _read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _state():
+    """What the jobs of this slot could leave for the next one, beyond processes."""
+    import os
+
+    files = []
+    for d in SHARED_DIRS:
+        try:
+            files.append(sorted(os.listdir(d)))
+        except OSError:
+            files.append(None)
+    return files, [_read(p) for p in KERNEL_STATE]
+
+
+def _recv_job(sock, array):
+    """One job's pipe ends from the parent, or None at end of stream (the slot closes)."""
+    fds = array.array("i")
+    msg, anc, _, _ = sock.recvmsg(64, __import__("socket").CMSG_SPACE(FDS_PER_JOB * fds.itemsize))
+    for level, kind, data in anc:
+        fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    if not msg:
+        return None
+    if msg != b"job" or len(fds) != FDS_PER_JOB:
+        raise SystemExit("bad job message")
+    return list(fds)
+
+
+def _wait_job(os, pid):
+    """Reap children until the job's own process exits; its wait status as an exit code (-signal if killed)."""
+    while True:
+        done, status = os.waitpid(-1, 0)
+        if done == pid:
+            return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _kill_rest(os, signal):
+    """SIGKILL every other process of the pid namespace and reap them all; True if there was any."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+        left = True
+    except ProcessLookupError:
+        left = False
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return left
+
+
+def serve(os, ctrl_fd):
+    import array
+    import ctypes
+    import signal
+    import socket
+
+    import sage_sandbox_child as child
+
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, /proc/1/mem or /proc/1/fd by a job
+    sock = socket.socket(fileno=ctrl_fd)
+    baseline = _state()
+    sock.sendall(b"ready\n")
+    while True:
+        fds = _recv_job(sock, array)
+        if fds is None:
+            os._exit(0)
+        job_r, res_w, out_w, err_w = fds
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            low, high = sorted((job_r, res_w))
+            os.closerange(3, low)  # nothing of the zygote's (its socket, other fds) stays open in the job
+            os.closerange(low + 1, high)
+            os.closerange(high + 1, 1 << 16)
+            job = __import__("marshal").loads(child._read_all(os, job_r))
+            child.run(job, res_w)
+        for fd in fds:
+            os.close(fd)
+        code = _wait_job(os, pid)
+        clean = not _kill_rest(os, signal) and _state() == baseline
+        sock.sendall(b"done %d %d\n" % (code, 1 if clean else 0))
+        if not clean:
+            os._exit(0)
+
+
+def main():
+    import os
+    import sys
+
+    import sage_sandbox_child as child
+
+    setup_fd, ctrl_fd = int(sys.argv[1]), int(sys.argv[2])
+    setup = __import__("marshal").loads(child._read_all(os, setup_fd))
+    if len(sys.argv) > 3 and sys.argv[3] == "chroot":
+        child._enter_root(os, sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), setup)
+    child._die_with_parent(os)
+    serve(os, ctrl_fd)
