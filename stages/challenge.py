@@ -12,21 +12,19 @@ Fails: engine errors propagate (the flow retries); model output never fails the 
 
 from __future__ import annotations
 
-import random
 
 from sage.configs.names import Purpose, Role, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate
 from sage.warehouse import content_id, norm_hash
-from sage.warehouse.queries import existing_ids, pool_questions, questions_by_id, rollouts_for
+from sage.warehouse.queries import existing_ids, questions_by_id, rollouts_for, sample_pool
 
 STAGE = Stage.CHALLENGE
 
 
 def references(ctx: StageContext) -> list[dict]:
-    pool = pool_questions(ctx.wh, ctx.run_id, ctx.iteration - 1, ctx.cfg.iteration.domains)
-    rng = random.Random(content_id("challenge-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration))
-    return rng.sample(pool, min(ctx.cfg.iteration.n_challenge, len(pool)))
+    return sample_pool(ctx.wh, ctx.run_id, ctx.iteration - 1, ctx.cfg.iteration.domains, ctx.cfg.iteration.n_challenge,
+                       content_id("challenge-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration))
 
 
 def _check_math(ctx: StageContext, items: list[dict]) -> None:

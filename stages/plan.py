@@ -8,21 +8,18 @@ Idempotency key: rollout id. Fails: engine errors propagate; model output never 
 
 from __future__ import annotations
 
-import random
-
 from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.warehouse import content_id
-from sage.warehouse.queries import pool_questions
+from sage.warehouse.queries import sample_pool
 
 STAGE = Stage.PLAN
 
 
 def sample(ctx: StageContext) -> list[dict]:
-    pool = pool_questions(ctx.wh, ctx.run_id, ctx.iteration, ctx.cfg.iteration.domains)
-    rng = random.Random(content_id("plan-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration))
-    return rng.sample(pool, min(ctx.cfg.iteration.n_plan, len(pool)))
+    return sample_pool(ctx.wh, ctx.run_id, ctx.iteration, ctx.cfg.iteration.domains, ctx.cfg.iteration.n_plan,
+                       content_id("plan-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration))
 
 
 def run(ctx: StageContext) -> StageReport:

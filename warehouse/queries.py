@@ -89,13 +89,17 @@ def update_rows(wh: Warehouse, table: str, key: str, rows: list[dict]) -> None:
 
 # -- the pool and the iteration's questions ------------------------------------------------------------------
 
-def pool_questions(wh: Warehouse, run_id: str, upto_iteration: int, domains: list[str]) -> list[dict]:
-    """Seeds plus this run's questions admitted at or before `upto_iteration`, in a stable order."""
-    return wh.records("""
-        SELECT question_id, domain, text, verifier FROM questions
+def sample_pool(wh: Warehouse, run_id: str, upto_iteration: int, domains: list[str], k: int, key: str) -> list[dict]:
+    """`k` questions of the pool (seeds plus this run's questions admitted at or before `upto_iteration`) drawn
+    uniformly without replacement: the pool ordered by md5(key, question id), a random order that `key` fixes,
+    so a re-run draws the same ones. Only the drawn rows leave DuckDB, so the cost does not grow with the pool."""
+    ids = [i for (i,) in wh.con.execute("""
+        SELECT question_id FROM questions
         WHERE domain IN (SELECT unnest(?::VARCHAR[]))
           AND (origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted AND admitted_iteration <= ?))
-        ORDER BY question_id""", [domains, run_id, upto_iteration])
+        ORDER BY md5(? || question_id), question_id LIMIT ?""", [domains, run_id, upto_iteration, key, k]).fetchall()]
+    drawn = questions_by_id(wh, ids)
+    return [drawn[i] for i in ids]
 
 
 def pool_norm_hashes(wh: Warehouse, run_id: str) -> set[str]:
@@ -257,8 +261,9 @@ def iteration_summary(wh: Warehouse, run_id: str, iteration: int) -> dict[str, l
             SELECT CASE WHEN pl.passed THEN 'with plan' ELSE 'without plan' END AS solver,
                    count(*) AS answers, round(avg(v.s_gt), 3) AS accuracy
             FROM rollouts r JOIN verdicts v USING (rollout_id) JOIN plans pl ON pl.plan_id = r.plan_id
-            WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'solve'
-            GROUP BY ALL ORDER BY ALL""", p),
+            WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'solve' AND v.run_id = ? AND v.iteration = ?
+              AND pl.run_id = ? AND pl.iteration = ?
+            GROUP BY ALL ORDER BY ALL""", p * 3),
         "roles": wh.rows("""
             SELECT role, rollouts, round(mean_reward, 3) AS mean_reward, round(mean_advantage, 3) AS mean_advantage,
                    round(format_rate, 3) AS format_rate
@@ -274,8 +279,8 @@ def training_rows(wh: Warehouse, run_id: str, iteration: int, reward_version: in
     return wh.rows("""
         SELECT r.rollout_id, r.role, r.prompt_ids, r.completion_ids, r.logprobs, s.advantage
         FROM scores s JOIN rollouts r USING (rollout_id)
-        WHERE s.run_id = ? AND s.iteration = ? AND s.reward_version = ? ORDER BY r.rollout_id""",
-                   [run_id, iteration, reward_version])
+        WHERE s.run_id = ? AND s.iteration = ? AND s.reward_version = ? AND r.run_id = ? AND r.iteration = ?
+        ORDER BY r.rollout_id""", [run_id, iteration, reward_version, run_id, iteration])
 
 
 def record_checkpoint(wh: Warehouse, run_id: str, iteration: int, adapter_path: str, metrics: dict) -> None:
