@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NONE
 
 from sage.configs.names import Stage
 from sage.flows import session
 from sage.flows.artifacts import artifact_key
-from sage.flows.iteration import iteration_flow, stage_task
+from sage.flows.iteration import SKIPPED, iteration_flow, stage_task, summary_line
 from sage.flows.record import ended, run_recorded
 from sage.stages import seed as seed_stage
 from sage.warehouse.queries import set_run_status
@@ -65,6 +66,26 @@ def _validate(directory: str, wh, run_id: str, iteration: int, patience: int) ->
     return stop_decision([(r["iteration"], r["val_accuracy"]) for r in history], patience)
 
 
+@task(task_run_name="seed", cache_policy=NONE)
+def seed_task(directory: str, run_id: str) -> list[str]:
+    """Load the seed, validation and benchmark questions unless done (one `seed` row in `stage_runs` per seed
+    configuration); returns the seed-file lines skipped as bad."""
+    from prefect.states import Completed
+
+    log = get_run_logger()
+    with session.opened(directory) as s:
+        ctx = s.context(run_id, 0)
+        seeded = run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
+    if seeded is None:
+        log.info(SKIPPED)
+        return Completed(name="Skipped", message=SKIPPED, data=[])
+    skipped = list(seeded.info.get("skipped", []))
+    log.info(summary_line(Stage.SEED, {"rows_in": seeded.rows_in, "rows_out": seeded.rows_out,
+                                       **{k: v for k, v in seeded.info.items() if k != "skipped"},
+                                       "bad_lines_skipped": len(skipped) or None}))
+    return skipped
+
+
 @flow(name="sage-run", flow_run_name="{run_id}")
 def evolve_flow(directory: str, run_id: str, iterations: int) -> list[dict]:
     with session.opened(directory) as s:
@@ -78,8 +99,7 @@ def _evolve(s: session.Session, directory: str, run_id: str, iterations: int) ->
     set_run_status(wh, run_id, "running")
     summaries = []
     try:
-        seeded = run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
-        for line in (seeded.info.get("skipped", []) if seeded else []):
+        for line in seed_task(directory, run_id, return_state=True).result() or []:
             log.warning(f"seed file: skipped {line}")
         validating = count_validation_questions(wh) > 0
         if not validating:

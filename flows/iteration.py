@@ -7,11 +7,13 @@ missing, and re-running it after success changes no row. `stage_flow` re-runs ex
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
+from prefect.states import Completed, State
 
 from sage.configs.names import Stage
 from sage.flows import session
@@ -19,7 +21,8 @@ from sage.flows.artifacts import artifact_key
 from sage.flows.record import ended, run_recorded
 from sage.stages import admit, challenge, critique, plan, score, solve, train, validate, verify
 from sage.stages.context import StageContext, StageReport
-from sage.warehouse.queries import finish_iteration, iteration_states, iteration_summary, start_iteration
+from sage.warehouse.queries import (finish_iteration, iteration_samples, iteration_states, iteration_summary,
+                                    start_iteration)
 from sage.warehouse.redo import later_iterations, stale_stages
 from sage.warehouse.runs import check_stage_target
 
@@ -60,13 +63,34 @@ def _transient(task, task_run, state) -> bool:
     return False
 
 
+#: What a stage found done in the warehouse logs, and the name of the state its task run ends in.
+SKIPPED = "skipped: done in warehouse"
+
+
+def summary_line(name: str, result: dict) -> str:
+    """One line of what a stage did: rows in and out, then its key numbers."""
+    numbers = ", ".join(f"{k} {v}" for k, v in result.items() if k not in ("rows_in", "rows_out") and v is not None)
+    return f"{name}: {result['rows_in']} in, {result['rows_out']} out" + (f"; {numbers}" if numbers else "")
+
+
 @task(task_run_name="{name}", retries=2, retry_delay_seconds=5, retry_condition_fn=_transient, cache_policy=NONE)
-def stage_task(directory: str, run_id: str, iteration: int, name: str, force: bool = False) -> dict | None:
-    """Run stage `name` of (run, iteration) under the `stage_runs` contract, in the flow's session."""
+def stage_task(directory: str, run_id: str, iteration: int, name: str, force: bool = False) -> dict | State:
+    """Run stage `name` of (run, iteration) under the `stage_runs` contract, in the flow's session, and log one
+    summary line. A stage found done ends in a `Skipped` state (a Completed type the UI shows by that name)."""
     with session.opened(directory) as s:
         report = run_recorded(s.context(run_id, iteration), name, RUNNABLE[name], run_id=run_id,
                               iteration=iteration, force=force)
-    return None if report is None else {"rows_in": report.rows_in, "rows_out": report.rows_out, **report.info}
+    if report is None:
+        get_run_logger().info(SKIPPED)
+        return Completed(name="Skipped", message=SKIPPED)
+    result = {"rows_in": report.rows_in, "rows_out": report.rows_out, **report.info}
+    get_run_logger().info(summary_line(name, result))
+    return result
+
+
+def stage_result(value: dict | State) -> dict | None:
+    """What `stage_task` returned: its counts and numbers, or None for a skipped stage."""
+    return None if isinstance(value, State) else value
 
 
 @flow(name="sage-iteration", flow_run_name="{run_id}-iteration-{iteration}")
@@ -87,7 +111,8 @@ def iteration_flow(directory: str, run_id: str, iteration: int) -> dict:
             raise
         finish_iteration(wh, run_id, iteration, "done")
         summary = iteration_summary(wh, run_id, iteration)
-    _publish(run_id, iteration, summary)
+        samples = iteration_samples(wh, run_id, iteration)
+    _publish(run_id, iteration, summary, samples)
     return summary
 
 
@@ -101,7 +126,7 @@ def stage_flow(directory: str, run_id: str, iteration: int, stage: str, force: b
         check_stage_target(wh, run_id, iteration, stage)  # before anything is written
         if stage in STAGE_NAMES and iteration not in iteration_states(wh, run_id):
             start_iteration(wh, run_id, iteration, s.context(run_id, iteration).adapter)
-        result = stage_task(directory, run_id, iteration, stage, force=force)
+        result = stage_result(stage_task(directory, run_id, iteration, stage, force=force))
         later = later_iterations(wh, run_id, iteration) if force and stage != Stage.VALIDATE else []
     if result and result.get("stale"):
         get_run_logger().warning(f"{stage} of iteration {iteration} was redone: {', '.join(result['stale'])} "
@@ -113,8 +138,33 @@ def stage_flow(directory: str, run_id: str, iteration: int, stage: str, force: b
     return result
 
 
-def _publish(run_id: str, iteration: int, summary: dict[str, list[dict]]) -> None:
-    rows = [{"table": name, **{k: (None if v is None else str(v)) for k, v in r.items()}}
-            for name, table in summary.items() for r in table]
-    create_table_artifact(table=rows, key=artifact_key(run_id, "iteration", iteration),
-                          description=f"SAGE run {run_id}, iteration {iteration}")
+def _publish(run_id: str, iteration: int, summary: dict[str, list[dict]], samples: list[dict]) -> None:
+    """One table artifact per concept (questions, plans, solver, roles, training), values as stored (numbers
+    stay numbers), and a markdown artifact with a few generations of each role."""
+    for name, table in summary.items():
+        create_table_artifact(table=table, key=artifact_key(run_id, "iteration", iteration, name),
+                              description=f"SAGE run {run_id}, iteration {iteration}: {name}")
+    create_markdown_artifact(markdown=samples_markdown(iteration, samples),
+                             key=artifact_key(run_id, "iteration", iteration, "samples"),
+                             description=f"SAGE run {run_id}, iteration {iteration}: sample generations per role")
+
+
+def _fenced(text: str, limit: int = 1200) -> str:
+    """Model output inside a code fence no backtick run in it can close, control characters shown as escapes."""
+    text = text if len(text) <= limit else text[:limit] + " ..."
+    text = "".join(c if c in "\n\t" or c.isprintable() else repr(c)[1:-1] for c in text)
+    fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def samples_markdown(iteration: int, samples: list[dict]) -> str:
+    """The sample generations as markdown: per role, the end of the prompt and the completion, with its
+    format reward, reward and advantage."""
+    lines = [f"# Iteration {iteration}: sample generations", ""]
+    for role in sorted({r["role"] for r in samples}):
+        lines += [f"## {role}", ""]
+        for r in (x for x in samples if x["role"] == role):
+            numbers = ", ".join(f"{k} {r[k]:.3f}" for k in ("format_reward", "reward", "advantage") if r[k] is not None)
+            lines += [f"**{r['purpose']}** ({numbers})", "", "Prompt (end):", _fenced(r["prompt_tail"]), "",
+                      "Completion:", _fenced(r["completion_text"] or ""), ""]
+    return "\n".join(lines)

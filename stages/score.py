@@ -138,4 +138,8 @@ def run(ctx: StageContext) -> StageReport:
                 domain=r["domain"], reward=reward, components=components, group_key=g, advantage=a)
            for r, (reward, components), g, a in zip(rows, scored, groups, advantages)]
     added = ctx.wh.insert_batch("scores", out)
-    return StageReport(Stage.SCORE, rows_in=len(rows), rows_out=added)
+    by_role: dict[str, list[float]] = {}
+    for o in out:
+        by_role.setdefault(o["role"], []).append(o["reward"])
+    return StageReport(Stage.SCORE, rows_in=len(rows), rows_out=added,
+                       info={f"mean_reward_{role}": round(sum(v) / len(v), 3) for role, v in sorted(by_role.items())})

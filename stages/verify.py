@@ -64,18 +64,22 @@ def verdicts(engines, rows: list[dict]) -> list[dict]:
 def verify_rollouts(ctx: StageContext, purpose: Purpose, stage: str) -> StageReport:
     """Verdicts for every unverified Solver rollout of `purpose` this iteration (validate uses it too)."""
     pending = unverified_rollouts(ctx.wh, ctx.run_id, ctx.iteration, purpose)
-    written = done = 0
+    written = done = passed = 0
+    s_gt = 0.0
     ctx.report(stage, 0, len(pending))
     for chunk in ctx.fanout.map(verdicts, pending, ctx.cfg.run.batch_rows):
         for v in chunk:
             v.update(run_id=ctx.run_id, iteration=ctx.iteration)
+            s_gt += v["s_gt"]
+            passed += v["s_gt"] >= 1.0
         written += ctx.wh.insert_batch("verdicts", chunk)
         done += len(chunk)
         ctx.report(stage, done, len(pending))
     if purpose == Purpose.PROBE:
         with ctx.wh.transaction():
             set_difficulty_from_probes(ctx.wh, ctx.run_id, ctx.iteration)
-    return StageReport(stage, rows_in=len(pending), rows_out=written)
+    info = {"pass_rate": round(passed / done, 3), "mean_s_gt": round(s_gt / done, 3)} if done else {}
+    return StageReport(stage, rows_in=len(pending), rows_out=written, info=info)
 
 
 def run_probe(ctx: StageContext) -> StageReport:

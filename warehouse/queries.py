@@ -268,7 +268,29 @@ def iteration_summary(wh: Warehouse, run_id: str, iteration: int) -> dict[str, l
             SELECT role, rollouts, round(mean_reward, 3) AS mean_reward, round(mean_advantage, 3) AS mean_advantage,
                    round(format_rate, 3) AS format_rate
             FROM role_rewards WHERE run_id = ? AND iteration = ? ORDER BY role""", p),
+        "training": wh.rows("""
+            SELECT CAST(metrics->>'n_rows' AS INTEGER) AS rows, CAST(metrics->>'n_updates' AS INTEGER) AS updates,
+                   CAST(metrics->>'tokens' AS BIGINT) AS tokens, round(CAST(metrics->>'loss' AS DOUBLE), 4) AS loss,
+                   round(CAST(metrics->>'grad_norm' AS DOUBLE), 4) AS grad_norm,
+                   round(CAST(metrics->>'entropy' AS DOUBLE), 3) AS entropy,
+                   round(CAST(metrics->>'clip_fraction' AS DOUBLE), 3) AS clip_fraction,
+                   round(CAST(metrics->>'seconds' AS DOUBLE), 1) AS seconds,
+                   round(CAST(metrics->>'tokens_per_s' AS DOUBLE), 1) AS tokens_per_s
+            FROM checkpoints WHERE run_id = ? AND iteration = ?""", p),
     }
+
+
+def iteration_samples(wh: Warehouse, run_id: str, iteration: int, per_role: int = 2) -> list[dict]:
+    """A few of the iteration's generations per role (the first by rollout id, so the same ones every time):
+    purpose, the last 400 characters of the prompt, the completion, format reward, reward and advantage."""
+    return wh.rows("""
+        SELECT r.role, r.purpose, right(r.prompt_text, 400) AS prompt_tail, r.completion_text, r.format_reward,
+               s.reward, s.advantage
+        FROM rollouts r LEFT JOIN scores s ON s.rollout_id = r.rollout_id AND s.run_id = ? AND s.iteration = ?
+             AND s.reward_version = (SELECT max(reward_version) FROM scores WHERE run_id = ? AND iteration = ?)
+        WHERE r.run_id = ? AND r.iteration = ? AND r.purpose <> 'validate'
+        QUALIFY row_number() OVER (PARTITION BY r.role ORDER BY r.rollout_id) <= ?
+        ORDER BY r.role, r.rollout_id""", [run_id, iteration] * 3 + [per_role])
 
 
 # -- training ----------------------------------------------------------------------------------------------

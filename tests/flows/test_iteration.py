@@ -144,9 +144,51 @@ def test_garbage_output_never_fails_a_stage(prefect_api, tmp_path):
 
 
 def test_run_publishes_iteration_and_report_artifacts(one_iteration):
+    import json
+
     from prefect.artifacts import Artifact
 
-    table = Artifact.get("scripted-iteration-1")
-    assert table is not None and table.type == "table"
+    tables = {name: Artifact.get(f"scripted-iteration-1-{name}")
+              for name in ("questions", "plans", "solver", "roles", "training")}
+    assert all(t is not None and t.type == "table" for t in tables.values())
+    rows = {name: json.loads(t.data) for name, t in tables.items()}
+    assert rows["questions"][0]["generated"] == 5 and isinstance(rows["questions"][0]["mean_s_q"], float)
+    assert {r["role"] for r in rows["roles"]} == {"challenger", "planner", "critic", "solver"}
+    assert all(isinstance(r["rollouts"], int) and isinstance(r["mean_reward"], float) for r in rows["roles"])
+    assert rows["plans"][0]["plans"] >= 1 and rows["solver"] and rows["training"] == []  # train.enabled false
+    samples = Artifact.get("scripted-iteration-1-samples")
+    assert samples is not None and samples.type == "markdown"
+    for role in ("challenger", "planner", "critic", "solver"):
+        assert f"## {role}" in samples.data
     drift = Artifact.get("sage-scripted-curriculum-drift")
     assert drift is not None and "| 1 |" in drift.data
+
+
+def test_a_stage_found_done_ends_skipped_and_a_run_stage_logs_its_numbers(one_iteration):
+    from prefect import flow
+
+    from sage.flows.iteration import SKIPPED, stage_task, summary_line
+    from sage.flows.session import Session
+
+    @flow
+    def again():
+        return stage_task(str(one_iteration), "scripted", 1, "admit", return_state=True)
+
+    with Session(one_iteration):
+        state = again()
+    assert state.name == "Skipped" and state.is_completed() and state.message == SKIPPED
+    assert summary_line("admit", {"rows_in": 5, "rows_out": 5, "admitted": 3, "rejected": 2, "duplicate": None}) \
+        == "admit: 5 in, 5 out; admitted 3, rejected 2"
+
+
+def test_sample_generations_markdown_cannot_be_broken_by_model_output():
+    from sage.flows.iteration import samples_markdown
+
+    hostile = "```\n# heading\n\x1b[2J\x00 <script>alert(1)</script> ````"
+    md = samples_markdown(2, [dict(role="solver", purpose="solve", prompt_tail="Solve ```x```", completion_text=hostile,
+                                   format_reward=1.0, reward=0.5, advantage=-0.25)])
+    assert "\x1b" not in md and "\x00" not in md and "\\x1b" in md
+    completion = md.split("Completion:\n")[1]
+    fence = completion.split("text\n")[0]
+    assert len(fence) == 5 and completion.rstrip().endswith(fence)  # longer than any backtick run inside
+    assert "format_reward 1.000, reward 0.500, advantage -0.250" in md
