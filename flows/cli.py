@@ -117,8 +117,9 @@ def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"select * f
         fail(f"--format {fmt!r}: use table, csv or json")
     wh = _open(warehouse_path(directory), read_only=not write)
     try:
-        cur = wh.con.execute(query)
-        rows = [] if cur.description is None else [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
+        with wh.held() as con:
+            cur = con.execute(query)
+            rows = [] if cur.description is None else [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
     except duckdb.Error as e:
         fail(f"{type(e).__name__}: {e}")
     finally:
@@ -136,17 +137,17 @@ def status(directory: DirOpt = Path("./sage-runs"),
     if not path.exists():
         console.print(f"no warehouse at {path}. Start with `sage seed` (load problems) or `make run`.")
         return
-    wh = _open(path, read_only=True)
-    runs = [r for r in runs_overview(wh) if run is None or r["run_id"] == run]
-    counts = question_counts(wh)
+    with _open(path, read_only=True) as wh, wh.held():  # one connection: every table from the same state
+        runs = [r for r in runs_overview(wh) if run is None or r["run_id"] == run]
+        counts = question_counts(wh)
+        stages = {r["run_id"]: stage_states(wh, r["run_id"]) for r in runs}
     if counts:
         print_rows(counts, title="questions")
     if not runs:
         console.print("no runs yet. Start one with `sage run` (or `make run`).")
     for r in runs:
         print_rows([r], title=f"run {r['run_id']}")
-        print_rows(stage_states(wh, r["run_id"]), title="stages")
-    wh.close()
+        print_rows(stages[r["run_id"]], title="stages")
 
 
 def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
