@@ -119,12 +119,13 @@ def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"select * f
     try:
         with wh.held() as con:
             cur = con.execute(query)
-            rows = [] if cur.description is None else [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
+            columns = [d[0] for d in cur.description or []]
+            rows = [dict(zip(columns, r)) for r in cur.fetchall()] if columns else []
     except duckdb.Error as e:
         fail(f"{type(e).__name__}: {e}")
     finally:
         wh.close()
-    print_rows(rows, fmt)
+    print_rows(rows, fmt, columns=columns, count=True)
 
 
 @app.command()
