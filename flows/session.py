@@ -20,15 +20,11 @@ from typing import Any, Iterator
 
 from sage.configs.schema import SageConfig
 from sage.stages.context import Engines, ProgressFn, StageContext
-from sage.warehouse import Warehouse
+from sage.warehouse import Warehouse, warehouse_path
 from sage.warehouse.queries import iteration_adapter
 from sage.warehouse.runs import create_run, load_run_config
 
 _CURRENT: ContextVar["Session | None"] = ContextVar("sage_session", default=None)
-
-
-def warehouse_path(directory: str | Path) -> Path:
-    return Path(directory).expanduser() / "warehouse.duckdb"
 
 
 class Session:

@@ -22,12 +22,14 @@ import threading
 import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import duckdb
-import pyarrow as pa
 
-from sage.warehouse import locks
+import sage.warehouse.locks as locks
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
@@ -114,6 +116,11 @@ def _check_readable(path: str) -> None:
             con.execute(f'SELECT count(*) FROM "{table}"').fetchall()
 
 
+def warehouse_path(directory: str | Path) -> Path:
+    """The warehouse file of a project directory."""
+    return Path(directory).expanduser() / "warehouse.duckdb"
+
+
 def decode_json(value) -> dict:
     """A stored JSON object as a dict. NULL, JSON null, text that does not parse and any value that is not an
     object all give {}, so code reading a bad row finds no fields instead of raising."""
@@ -152,7 +159,7 @@ class Warehouse:
         self._depth = 0                 # nesting of held() blocks
         self._guard = threading.RLock()  # one thread at a time uses the connection
         self._writer = False            # whether this object holds the writer lock
-        self._schemas: dict[str, dict[str, pa.DataType]] = {}
+        self._schemas: dict[str, dict[str, "pa.DataType"]] = {}
 
     @classmethod
     def open(cls, path: str | Path, read_only: bool = False, migrate: bool = True) -> "Warehouse":
@@ -302,6 +309,8 @@ class Warehouse:
             return 0
         columns = list(dict.fromkeys(k for r in rows for k in r))  # union of keys; missing ones are NULL
         schema = self._arrow_schema(table, columns)
+        import pyarrow as pa  # here, not at the top: `sage sql` and `sage status` start without it
+
         text_cols = [c for c in columns if pa.types.is_string(schema.field(c).type)]
         if text_cols:  # JSON columns arrive as dicts/lists: store their canonical JSON text
             rows = [{**r, **{c: json.dumps(r[c], sort_keys=True, default=str) for c in text_cols
@@ -344,6 +353,8 @@ class Warehouse:
         unknown = [c for c in columns if c not in types]
         if unknown:
             raise KeyError(f"table {table} has no column(s) {unknown}")
+        import pyarrow as pa
+
         return pa.schema([(c, types[c]) for c in columns])
 
     # -- reads ----------------------------------------------------------------------------------------

@@ -6,14 +6,14 @@ nothing usable is stored (`Warehouse.records`).
 
 from __future__ import annotations
 
-import pyarrow as pa
-
 from sage.configs.names import Purpose
 from sage.warehouse.db import Warehouse
 
 
 def _rows_with_ids(wh: Warehouse, sql: str, ids: list[str]) -> list[dict]:
     """Run `sql`, which reads the given ids from a table named `_ids` (column `id`)."""
+    import pyarrow as pa
+
     with wh.held() as con:
         con.register("_ids", pa.table({"id": list(dict.fromkeys(ids))}))
         try:
@@ -79,6 +79,8 @@ def update_rows(wh: Warehouse, table: str, key: str, rows: list[dict]) -> None:
         return
     columns = [c for c in rows[0] if c != key]
     schema = wh._arrow_schema(table, [key, *columns])
+    import pyarrow as pa
+
     data = pa.Table.from_pylist([{c: r.get(c) for c in [key, *columns]} for r in rows], schema=schema)
     sets = ", ".join(f"{c} = u.{c}" for c in columns)
     with wh.held() as con:

@@ -91,3 +91,26 @@ def test_sql_table_fits_the_terminal_width(empty_warehouse):
         lines = r.stdout.splitlines()
         assert r.returncode == 0 and lines and max(len(line) for line in lines) <= width, r.stdout
         assert "42" in r.stdout and "…" in r.stdout and len(lines) <= 8  # cut, not wrapped over many lines
+
+
+@pytest.mark.parametrize("args", [[], ["sql", "SELECT 1"], ["status"], ["config"]])
+def test_quick_commands_import_no_torch_transformers_or_prefect(empty_warehouse, args):
+    """`sage sql`, `status` and `config` start fast: importing the CLI and running them loads none of the heavy
+    libraries (they load where a command needs them: run, stage, eval, serve, export)."""
+    args = [*args, "--dir", str(empty_warehouse)] if args[:1] in (["sql"], ["status"]) else args
+    code = ("import sys\nfrom sage.flows.cli import app\nargs = sys.argv[1:]\nif args:\n"
+            "    try:\n        app(args)\n    except SystemExit as e:\n        assert not e.code, e.code\n"
+            "print('LOADED', sorted(m for m in ('torch', 'transformers', 'prefect') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "LOADED []"
+
+
+def test_the_readme_line_that_reads_the_warehouse_from_python_works(tmp_path):
+    line = next(line for line in README.splitlines() if line.startswith(".venv/bin/python -c \"import duckdb"))
+    code = line.removeprefix(".venv/bin/python -c ").strip('"')
+    from sage.warehouse import Warehouse
+
+    Warehouse.open(tmp_path / "sage-runs" / "warehouse.duckdb").close()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and "pool_size" in r.stdout, r.stderr
