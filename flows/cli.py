@@ -13,7 +13,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from sage.flows.session import Session, warehouse_path
+from sage.warehouse.db import warehouse_path
 from sage.flows.terminal import BUSY, console, err, expected_error, fail, print_rows, quiet_prefect_tracebacks
 
 
@@ -88,6 +88,7 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = 
     """Load the seed pool and the held-out validation set into the warehouse (idempotent)."""
     from sage.configs.names import Stage
     from sage.flows.record import run_recorded
+    from sage.flows.session import Session
     from sage.stages import seed as seed_stage
     from sage.warehouse.queries import question_counts
 
@@ -117,13 +118,15 @@ def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"select * f
         fail(f"--format {fmt!r}: use table, csv or json")
     wh = _open(warehouse_path(directory), read_only=not write)
     try:
-        cur = wh.con.execute(query)
-        rows = [] if cur.description is None else [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
+        with wh.held() as con:
+            cur = con.execute(query)
+            columns = [d[0] for d in cur.description or []]
+            rows = [dict(zip(columns, r)) for r in cur.fetchall()] if columns else []
     except duckdb.Error as e:
         fail(f"{type(e).__name__}: {e}")
     finally:
         wh.close()
-    print_rows(rows, fmt)
+    print_rows(rows, fmt, columns=columns, count=True)
 
 
 @app.command()
@@ -136,17 +139,17 @@ def status(directory: DirOpt = Path("./sage-runs"),
     if not path.exists():
         console.print(f"no warehouse at {path}. Start with `sage seed` (load problems) or `make run`.")
         return
-    wh = _open(path, read_only=True)
-    runs = [r for r in runs_overview(wh) if run is None or r["run_id"] == run]
-    counts = question_counts(wh)
+    with _open(path, read_only=True) as wh, wh.held():  # one connection: every table from the same state
+        runs = [r for r in runs_overview(wh) if run is None or r["run_id"] == run]
+        counts = question_counts(wh)
+        stages = {r["run_id"]: stage_states(wh, r["run_id"]) for r in runs}
     if counts:
         print_rows(counts, title="questions")
     if not runs:
         console.print("no runs yet. Start one with `sage run` (or `make run`).")
     for r in runs:
         print_rows([r], title=f"run {r['run_id']}")
-        print_rows(stage_states(wh, r["run_id"]), title="stages")
-    wh.close()
+        print_rows(stages[r["run_id"]], title="stages")
 
 
 def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
@@ -167,6 +170,7 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None):
     from sage.flows.api_server import prefect_api
     from sage.flows.progress import StageProgress
     from sage.flows.record import Interrupted, ended
+    from sage.flows.session import Session
 
     def interrupt(signum, frame):
         if Interrupted.received is None:  # a second signal during the clean-up must not cut it short
@@ -196,6 +200,7 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
         run_id: Annotated[Optional[str], typer.Option("--run", help="Run name (default: run-<config hash>, so the same config resumes).")] = None) -> None:
     """Seed if needed, then run SAGE iterations as Prefect flows; resumes a run where it stopped."""
     from sage.flows.evolve import evolve_flow
+    from sage.flows.session import Session
 
     cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else [])])
     n = iterations or cfg.run.iterations
@@ -219,6 +224,7 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
           force: Annotated[bool, typer.Option("--force", help="Redo the stage even if it is done: replace its rows for the iteration; the stages after it become stale and the next `sage run` redoes them.")] = False) -> None:
     """Re-run exactly one stage of one iteration (skipped if done, unless --force)."""
     from sage.flows.iteration import RUNNABLE, stage_flow
+    from sage.flows.session import Session
     from sage.warehouse.runs import check_stage_target
 
     if name not in RUNNABLE:
@@ -285,8 +291,8 @@ def show_config(config: ConfigOpt = "cpu", set_: SetOpt = None,
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
 
 
-# Commands defined beside the flows they start (their modules import Prefect when the CLI loads).
-from sage.flows.evaluate import eval_command  # noqa: E402
+# Commands kept in their own modules (none imports Prefect until the command runs).
+from sage.flows.eval_command import eval_command  # noqa: E402
 from sage.flows.export import export_command  # noqa: E402
 from sage.flows.serve import serve_command  # noqa: E402
 

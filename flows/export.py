@@ -20,7 +20,6 @@ import typer
 
 from sage.warehouse import Warehouse
 from sage.warehouse.checkpoints import CheckpointNotFound, resolve_checkpoint
-from sage.warehouse.runs import RunNotFound, load_run_config, run_dirname
 
 
 class ExportError(ValueError):
@@ -46,6 +45,8 @@ def _publish(tmp: Path, dest: Path) -> Path:
 def export_adapter(wh: Warehouse, run_id: str, checkpoint: str, dest: Path, merge: bool) -> Path:
     """Write checkpoint `checkpoint` of `run_id` to `dest` (a new or empty directory) and return `dest`:
     the peft adapter directory, or with `merge` a merged model directory with its tokenizer."""
+    from sage.warehouse.runs import RunNotFound, load_run_config  # with the config schema: not at CLI start-up
+
     try:
         cfg = load_run_config(wh, run_id)
         target = resolve_checkpoint(wh, run_id, checkpoint)
@@ -89,14 +90,14 @@ def export_command(
                                             "model directory (with tokenizer) that transformers and vLLM load.")]
         = False) -> None:
     """Export a checkpoint's LoRA adapter as peft saved it, or with --merge a merged model directory."""
-    from sage.flows.session import warehouse_path
-    from sage.flows.terminal import BUSY, console, fail
-    from sage.warehouse import WarehouseBusy
+    from sage.flows.terminal import console, fail
+    from sage.warehouse import warehouse_path
+    from sage.warehouse.runs import run_dirname
 
     try:
         wh = Warehouse.open(warehouse_path(directory), read_only=True)
-    except (WarehouseBusy, FileNotFoundError) as e:
-        fail(str(e), code=BUSY)
+    except FileNotFoundError as e:
+        fail(str(e))
     try:
         if dest is None:
             dest = Path(directory).expanduser() / "exports" / f"{run_dirname(run_id)}-{checkpoint}{'-merged' if merge else ''}"

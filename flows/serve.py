@@ -83,10 +83,9 @@ def serve_command(
         register_only: Annotated[bool, typer.Option("--register-only", help="Create or update the deployments and return, without serving them.")] = False,
 ) -> None:
     """Register Prefect deployments (evolve, iteration, stage, eval) on a running server and serve them."""
-    from sage.configs import ConfigError, load_config
+    from sage.configs import load_config
     from sage.flows.session import Session
-    from sage.flows.terminal import BUSY, console, fail
-    from sage.warehouse import WarehouseBusy
+    from sage.flows.terminal import console, fail
 
     url = _api_url()
     if not url:
@@ -98,9 +97,7 @@ def serve_command(
         directory = str(Path(cfg.run.dir).expanduser().resolve())
         with Session(directory) as s:  # closed before serving: served runs open the warehouse in their own processes
             rid = s.create_run(cfg, run_id)
-    except WarehouseBusy as e:
-        fail(str(e), code=BUSY)
-    except (ConfigError, ValueError) as e:
+    except ValueError as e:  # a bad cron expression
         fail(str(e))
     deployments = build_deployments(directory, rid, iterations or cfg.run.iterations, cron)
     if register_only:

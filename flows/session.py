@@ -1,5 +1,5 @@
-"""The session a `sage` process works in: one project directory's warehouse (DuckDB allows one writer, the flow
-process), the engines of each run (a model loads once per process), the Ray fan-out when a run asks for it,
+"""The session a `sage` process works in: one project directory's warehouse (this process is its one writer for
+the session, holding the file only while it commits, so readers get in between), the engines of each run (a model loads once per process), the Ray fan-out when a run asks for it,
 and the progress callback of the live display.
 
 Flows and their tasks take plain parameters (directory, run id, iteration, stage name), as Prefect's own
@@ -20,15 +20,11 @@ from typing import Any, Iterator
 
 from sage.configs.schema import SageConfig
 from sage.stages.context import Engines, ProgressFn, StageContext
-from sage.warehouse import Warehouse
+from sage.warehouse import Warehouse, warehouse_path
 from sage.warehouse.queries import iteration_adapter
 from sage.warehouse.runs import create_run, load_run_config
 
 _CURRENT: ContextVar["Session | None"] = ContextVar("sage_session", default=None)
-
-
-def warehouse_path(directory: str | Path) -> Path:
-    return Path(directory).expanduser() / "warehouse.duckdb"
 
 
 class Session:

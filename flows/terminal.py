@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 console = Console()
 err = Console(stderr=True)
@@ -23,24 +25,60 @@ def fail(message: str, code: int = USAGE) -> NoReturn:
     raise typer.Exit(code)
 
 
-def print_rows(rows: list[dict], fmt: str = "table", title: str | None = None) -> None:
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def cell(value) -> str:
+    """A value as a table cell: None empty, floats to 4 significant digits, and every control character
+    escaped (`\\n`, `\\x1b`, ...): cells can hold model output, whose escape sequences must not reach the
+    terminal and whose newlines would break the table."""
+    if value is None:
+        return ""
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
+
+
+def _fit(natural: list[int], available: int) -> list[int]:
+    """Column widths that fit `available` characters: the widest columns are cut down to one common width,
+    the largest that fits, and narrower ones keep theirs (as DuckDB's shell does)."""
+    if sum(natural) <= available:
+        return natural
+    low, high = 1, max(natural)
+    while low < high:  # the largest cap whose capped widths still fit
+        cap = (low + high + 1) // 2
+        low, high = (cap, high) if sum(min(n, cap) for n in natural) <= available else (low, cap - 1)
+    return [min(n, low) for n in natural]
+
+
+def print_rows(rows: list[dict], fmt: str = "table", title: str | None = None,
+               columns: list[str] | None = None, count: bool = False) -> None:
+    """Print rows as a table that fits the terminal (long cells cut with an ellipsis; no markup read from the
+    values), CSV (`\\n` line endings) or JSON. `columns` names the columns when there may be no rows, so an
+    empty result still shows its header; `count` adds "N rows" under the table, as DuckDB's shell does."""
+    names = list(columns) if columns is not None else list(rows[0]) if rows else []
     if fmt == "json":
         console.print_json(json.dumps(rows, default=str)) if sys.stdout.isatty() else print(json.dumps(rows, default=str))
         return
     if fmt == "csv":
         import csv
 
-        if rows:
-            w = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        if names:
+            w = csv.writer(sys.stdout, lineterminator="\n")
+            w.writerow(names)
+            w.writerows([r[c] for c in names] for r in rows)
         return
+    cells = [[cell(r[c]) for c in names] for r in rows]
+    natural = [max([len(cell(name)), *(len(row[i]) for row in cells)]) for i, name in enumerate(names)]
+    widths = _fit(natural, console.width - 3 * len(names) - 1)  # each column: 2 padding + 1 border
     table = Table(title=title, show_lines=False)
-    for name in (rows[0] if rows else []):
-        table.add_column(str(name), overflow="fold")
-    for r in rows:
-        table.add_row(*["" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v)) for v in r.values()])
+    for name, width in zip(names, widths):
+        table.add_column(Text(cell(name)), overflow="ellipsis", no_wrap=True, width=width)
+    for row in cells:
+        table.add_row(*map(Text, row))
     console.print(table)
+    if count:
+        console.print(f"{len(rows)} row" + ("" if len(rows) == 1 else "s"), highlight=False)
 
 
 def expected_error(exc: BaseException) -> tuple[str, int] | None:

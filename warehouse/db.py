@@ -1,8 +1,11 @@
 """The DuckDB warehouse: one file per project directory, numbered migrations, batched idempotent writes.
 
-DuckDB allows one writing process. `Warehouse.open` turns DuckDB's lock conflict into
-`WarehouseBusy("warehouse in use by PID N")` without touching the file, and checks that an existing file is
-readable (read-only, changing nothing) before opening it for writing: a damaged file raises `WarehouseDamaged`.
+DuckDB allows one process to hold the file read-write, and then no other can open it at all. So a `Warehouse`
+holds the file only inside `held()` (each read, each batch's transaction) and releases it between: while a
+run's stages compute, readers get in, and they see committed batches only. A second writer gets
+`WarehouseBusy("warehouse in use by PID N")` without touching the file (`locks.py`). `Warehouse.open` checks
+that an existing file is readable (read-only, changing nothing) before writing to it, so a damaged file raises
+`WarehouseDamaged`, and applies pending migrations once per open.
 `storage_error` words the failures a user can act on (damaged file, full disk, read-only file system) as
 sentences that say what to do, wherever they surface.
 
@@ -13,17 +16,25 @@ read the named queries use, so stages never parse JSON themselves; `rows` return
 from __future__ import annotations
 
 import json
+import logging
 import re
+import threading
+import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import duckdb
-import pyarrow as pa
+
+import sage.warehouse.locks as locks
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 _LOCK_PID = re.compile(r"\(PID (\d+)\)")
+log = logging.getLogger(__name__)
 #: Every JSON column of the tables, by name; each holds an object. `records` decodes them.
 JSON_COLUMNS = frozenset({"config", "verifier", "parsed", "tests", "components", "metrics", "decoding"})
 
@@ -44,6 +55,12 @@ class WarehouseUnwritable(WarehouseError):
     """The file cannot be written: a full disk, a read-only file system, no permission."""
 
 
+def _busy(path: str, pid: int) -> "WarehouseBusy":
+    who = f"PID {pid}" if pid > 0 else "another process"
+    return WarehouseBusy(f"warehouse in use by {who}: {path}. DuckDB allows one writer; wait for that process "
+                         f"to finish (or stop it) and try again")
+
+
 _DAMAGED = ("not a valid duckdb database file", "could not read enough bytes", "corrupt", "checksum")
 
 
@@ -55,9 +72,7 @@ def storage_error(exc: BaseException, path: str | Path) -> WarehouseError | None
     errno = getattr(exc, "errno", None)
     if "lock" in low and "conflicting" in low or "could not set lock" in low:
         m = _LOCK_PID.search(text)
-        who = f"PID {m.group(1)}" if m else "another process"
-        return WarehouseBusy(f"warehouse in use by {who}: {path}. DuckDB allows one writer; wait for that process "
-                             f"to finish (or stop it) and try again")
+        return _busy(str(path), int(m.group(1)) if m else -1)
     if any(k in low for k in _DAMAGED):
         return WarehouseDamaged(f"the warehouse {path} is damaged ({first}); nothing was changed. Restore it from "
                                 f"a copy or from `sage export-parquet` output, or start afresh in another directory "
@@ -101,6 +116,11 @@ def _check_readable(path: str) -> None:
             con.execute(f'SELECT count(*) FROM "{table}"').fetchall()
 
 
+def warehouse_path(directory: str | Path) -> Path:
+    """The warehouse file of a project directory."""
+    return Path(directory).expanduser() / "warehouse.duckdb"
+
+
 def decode_json(value) -> dict:
     """A stored JSON object as a dict. NULL, JSON null, text that does not parse and any value that is not an
     object all give {}, so code reading a bad row finds no fields instead of raising."""
@@ -127,37 +147,113 @@ def migrations() -> list[tuple[int, str, str]]:
 
 
 class Warehouse:
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: str):
-        self.con = con
+    """The warehouse of one file. The DuckDB connection exists only inside `held()` (every read and write below
+    opens one; a `with wh.held():` block shares one across several calls, as a transaction does): outside it
+    this process holds nothing, so other processes can read the file. An in-memory warehouse keeps its one
+    connection open."""
+
+    def __init__(self, path: str, read_only: bool = False, con: duckdb.DuckDBPyConnection | None = None):
         self.path = path
-        self._schemas: dict[str, dict[str, pa.DataType]] = {}
+        self.read_only = read_only
+        self._con = con                 # kept open only for ":memory:"
+        self._depth = 0                 # nesting of held() blocks
+        self._guard = threading.RLock()  # one thread at a time uses the connection
+        self._writer = False            # whether this object holds the writer lock
+        self._schemas: dict[str, dict[str, "pa.DataType"]] = {}
 
     @classmethod
     def open(cls, path: str | Path, read_only: bool = False, migrate: bool = True) -> "Warehouse":
+        """Check the file (a damaged one raises `WarehouseDamaged`), apply pending migrations once, and return
+        the warehouse with the file released. Opening for writing takes the writer lock: a second writer gets
+        `WarehouseBusy` at once."""
         path = str(path)
-        if path != ":memory:" and read_only and not Path(path).exists():
+        if path == ":memory:":
+            wh = cls(path, read_only, duckdb.connect(path))
+            if migrate:
+                wh.migrate()
+            return wh
+        if read_only and not Path(path).exists():
             raise FileNotFoundError(f"no warehouse at {path}; run `sage seed` or `sage run` first")
+        wh = cls(path, read_only)
         try:
-            if path != ":memory:":
-                if Path(path).exists():
-                    _check_readable(path)
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            wh = cls(duckdb.connect(path, read_only=read_only), path)
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            if not read_only:
+                holder = locks.acquire_writer(path)
+                if holder is not None:
+                    raise _busy(path, holder)
+                wh._writer = True
+            if Path(path).exists():
+                wh._retrying(lambda: _check_readable(path))
             if migrate and not read_only:
                 wh.migrate()
-        except (duckdb.Error, OSError) as e:
-            error = storage_error(e, path)
+        except BaseException as e:
+            wh.close()
+            error = storage_error(e, path) if isinstance(e, (duckdb.Error, OSError)) else None
             if error is None:
                 raise
             raise error from None
         return wh
 
     def close(self) -> None:
-        self.con.close()
+        with self._guard:
+            if self._con is not None:
+                self._con.close()
+                self._con, self._depth = None, 0
+            if self._writer:
+                locks.release_writer(self.path)
+                self._writer = False
+
+    @contextmanager
+    def held(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The open connection for the time of the block: opened (waiting while another process holds the
+        file) by the outermost block and closed when it ends, which releases the file."""
+        with self._guard:
+            if self._con is None:
+                self._con = self._retrying(lambda: duckdb.connect(self.path, read_only=self.read_only))
+            self._depth += 1
+            try:
+                yield self._con
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self.path != ":memory:":
+                    con, self._con = self._con, None
+                    con.close()
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The connection of the enclosing `held()` block."""
+        if self._con is None or (self._depth == 0 and self.path != ":memory:"):
+            raise RuntimeError("the warehouse connection exists only inside `with wh.held():`")
+        return self._con
+
+    def _retrying(self, connect):
+        """`connect()`, retried while another process holds the file: a reader gives up after
+        `locks.READ_WAIT_S`; the writer waits for readers as long as they hold it (saying so once), and gives
+        up at once only when another program holds the file for writing."""
+        start, noted = time.monotonic(), False
+        for delay in locks.backoff():
+            try:
+                return connect()
+            except duckdb.Error as e:
+                error = storage_error(e, self.path)
+                if not isinstance(error, WarehouseBusy):
+                    raise
+                waited = time.monotonic() - start
+                if self.read_only:
+                    if waited > locks.READ_WAIT_S:
+                        raise error from None
+                else:
+                    holder = locks.lock_holder(self.path)
+                    if holder is not None and holder[0] == "write":
+                        raise error from None
+                    if not noted and waited > locks.WAIT_NOTE_S and holder is not None:
+                        log.warning("waiting for PID %s, which is reading the warehouse %s", holder[1], self.path)
+                        noted = True
+            time.sleep(delay)
 
     def checkpoint(self) -> None:
         """Write the write-ahead log into the database file, so a damaged log can lose at most what came after."""
-        self.con.execute("CHECKPOINT")
+        self.execute("CHECKPOINT")
 
     def __enter__(self) -> "Warehouse":
         return self
@@ -168,6 +264,10 @@ class Warehouse:
     # -- schema ---------------------------------------------------------------------------------------
     def migrate(self) -> list[int]:
         """Apply the migrations not yet recorded; each in its own transaction. Returns versions applied."""
+        with self.held():
+            return self._migrate()
+
+    def _migrate(self) -> list[int]:
         self.con.execute("CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
                          " applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)")
         done = {v for (v,) in self.con.execute("SELECT version FROM migrations").fetchall()}
@@ -182,18 +282,25 @@ class Warehouse:
         return applied
 
     def schema_version(self) -> int:
-        return self.con.execute("SELECT coalesce(max(version), 0) FROM migrations").fetchall()[0][0]
+        return self.scalar("SELECT coalesce(max(version), 0) FROM migrations")
 
     # -- writes ---------------------------------------------------------------------------------------
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        self.con.execute("BEGIN TRANSACTION")
-        try:
-            yield
-        except BaseException:
-            self.con.execute("ROLLBACK")
-            raise
-        self.con.execute("COMMIT")
+        """One transaction, with the file held from BEGIN to COMMIT (or ROLLBACK) and released after."""
+        with self.held() as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                yield
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+
+    def execute(self, sql: str, params: list | dict | None = None) -> list[tuple]:
+        """Run one statement (in the caller's transaction if there is one) and return its rows as tuples."""
+        with self.held() as con:
+            return con.execute(sql, params or []).fetchall()
 
     def insert(self, table: str, rows: list[dict]) -> int:
         """Insert rows (dicts keyed by column) with ON CONFLICT DO NOTHING; returns rows actually added.
@@ -202,11 +309,17 @@ class Warehouse:
             return 0
         columns = list(dict.fromkeys(k for r in rows for k in r))  # union of keys; missing ones are NULL
         schema = self._arrow_schema(table, columns)
+        import pyarrow as pa  # here, not at the top: `sage sql` and `sage status` start without it
+
         text_cols = [c for c in columns if pa.types.is_string(schema.field(c).type)]
         if text_cols:  # JSON columns arrive as dicts/lists: store their canonical JSON text
             rows = [{**r, **{c: json.dumps(r[c], sort_keys=True, default=str) for c in text_cols
                              if r.get(c) is not None and not isinstance(r[c], str)}} for r in rows]
         arrow = pa.Table.from_pylist(rows, schema=schema)
+        with self.held():
+            return self._insert_arrow(table, columns, arrow)
+
+    def _insert_arrow(self, table: str, columns: list[str], arrow: pa.Table) -> int:
         cols = ", ".join(columns)
         before = self.count(table)
         self.con.register("_incoming", arrow)
@@ -227,29 +340,34 @@ class Warehouse:
             return self.insert(table, rows)
 
     def count(self, table: str) -> int:
-        return self.con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+        return self.scalar(f"SELECT count(*) FROM {table}")
 
     def _arrow_schema(self, table: str, columns: list[str]) -> pa.Schema:
         # Arrow types from the table's DuckDB types, so JSON, lists and NULL-only columns convert exactly.
         types = self._schemas.get(table)
         if types is None:
-            empty = self.con.sql(f"SELECT * FROM {table} LIMIT 0").to_arrow_table()
+            with self.held() as con:
+                empty = con.sql(f"SELECT * FROM {table} LIMIT 0").to_arrow_table()
             types = {f.name: f.type for f in empty.schema}
             self._schemas[table] = types
         unknown = [c for c in columns if c not in types]
         if unknown:
             raise KeyError(f"table {table} has no column(s) {unknown}")
+        import pyarrow as pa
+
         return pa.schema([(c, types[c]) for c in columns])
 
     # -- reads ----------------------------------------------------------------------------------------
     def query(self, sql: str, params: list | None = None):
         """Run SQL and return a pandas DataFrame."""
-        return self.con.execute(sql, params or []).df()
+        with self.held() as con:
+            return con.execute(sql, params or []).df()
 
     def rows(self, sql: str, params: list | None = None) -> list[dict]:
-        cur = self.con.execute(sql, params or [])
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, r)) for r in cur.fetchall()]
+        with self.held() as con:
+            cur = con.execute(sql, params or [])
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r)) for r in cur.fetchall()]
 
     def records(self, sql: str, params: list | None = None) -> list[dict]:
         """`rows`, with every selected column named in JSON_COLUMNS decoded by `decode_json` (always a dict)."""
@@ -261,5 +379,5 @@ class Warehouse:
         return rows
 
     def scalar(self, sql: str, params: list | None = None):
-        row = self.con.execute(sql, params or []).fetchall()
+        row = self.execute(sql, params)
         return row[0][0] if row else None

@@ -70,21 +70,22 @@ def export_run(wh: Warehouse, run_id: str, dest: str) -> dict[str, int]:
         raise ExportError(f"no run {run_id!r} in {wh.path}; `sage status` lists the runs")
     fs, root = _filesystem(dest)
     _check_destination(fs, root)
-    if fs is not None:
-        wh.con.register_filesystem(fs)
-    else:
+    if fs is None:
         import os
 
         os.makedirs(root, exist_ok=True)
     counts: dict[str, int] = {}
-    for table, (where, partition) in TABLES.items():
-        select = f"SELECT * FROM {table} WHERE {where}"
-        counts[table] = int(wh.scalar(f"SELECT count(*) FROM ({select})", {"run": run_id}))
-        if counts[table] == 0:
-            continue
-        options = f"FORMAT parquet, PARTITION_BY ({partition}), OVERWRITE true" if partition else "FORMAT parquet"
-        target = f"{root}/{table}" + ("" if partition else ".parquet")
-        wh.con.execute(f"COPY ({select}) TO '{target}' ({options})", {"run": run_id})
+    with wh.held() as con:  # one connection for the whole export: every table from the same committed state
+        if fs is not None:
+            con.register_filesystem(fs)
+        for table, (where, partition) in TABLES.items():
+            select = f"SELECT * FROM {table} WHERE {where}"
+            counts[table] = int(wh.scalar(f"SELECT count(*) FROM ({select})", {"run": run_id}))
+            if counts[table] == 0:
+                continue
+            options = f"FORMAT parquet, PARTITION_BY ({partition}), OVERWRITE true" if partition else "FORMAT parquet"
+            target = f"{root}/{table}" + ("" if partition else ".parquet")
+            con.execute(f"COPY ({select}) TO '{target}' ({options})", {"run": run_id})
     manifest = {"run_id": run_id, "schema_version": wh.schema_version(), "rows": counts,
                 "partitions": {t: p for t, (_, p) in TABLES.items()},
                 "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -6,19 +6,20 @@ nothing usable is stored (`Warehouse.records`).
 
 from __future__ import annotations
 
-import pyarrow as pa
-
 from sage.configs.names import Purpose
 from sage.warehouse.db import Warehouse
 
 
 def _rows_with_ids(wh: Warehouse, sql: str, ids: list[str]) -> list[dict]:
     """Run `sql`, which reads the given ids from a table named `_ids` (column `id`)."""
-    wh.con.register("_ids", pa.table({"id": list(dict.fromkeys(ids))}))
-    try:
-        return wh.records(sql)
-    finally:
-        wh.con.unregister("_ids")
+    import pyarrow as pa
+
+    with wh.held() as con:
+        con.register("_ids", pa.table({"id": list(dict.fromkeys(ids))}))
+        try:
+            return wh.records(sql)
+        finally:
+            con.unregister("_ids")
 
 
 def existing_ids(wh: Warehouse, table: str, id_column: str, ids: list[str]) -> set[str]:
@@ -55,7 +56,7 @@ def stage_status(wh: Warehouse, run_id: str, iteration: int, stage: str) -> str 
 
 
 def mark_stage_running(wh: Warehouse, run_id: str, iteration: int, stage: str) -> None:
-    wh.con.execute("""
+    wh.execute("""
         INSERT INTO stage_runs (run_id, iteration, stage, status) VALUES (?, ?, ?, 'running')
         ON CONFLICT DO UPDATE SET status = 'running', attempts = stage_runs.attempts + 1, error = NULL,
             started_at = now(), finished_at = NULL""", [run_id, iteration, stage])
@@ -63,11 +64,11 @@ def mark_stage_running(wh: Warehouse, run_id: str, iteration: int, stage: str) -
 
 def mark_stage_finished(wh: Warehouse, run_id: str, iteration: int, stage: str, status: str,
                         rows_in: int | None, rows_out: int | None, seconds: float, error: str | None) -> None:
-    wh.con.execute("""
+    wh.execute("""
         UPDATE stage_runs SET status = ?, rows_in = ?, rows_out = ?, seconds = ?, error = ?,
             finished_at = now()
         WHERE run_id = ? AND iteration = ? AND stage = ?""",
-                   [status, rows_in, rows_out, seconds, error, run_id, iteration, stage])
+               [status, rows_in, rows_out, seconds, error, run_id, iteration, stage])
 
 
 # -- generic update ----------------------------------------------------------------------------------------
@@ -78,13 +79,16 @@ def update_rows(wh: Warehouse, table: str, key: str, rows: list[dict]) -> None:
         return
     columns = [c for c in rows[0] if c != key]
     schema = wh._arrow_schema(table, [key, *columns])
+    import pyarrow as pa
+
     data = pa.Table.from_pylist([{c: r.get(c) for c in [key, *columns]} for r in rows], schema=schema)
     sets = ", ".join(f"{c} = u.{c}" for c in columns)
-    wh.con.register("_upd", data)
-    try:
-        wh.con.execute(f"UPDATE {table} SET {sets} FROM _upd u WHERE {table}.{key} = u.{key}")
-    finally:
-        wh.con.unregister("_upd")
+    with wh.held() as con:
+        con.register("_upd", data)
+        try:
+            con.execute(f"UPDATE {table} SET {sets} FROM _upd u WHERE {table}.{key} = u.{key}")
+        finally:
+            con.unregister("_upd")
 
 
 # -- the pool and the iteration's questions ------------------------------------------------------------------
@@ -93,19 +97,19 @@ def sample_pool(wh: Warehouse, run_id: str, upto_iteration: int, domains: list[s
     """`k` questions of the pool (seeds plus this run's questions admitted at or before `upto_iteration`) drawn
     uniformly without replacement: the pool ordered by md5(key, question id), a random order that `key` fixes,
     so a re-run draws the same ones. Only the drawn rows leave DuckDB, so the cost does not grow with the pool."""
-    ids = [i for (i,) in wh.con.execute("""
+    ids = [i for (i,) in wh.execute("""
         SELECT question_id FROM questions
         WHERE domain IN (SELECT unnest(?::VARCHAR[]))
           AND (origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted AND admitted_iteration <= ?))
-        ORDER BY md5(? || question_id), question_id LIMIT ?""", [domains, run_id, upto_iteration, key, k]).fetchall()]
+        ORDER BY md5(? || question_id), question_id LIMIT ?""", [domains, run_id, upto_iteration, key, k])]
     drawn = questions_by_id(wh, ids)
     return [drawn[i] for i in ids]
 
 
 def pool_norm_hashes(wh: Warehouse, run_id: str) -> set[str]:
-    return {h for (h,) in wh.con.execute("""
+    return {h for (h,) in wh.execute("""
         SELECT norm_hash FROM questions
-        WHERE origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted)""", [run_id]).fetchall()}
+        WHERE origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted)""", [run_id])}
 
 
 def pool_texts(wh: Warehouse, run_id: str) -> list[dict]:
@@ -159,7 +163,7 @@ def unverified_rollouts(wh: Warehouse, run_id: str, iteration: int, purpose: Pur
 
 def set_difficulty_from_probes(wh: Warehouse, run_id: str, iteration: int) -> None:
     """r_d = 1 - mean s_gt of the question's probe answers."""
-    wh.con.execute("""
+    wh.execute("""
         UPDATE questions SET difficulty = p.r_d
         FROM (SELECT r.question_id, 1 - avg(v.s_gt) AS r_d
               FROM rollouts r JOIN verdicts v USING (rollout_id)
@@ -198,39 +202,39 @@ def scoring_inputs(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
 
 def run_config(wh: Warehouse, run_id: str) -> tuple[str, str] | None:
     """(config JSON, config hash) of a run, or None when there is no such run."""
-    rows = wh.con.execute("SELECT config, config_hash FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    rows = wh.execute("SELECT config, config_hash FROM runs WHERE run_id = ?", [run_id])
     return rows[0] if rows else None
 
 
 def run_ids(wh: Warehouse) -> list[str]:
-    return [r[0] for r in wh.con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()]
+    return [r[0] for r in wh.execute("SELECT run_id FROM runs ORDER BY created_at")]
 
 
 def iteration_states(wh: Warehouse, run_id: str) -> dict[int, str]:
     """{iteration: status} of a run's iterations."""
-    return dict(wh.con.execute("SELECT iteration, status FROM iterations WHERE run_id = ? ORDER BY iteration",
-                               [run_id]).fetchall())
+    return dict(wh.execute("SELECT iteration, status FROM iterations WHERE run_id = ? ORDER BY iteration",
+                           [run_id]))
 
 
 def set_run_config(wh: Warehouse, run_id: str, config: str, config_hash: str) -> None:
     """Store a run's config again (only fields outside its identity may differ)."""
-    wh.con.execute("UPDATE runs SET config = ?, config_hash = ? WHERE run_id = ?", [config, config_hash, run_id])
+    wh.execute("UPDATE runs SET config = ?, config_hash = ? WHERE run_id = ?", [config, config_hash, run_id])
 
 
 def set_run_status(wh: Warehouse, run_id: str, status: str) -> None:
-    wh.con.execute("UPDATE runs SET status = ?, finished_at = CASE WHEN ? = 'running' THEN NULL ELSE now() END "
-                   "WHERE run_id = ?", [status, status, run_id])
+    wh.execute("UPDATE runs SET status = ?, finished_at = CASE WHEN ? = 'running' THEN NULL ELSE now() END "
+               "WHERE run_id = ?", [status, status, run_id])
 
 
 def start_iteration(wh: Warehouse, run_id: str, iteration: int, adapter_in: str | None) -> None:
-    wh.con.execute("""INSERT INTO iterations (run_id, iteration, adapter_in) VALUES (?, ?, ?)
-                      ON CONFLICT DO UPDATE SET status = 'running', finished_at = NULL""",
-                   [run_id, iteration, adapter_in])
+    wh.execute("""INSERT INTO iterations (run_id, iteration, adapter_in) VALUES (?, ?, ?)
+                  ON CONFLICT DO UPDATE SET status = 'running', finished_at = NULL""",
+               [run_id, iteration, adapter_in])
 
 
 def finish_iteration(wh: Warehouse, run_id: str, iteration: int, status: str) -> None:
-    wh.con.execute("UPDATE iterations SET status = ?, finished_at = now() WHERE run_id = ? AND iteration = ?",
-                   [status, run_id, iteration])
+    wh.execute("UPDATE iterations SET status = ?, finished_at = now() WHERE run_id = ? AND iteration = ?",
+               [status, run_id, iteration])
 
 
 def iteration_adapter(wh: Warehouse, run_id: str, iteration: int) -> str | None:
@@ -239,8 +243,8 @@ def iteration_adapter(wh: Warehouse, run_id: str, iteration: int) -> str | None:
 
 
 def set_iteration_adapter(wh: Warehouse, run_id: str, iteration: int, adapter_out: str) -> None:
-    wh.con.execute("UPDATE iterations SET adapter_out = ? WHERE run_id = ? AND iteration = ?",
-                   [adapter_out, run_id, iteration])
+    wh.execute("UPDATE iterations SET adapter_out = ? WHERE run_id = ? AND iteration = ?",
+               [adapter_out, run_id, iteration])
 
 
 # -- summaries -------------------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ def forget_outputs(wh: Warehouse, run_id: str, iteration: int, stage: str) -> No
     """Remove what `stage` wrote for (run, iteration), in one transaction, so running it again writes it anew."""
     with wh.transaction():
         for sql in _FORGET.get(stage, []):
-            wh.con.execute(sql, {"run": run_id, "it": iteration})
+            wh.execute(sql, {"run": run_id, "it": iteration})
 
 
 def mark_later_stale(wh: Warehouse, run_id: str, iteration: int, stage: str) -> list[str]:
@@ -65,10 +65,10 @@ def mark_later_stale(wh: Warehouse, run_id: str, iteration: int, stage: str) -> 
     stale = [s for s in later if s in {r["stage"] for r in rows}]
     if stale:
         with wh.transaction():
-            wh.con.execute("UPDATE stage_runs SET status = 'stale' WHERE run_id = ? AND iteration = ? "
-                           "AND list_contains(?, stage)", [run_id, iteration, stale])
-            wh.con.execute("UPDATE iterations SET status = 'stale' WHERE run_id = ? AND iteration = ?",
-                           [run_id, iteration])
+            wh.execute("UPDATE stage_runs SET status = 'stale' WHERE run_id = ? AND iteration = ? "
+                       "AND list_contains(?, stage)", [run_id, iteration, stale])
+            wh.execute("UPDATE iterations SET status = 'stale' WHERE run_id = ? AND iteration = ?",
+                       [run_id, iteration])
     return stale
 
 

@@ -45,13 +45,13 @@ def validation_scores(wh: Warehouse, run_id: str, iteration: int) -> dict:
 def record_validation(wh: Warehouse, run_id: str, iteration: int, adapter_path: str, scores: dict) -> None:
     """Set the checkpoint's validation numbers; create the row (with `adapter_path`) when training wrote
     none: the baseline at iteration 0, or every iteration when training is off. An existing row keeps its path."""
-    wh.con.execute("""
+    wh.execute("""
         INSERT INTO checkpoints (run_id, iteration, adapter_path, val_accuracy, val_math, val_code, val_mean_s_gt)
         VALUES (?, ?, ?, ?, ?, ?, ?)
         ON CONFLICT (run_id, iteration) DO UPDATE SET val_accuracy = excluded.val_accuracy,
             val_math = excluded.val_math, val_code = excluded.val_code, val_mean_s_gt = excluded.val_mean_s_gt""",
-                   [run_id, iteration, adapter_path, scores["val_accuracy"], scores["val_math"], scores["val_code"],
-                    scores.get("val_mean_s_gt")])
+               [run_id, iteration, adapter_path, scores["val_accuracy"], scores["val_math"], scores["val_code"],
+                scores.get("val_mean_s_gt")])
 
 
 def validation_history(wh: Warehouse, run_id: str, upto_iteration: int | None = None) -> list[dict]:
@@ -70,6 +70,6 @@ def mark_best(wh: Warehouse, run_id: str) -> int | None:
         best = wh.scalar("""
             SELECT iteration FROM checkpoints WHERE run_id = ? AND val_accuracy IS NOT NULL
             ORDER BY val_accuracy DESC, iteration ASC LIMIT 1""", [run_id])
-        wh.con.execute("UPDATE checkpoints SET is_best = coalesce(iteration = ?, false) WHERE run_id = ?",
-                       [best, run_id])
+        wh.execute("UPDATE checkpoints SET is_best = coalesce(iteration = ?, false) WHERE run_id = ?",
+                   [best, run_id])
     return best

@@ -1,3 +1,4 @@
+import os
 import re
 import subprocess
 import sys
@@ -44,3 +45,72 @@ def test_sql_formats(tmp_path):
     assert r.returncode == 0 and "n" in r.stdout
     r = _sage("sql", "SELEC nonsense", "--dir", str(tmp_path))
     assert r.returncode == 2 and "error" in r.stderr.lower()
+
+
+@pytest.fixture
+def empty_warehouse(tmp_path):
+    from sage.warehouse import Warehouse
+
+    Warehouse.open(tmp_path / "warehouse.duckdb").close()
+    return tmp_path
+
+
+def test_sql_empty_result_shows_the_header_and_0_rows(empty_warehouse):
+    r = _sage("sql", "SELECT 1 AS alpha, 'x' AS beta WHERE false", "--dir", str(empty_warehouse))
+    assert r.returncode == 0, r.stderr
+    header = next(line for line in r.stdout.splitlines() if "alpha" in line)
+    assert "beta" in header and "0 rows" in r.stdout
+    r = _sage("sql", "SELECT 1 AS alpha, 'x' AS beta WHERE false", "--dir", str(empty_warehouse), "-f", "csv")
+    assert r.stdout == "alpha,beta\n"
+    r = _sage("sql", "SELECT 1 AS a UNION ALL SELECT 2", "--dir", str(empty_warehouse))
+    assert "2 rows" in r.stdout
+
+
+def test_sql_csv_ends_lines_with_newline_only(empty_warehouse):
+    r = subprocess.run([sys.executable, "-m", "sage.flows.cli", "sql", "--dir", str(empty_warehouse), "-f", "csv",
+                        "SELECT i, 'a,b' AS s, NULL AS n FROM range(3) t(i)"], capture_output=True, timeout=120)
+    assert r.returncode == 0 and b"\r" not in r.stdout
+    assert r.stdout.decode().split("\n") == ["i,s,n", '0,"a,b",', '1,"a,b",', '2,"a,b",', ""]
+
+
+def test_sql_table_escapes_control_characters_and_markup(empty_warehouse):
+    """Cells can hold model output: escape sequences, carriage returns and rich markup are shown, not obeyed."""
+    query = "SELECT 'ok' || chr(27) || '[31mred' || chr(10) || 'x' || chr(13) || '[bold]b[/bold]' || chr(7) AS t"
+    r = subprocess.run([sys.executable, "-m", "sage.flows.cli", "sql", "--dir", str(empty_warehouse), query],
+                       capture_output=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    out = r.stdout.decode()
+    assert r.returncode == 0 and not any(c in out for c in "\x1b\r\x07")
+    assert "ok\\x1b[31mred\\nx\\r[bold]b[/bold]\\x07" in out
+
+
+def test_sql_table_fits_the_terminal_width(empty_warehouse):
+    query = "SELECT repeat('word ', 200) AS long_text, 42 AS answer, repeat('z', 300) AS other"
+    for width in (40, 100):
+        r = subprocess.run([sys.executable, "-m", "sage.flows.cli", "sql", "--dir", str(empty_warehouse), query],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": str(width)})
+        lines = r.stdout.splitlines()
+        assert r.returncode == 0 and lines and max(len(line) for line in lines) <= width, r.stdout
+        assert "42" in r.stdout and "…" in r.stdout and len(lines) <= 8  # cut, not wrapped over many lines
+
+
+@pytest.mark.parametrize("args", [[], ["sql", "SELECT 1"], ["status"], ["config"]])
+def test_quick_commands_import_no_torch_transformers_or_prefect(empty_warehouse, args):
+    """`sage sql`, `status` and `config` start fast: importing the CLI and running them loads none of the heavy
+    libraries (they load where a command needs them: run, stage, eval, serve, export)."""
+    args = [*args, "--dir", str(empty_warehouse)] if args[:1] in (["sql"], ["status"]) else args
+    code = ("import sys\nfrom sage.flows.cli import app\nargs = sys.argv[1:]\nif args:\n"
+            "    try:\n        app(args)\n    except SystemExit as e:\n        assert not e.code, e.code\n"
+            "print('LOADED', sorted(m for m in ('torch', 'transformers', 'prefect') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "LOADED []"
+
+
+def test_the_readme_line_that_reads_the_warehouse_from_python_works(tmp_path):
+    line = next(line for line in README.splitlines() if line.startswith(".venv/bin/python -c \"import duckdb"))
+    code = line.removeprefix(".venv/bin/python -c ").strip('"')
+    from sage.warehouse import Warehouse
+
+    Warehouse.open(tmp_path / "sage-runs" / "warehouse.duckdb").close()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and "pool_size" in r.stdout, r.stderr

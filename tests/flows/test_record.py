@@ -21,7 +21,7 @@ def test_a_finished_stage_is_checkpointed_into_the_file(tmp_path):
                          norm_hash=f"h{i}") for i in range(500)]
             return StageReport("seed", rows_in=500, rows_out=ctx.wh.insert_batch("questions", rows))
 
-        wh.con.execute("CHECKPOINT")
+        wh.checkpoint()
         assert not wal.exists() or wal.stat().st_size == 0
         report = run_recorded(ctx, "seed", stage, run_id="r", iteration=0)
         assert report.rows_out == 500

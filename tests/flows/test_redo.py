@@ -22,8 +22,8 @@ def test_force_verify_after_new_expected_outputs(prefect_api, tmp_path):
         verifier = json.loads(q["verifier"])
         assert verifier["outputs"] == [6, 20]
         # the question's second expected output changes: answers that passed both tests now pass one
-        wh.con.execute("UPDATE questions SET verifier = ? WHERE question_id = ?",
-                       [json.dumps({**verifier, "outputs": [6, 21]}), q["question_id"]])
+        wh.execute("UPDATE questions SET verifier = ? WHERE question_id = ?",
+                   [json.dumps({**verifier, "outputs": [6, 21]}), q["question_id"]])
         solved = "SELECT v.s_gt FROM verdicts v JOIN rollouts r USING (rollout_id) WHERE r.purpose = 'solve' " \
                  "AND r.question_id = ? ORDER BY r.rollout_id"
         assert set(r["s_gt"] for r in wh.rows(solved, [q["question_id"]])) == {1.0}

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from sage.configs import load_config
 from sage.engines.data.benchmarks import load_benchmark, pass_at_k
-from sage.flows.evaluate import eval_command, side_by_side
+from sage.flows.eval_command import eval_command, side_by_side
 from sage.stages import evaluate
 from sage.stages.context import Engines, StageContext
 from sage.warehouse.checkpoints import resolve_checkpoint

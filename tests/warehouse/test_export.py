@@ -36,7 +36,7 @@ def _normalised(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 
 def _warehouse_frame(wh: Warehouse, table: str) -> pd.DataFrame:
     where, _ = TABLES[table]
-    return wh.con.execute(f"SELECT * FROM {table} WHERE {where}", {"run": RUN}).df()
+    return wh.query(f"SELECT * FROM {table} WHERE {where}", {"run": RUN})
 
 
 def test_cli_export_reads_back_equal(project, tmp_path):

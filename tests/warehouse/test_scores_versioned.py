@@ -21,13 +21,13 @@ def _score(rid: str, version: int, reward: float, advantage: float) -> dict:
 
 def test_migration_gives_old_rows_version_1_and_their_id(tmp_path):
     with Warehouse.open(tmp_path / "w.duckdb", migrate=False) as wh:
-        wh.con.execute("CREATE TABLE migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
-                       " applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)")
+        wh.execute("CREATE TABLE migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
+                   " applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)")
         for version, name, sql in migrations():
             if name == "score_versions":
                 break
-            wh.con.execute(sql)
-            wh.con.execute("INSERT INTO migrations (version, name) VALUES (?, ?)", [version, name])
+            wh.execute(sql)
+            wh.execute("INSERT INTO migrations (version, name) VALUES (?, ?)", [version, name])
         wh.insert_batch("rollouts", [_rollout("a")])
         wh.insert_batch("scores", [{"rollout_id": "a", "run_id": "r", "iteration": 1, "role": "challenger",
                                     "reward": 0.8, "components": {}, "group_key": "challenger", "advantage": 0.5}])

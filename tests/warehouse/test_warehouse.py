@@ -1,6 +1,7 @@
 import multiprocessing as mp
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -123,7 +124,7 @@ def test_second_writer_gets_clear_error_and_file_untouched(tmp_path):
     path = tmp_path / "w.duckdb"
     wh = Warehouse.open(path)
     wh.insert_batch("runs", [_run_row()])
-    wh.con.execute("CHECKPOINT")
+    wh.checkpoint()
     size, mtime = path.stat().st_size, path.stat().st_mtime_ns
     code = ("import sys\nfrom warehouse import Warehouse, WarehouseBusy\n"
             "try:\n    Warehouse.open(sys.argv[1])\nexcept WarehouseBusy as e:\n    print(e); sys.exit(3)\n")
@@ -138,10 +139,51 @@ def test_second_writer_gets_clear_error_and_file_untouched(tmp_path):
 
 def test_cli_second_writer_exits_nonzero(tmp_path):
     wh = Warehouse.open(tmp_path / "warehouse.duckdb")
-    r = subprocess.run([sys.executable, "-m", "sage.flows.cli", "sql", "SELECT 1", "--dir", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "sage.flows.cli", "sql", "SELECT 1", "--write", "--dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
     wh.close()
     assert r.returncode == 3 and "warehouse in use by PID" in r.stderr
+
+
+def _read_in_subprocess(path, sql: str) -> subprocess.Popen:
+    code = ("import sys\nfrom sage.warehouse import Warehouse\n"
+            "with Warehouse.open(sys.argv[1], read_only=True) as wh:\n    print(wh.scalar(sys.argv[2]))\n")
+    return subprocess.Popen([sys.executable, "-c", code, str(path), sql], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_a_reader_gets_in_while_the_writer_is_open_and_between_its_batches(tmp_path):
+    """The writer holds the file only inside a batch: a reader started while the writer holds it waits, and
+    reads once the batch is committed; one started between batches reads at once."""
+    path = tmp_path / "w.duckdb"
+    with Warehouse.open(path) as wh:
+        wh.insert_batch("runs", [_run_row("r1")])
+        assert _read_in_subprocess(path, "SELECT count(*) FROM runs").communicate(timeout=60)[0].strip() == "1"
+        with wh.transaction():
+            wh.insert("runs", [_run_row("r2")])
+            reader = _read_in_subprocess(path, "SELECT string_agg(run_id ORDER BY run_id) FROM runs")
+            time.sleep(2)  # the reader is waiting now (it gives up only after READ_WAIT_S)
+            assert reader.poll() is None
+        out, errors = reader.communicate(timeout=60)
+        assert reader.returncode == 0, errors
+        assert out.strip() == "r1,r2"  # the batch it waited for, committed whole
+
+
+def test_the_writer_waits_for_a_reader_instead_of_failing(tmp_path):
+    path = tmp_path / "w.duckdb"
+    with Warehouse.open(path) as wh:
+        wh.insert_batch("runs", [_run_row("r1")])
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1], "
+                               "read_only=True); print('held', flush=True); time.sleep(2)", str(path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with Warehouse.open(path) as wh:  # opening (migrations check) and the batch both wait for the reader
+            assert wh.insert_batch("runs", [_run_row("r2")]) == 1
+            assert holder.poll() is not None  # it could only write once the reader had gone
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_views_on_hand_built_rows(tmp_path):
