@@ -162,13 +162,29 @@ def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
                   f"try: sage sql \"select * from curriculum_drift where run_id = '{run_id}'\" --dir {directory}")
 
 
-def _run_flow(directory: str, fn, *args, engines: dict | None = None):
-    """Run flow `fn` in a session for `directory` that shows progress on the terminal, reporting to the Prefect
-    API of `flows/api_server.py`. SIGINT and SIGTERM stop it within seconds: the stage in flight ends
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display: only warnings, errors and the final summary.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Also print Prefect's INFO log lines (above the live display) and a failure's traceback.")]
+
+
+def _display(quiet: bool, verbose: bool, **shown):
+    """The progress display of a flow command (`flows/progress.py`): live on a terminal, one line per finished
+    stage otherwise, nothing with --quiet. The command's --verbose and `sage --verbose` mean the same."""
+    from sage.flows.progress import QUIET, Display
+    from sage.flows.terminal import verbose as root_verbose
+
+    verbose = verbose or root_verbose()
+    if verbose:
+        click.get_current_context().find_root().params["verbose"] = True
+    return Display(err, QUIET if quiet else None, verbose=verbose, **shown)
+
+
+def _run_flow(directory: str, fn, *args, engines: dict | None = None, display=None):
+    """Run flow `fn` in a session for `directory` that shows progress on `display` (default: the terminal's),
+    reporting to the Prefect API of `flows/api_server.py`. SIGINT and SIGTERM stop it within seconds: the stage in flight ends
     `interrupted` (its committed batches are kept), every helper this process started stops, and the command
     says how to resume and exits 130 or 143."""
     from sage.flows.api_server import prefect_api
-    from sage.flows.progress import StageProgress
+    from sage.flows.progress import Display
     from sage.flows.record import Interrupted, ended
     from sage.flows.session import Session
 
@@ -178,7 +194,7 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None):
 
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with prefect_api(), StageProgress(err) as progress, Session(directory, progress=progress, engines=engines):
+        with prefect_api(), display or Display(err) as shown, Session(directory, display=shown, engines=engines):
             quiet_prefect_tracebacks()
             return fn(*args)
     except BaseException as e:
@@ -197,7 +213,8 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None):
 @app.command()
 def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = False,
         iterations: Annotated[Optional[int], typer.Option("--iterations", "-n", min=1, help="Iterations to run, at least 1 (default: run.iterations).")] = None,
-        run_id: Annotated[Optional[str], typer.Option("--run", help="Run name (default: run-<config hash>, so the same config resumes).")] = None) -> None:
+        run_id: Annotated[Optional[str], typer.Option("--run", help="Run name (default: run-<config hash>, so the same config resumes).")] = None,
+        quiet: QuietOpt = False, verbose: VerboseOpt = False) -> None:
     """Seed if needed, then run SAGE iterations as Prefect flows; resumes a run where it stopped."""
     from sage.flows.evolve import evolve_flow
     from sage.flows.session import Session
@@ -209,7 +226,8 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
     with Session(directory) as s:
         rid = s.create_run(cfg, run_id)
     console.print(f"run {rid}: {n} iteration(s) of {cfg.model.name} ({cfg.model.backend}); warehouse {warehouse_path(directory)}")
-    summaries = _run_flow(directory, evolve_flow, directory, rid, n)
+    summaries = _run_flow(directory, evolve_flow, directory, rid, n,
+                          display=_display(quiet, verbose, run_id=rid, iterations=n))
     wh = _open(warehouse_path(directory), read_only=True)
     for k in range(1, len(summaries) + 1):  # early stopping may end the run before n
         _summary(wh, rid, k, directory)
@@ -221,7 +239,8 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
           run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage status`).")],
           iteration: Annotated[int, typer.Option("--iteration", "-i", help="Iteration number.")],
           directory: DirOpt = Path("./sage-runs"),
-          force: Annotated[bool, typer.Option("--force", help="Redo the stage even if it is done: replace its rows for the iteration; the stages after it become stale and the next `sage run` redoes them.")] = False) -> None:
+          force: Annotated[bool, typer.Option("--force", help="Redo the stage even if it is done: replace its rows for the iteration; the stages after it become stale and the next `sage run` redoes them.")] = False,
+          quiet: QuietOpt = False, verbose: VerboseOpt = False) -> None:
     """Re-run exactly one stage of one iteration (skipped if done, unless --force)."""
     from sage.flows.iteration import RUNNABLE, stage_flow
     from sage.flows.session import Session
@@ -233,7 +252,8 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
         fail(f"no warehouse at {warehouse_path(directory)}")
     with Session(str(directory)) as s:  # refused here, before a flow run starts or a row is written
         check_stage_target(s.warehouse, run_id, iteration, name)
-    result = _run_flow(str(directory), stage_flow, str(directory), run_id, iteration, name, force)
+    result = _run_flow(str(directory), stage_flow, str(directory), run_id, iteration, name, force,
+                       display=_display(quiet, verbose, run_id=run_id))
     console.print(f"{name}: already done (use --force to redo)" if result is None else f"{name}: {result}")
 
 

@@ -42,7 +42,7 @@ def eval_command(
     from sage.configs import load_config
     from sage.flows import session
     from sage.flows.evaluate import DEFAULT_BENCHMARKS, DEFAULT_CHECKPOINTS, eval_flow
-    from sage.flows.progress import StageProgress
+    from sage.flows.progress import Display
     from sage.flows.terminal import console, err, fail
     from sage.stages import evaluate as evaluate_stage
 
@@ -57,7 +57,7 @@ def eval_command(
         for spec in benchmarks:
             evaluate_stage.parse_benchmark(spec)
         directory = str(Path(directory or cfg.run.dir).expanduser())
-        with StageProgress(err) as progress, session.Session(directory, progress=progress):
+        with Display(err) as display, session.Session(directory, display=display):
             rows = eval_flow(directory, run_id, checkpoints, benchmarks, limit, n, k, config, set_)
     except ValueError as e:  # a benchmark spec or value the stage refuses
         fail(str(e))

@@ -73,16 +73,19 @@ def seed_task(directory: str, run_id: str) -> list[str]:
     from prefect.states import Completed
 
     log = get_run_logger()
-    with session.opened(directory) as s:
+    with session.opened(directory) as s, s.display.stage(0, Stage.SEED) as shown:
         ctx = s.context(run_id, 0)
         seeded = run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
-    if seeded is None:
-        log.info(SKIPPED)
-        return Completed(name="Skipped", message=SKIPPED, data=[])
-    skipped = list(seeded.info.get("skipped", []))
-    log.info(summary_line(Stage.SEED, {"rows_in": seeded.rows_in, "rows_out": seeded.rows_out,
-                                       **{k: v for k, v in seeded.info.items() if k != "skipped"},
-                                       "bad_lines_skipped": len(skipped) or None}))
+        if seeded is None:
+            log.info(SKIPPED)
+            shown(SKIPPED)
+            return Completed(name="Skipped", message=SKIPPED, data=[])
+        skipped = list(seeded.info.get("skipped", []))
+        line = summary_line(Stage.SEED, {"rows_in": seeded.rows_in, "rows_out": seeded.rows_out,
+                                         **{k: v for k, v in seeded.info.items() if k != "skipped"},
+                                         "bad_lines_skipped": len(skipped) or None})
+        log.info(line)
+        shown(line)
     return skipped
 
 

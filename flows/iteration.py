@@ -19,6 +19,7 @@ from sage.configs.names import Stage
 from sage.flows import session
 from sage.flows.artifacts import artifact_key
 from sage.flows.record import ended, run_recorded
+from sage.flows.terminal import cell
 from sage.stages import admit, challenge, critique, plan, score, solve, train, validate, verify
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.queries import (finish_iteration, iteration_samples, iteration_states, iteration_summary,
@@ -68,8 +69,9 @@ SKIPPED = "skipped: done in warehouse"
 
 
 def summary_line(name: str, result: dict) -> str:
-    """One line of what a stage did: rows in and out, then its key numbers."""
-    numbers = ", ".join(f"{k} {v}" for k, v in result.items() if k not in ("rows_in", "rows_out") and v is not None)
+    """One line of what a stage did: rows in and out, then its key numbers (floats to 4 significant digits,
+    control characters escaped)."""
+    numbers = ", ".join(f"{k} {cell(v)}" for k, v in result.items() if k not in ("rows_in", "rows_out") and v is not None)
     return f"{name}: {result['rows_in']} in, {result['rows_out']} out" + (f"; {numbers}" if numbers else "")
 
 
@@ -77,14 +79,17 @@ def summary_line(name: str, result: dict) -> str:
 def stage_task(directory: str, run_id: str, iteration: int, name: str, force: bool = False) -> dict | State:
     """Run stage `name` of (run, iteration) under the `stage_runs` contract, in the flow's session, and log one
     summary line. A stage found done ends in a `Skipped` state (a Completed type the UI shows by that name)."""
-    with session.opened(directory) as s:
+    with session.opened(directory) as s, s.display.stage(iteration, name) as shown:
         report = run_recorded(s.context(run_id, iteration), name, RUNNABLE[name], run_id=run_id,
                               iteration=iteration, force=force)
-    if report is None:
-        get_run_logger().info(SKIPPED)
-        return Completed(name="Skipped", message=SKIPPED)
-    result = {"rows_in": report.rows_in, "rows_out": report.rows_out, **report.info}
-    get_run_logger().info(summary_line(name, result))
+        if report is None:
+            get_run_logger().info(SKIPPED)
+            shown(SKIPPED)
+            return Completed(name="Skipped", message=SKIPPED)
+        result = {"rows_in": report.rows_in, "rows_out": report.rows_out, **report.info}
+        line = summary_line(name, result)
+        get_run_logger().info(line)
+        shown(line)
     return result
 
 

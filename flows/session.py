@@ -1,11 +1,11 @@
 """The session a `sage` process works in: one project directory's warehouse (this process is its one writer for
 the session, holding the file only while it commits, so readers get in between), the engines of each run (a model loads once per process), the Ray fan-out when a run asks for it,
-and the progress callback of the live display.
+and the live display (`flows/progress.py`) its stages report to.
 
 Flows and their tasks take plain parameters (directory, run id, iteration, stage name), as Prefect's own
 examples do, so deployments and the UI can start them and nothing unpicklable travels with a task to Ray.
 Whoever calls a flow may open a session and make it current (`with Session(dir, ...) as s:`): the CLI does,
-to show progress; tests do, to hand in a scripted generator (`engines={"llm": ...}`); a benchmark does, to
+to show progress (`display=`); tests do, to hand in a scripted generator (`engines={"llm": ...}`); a benchmark does, to
 time the engines. A flow started without one (a deployment) opens its own (`opened`) and closes it when it
 ends. The flow's tasks find the session through `opened` too: the current session is a context variable,
 set only inside that `with` block.
@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
 
 from sage.configs.schema import SageConfig
-from sage.stages.context import Engines, ProgressFn, StageContext
+from sage.flows.progress import QUIET, Display
+from sage.stages.context import Engines, StageContext
 from sage.warehouse import Warehouse, warehouse_path
 from sage.warehouse.queries import iteration_adapter
 from sage.warehouse.runs import create_run, load_run_config
@@ -30,10 +32,10 @@ _CURRENT: ContextVar["Session | None"] = ContextVar("sage_session", default=None
 class Session:
     """What the flows of one project directory share in this process; `close()` releases all of it."""
 
-    def __init__(self, directory: str | Path, *, progress: ProgressFn | None = None,
+    def __init__(self, directory: str | Path, *, display: Display | None = None,
                  engines: dict[str, Any] | None = None, ray: Any = None):
         self.directory = Path(directory).expanduser().resolve()
-        self.progress = progress
+        self.display = display or Display(mode=QUIET)  # shows nothing: a deployment, a test
         self.given = dict(engines or {})      # engines used as they are, for every run (scripted, timed)
         self._warehouse: Warehouse | None = None
         self._engines: dict[str, Engines] = {}
@@ -71,7 +73,7 @@ class Session:
             self._engines[key] = Engines(cfg, **self.given)
         engines = self._engines[key]
         return StageContext(cfg=cfg, wh=self.warehouse, run_id=run_id, iteration=iteration, adapter=adapter,
-                            progress=self.progress, engines=engines, fanout=self._fanout(cfg, engines))
+                            progress=partial(self.display.report, iteration), engines=engines, fanout=self._fanout(cfg, engines))
 
     def _fanout(self, cfg: SageConfig, engines: Engines):
         if cfg.orchestration.runner == "local":

@@ -39,6 +39,12 @@ def cell(value) -> str:
     return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
 
 
+def plain(text: str) -> str:
+    """Text for the terminal with every control character escaped except newlines and tabs: log lines and
+    stage summaries can carry model output, whose escape sequences must not reach the terminal."""
+    return _CONTROL.sub(lambda m: m.group() if m.group() in "\n\t" else f"\\x{ord(m.group()):02x}", text)
+
+
 def _fit(natural: list[int], available: int) -> list[int]:
     """Column widths that fit `available` characters: the widest columns are cut down to one common width,
     the largest that fits, and narrower ones keep theirs (as DuckDB's shell does)."""

@@ -101,7 +101,7 @@ def prepare(directory: Path, run_id: str = "scripted", extra: list[str] = ()) ->
 
 
 def run(directory: Path, iterations: int = 1, pause_at: int | None = None, marker: Path | None = None,
-        run_id: str = "scripted", as_cli: bool = False) -> list[dict]:
+        run_id: str = "scripted", as_cli: bool = False, display=None) -> list[dict]:
     from sage.flows.evolve import evolve_flow
     from sage.flows.session import Session, warehouse_path
 
@@ -110,7 +110,8 @@ def run(directory: Path, iterations: int = 1, pause_at: int | None = None, marke
     if as_cli:
         from sage.flows.cli import _run_flow
 
-        return _run_flow(str(directory), evolve_flow, str(directory), rid, iterations, engines={"llm": llm})
+        return _run_flow(str(directory), evolve_flow, str(directory), rid, iterations, engines={"llm": llm},
+                         display=display)
     with Session(directory, engines={"llm": llm}):
         return evolve_flow(str(directory), rid, iterations)
 

@@ -53,7 +53,7 @@ def _alive(procs: list[psutil.Process]) -> list:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_in_seconds_and_it_resumes(tiny_model, tmp_path, sig):
     p, lines = _start(tiny_model, tmp_path)
-    _wait_for(lines, "Beginning flow run", p)
+    _wait_for(lines, "iteration 0 seed:", p)
     time.sleep(3)  # into the seeds or the first stage
     family = psutil.Process(p.pid).children(recursive=True)
     start = time.monotonic()
@@ -79,7 +79,7 @@ def test_a_signal_stops_the_run_in_seconds_and_it_resumes(tiny_model, tmp_path, 
 
 def test_sigkill_of_sage_leaves_none_of_its_processes(tiny_model, tmp_path):
     p, lines = _start(tiny_model, tmp_path)
-    _wait_for(lines, "Beginning flow run", p)
+    _wait_for(lines, "iteration 0 seed:", p)
     time.sleep(3)
     family = psutil.Process(p.pid).children(recursive=True)
     assert any("prefect" in " ".join(q.cmdline()) for q in family)  # the private server is among them

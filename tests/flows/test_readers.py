@@ -55,7 +55,7 @@ def test_readers_during_a_run_see_committed_batches_and_change_nothing(prefect_a
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True).start()
     deadline = time.monotonic() + 600
-    while not any("Beginning flow run" in line for line in lines):  # the run and its seeds exist by then
+    while not any("iteration 0 seed:" in line for line in lines):  # the run and its seeds exist by then
         assert p.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
         time.sleep(0.05)
 

@@ -1,0 +1,141 @@
+"""The terminal display of `sage run` (flows/progress.py): on a terminal, one bar per (iteration, stage) and log
+lines above the live region, never through it; without one, one plain line per finished stage.
+
+What a terminal shows is worked out from the bytes written to it by `screen`, a small emulator of the controls
+rich writes (carriage return, newline, cursor up, erase line, colours, cursor show/hide); any other control
+fails the test, so a new kind of output cannot slip past unexamined."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from sage.flows.iteration import STAGE_NAMES
+from sage.flows.progress import LINES, LIVE, Display
+from tests.flows import scripted_run
+
+WIDTH = 140
+_CONTROL = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|[\r\n]|[^\x1b\r\n]+")
+
+
+def screen(raw: str) -> list[str]:
+    """The lines a terminal (scrollback included) holds after `raw` was written to it."""
+    lines, row, col = [""], 0, 0
+    for m in _CONTROL.finditer(raw):
+        text, (args, op) = m.group(), m.groups()
+        if text == "\n":
+            row, col = row + 1, 0
+            lines += [""] * (row + 1 - len(lines))
+        elif text == "\r":
+            col = 0
+        elif op == "A":
+            row = max(0, row - int(args or 1))
+        elif op == "K" and args == "2":
+            lines[row] = ""
+        elif op in ("m", "l", "h"):
+            continue  # colours, cursor hidden/shown
+        elif op:
+            raise AssertionError(f"unexpected control {text!r}")
+        else:
+            line = lines[row].ljust(col)
+            lines[row] = line[:col] + text + line[col + len(text):]
+            col += len(text)
+    return [line.rstrip() for line in lines]
+
+
+def _terminal() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, force_terminal=True, width=WIDTH, record=True), out
+
+
+def test_live_display_of_a_two_iteration_run(prefect_api, tmp_path):
+    console, out = _terminal()
+    display = Display(console, run_id="scripted", iterations=2, verbose=True)
+    assert display.mode == LIVE
+    scripted_run.run(tmp_path, iterations=2, as_cli=True, display=display)
+    lines = screen(out.getvalue())
+    text = "\n".join(lines)
+
+    stage_lines = [line for line in lines if re.match(r"[✓✗] iteration \d+ ", line)]
+    keys = [tuple(line.split()[2:4]) for line in stage_lines]
+    expected = [("0", "seed")] + [(str(k), name) for k in (1, 2) for name in STAGE_NAMES]
+    assert keys == expected, text  # one bar per (iteration, stage), in order, none reused or reprinted
+    assert all(line.startswith("✓") and "━" * 10 in line for line in stage_lines), text
+    challenge_1 = next(line for line in stage_lines if line.split()[2:4] == ["1", "challenge"])
+    assert re.search(r"\b5/5 rows\b", challenge_1) and "5 in, 10 out" in challenge_1, challenge_1
+    train = [line for line in stage_lines if line.split()[3] == "train"]
+    assert len(train) == 2 and all("skipped train.enabled is false" in line for line in train), text
+
+    # The live region (its header) is gone at the end and left no copies behind; Prefect's lines sit between
+    # the stage lines, whole, never inside a bar's line.
+    assert "run scripted · iteration" not in text, text
+    logs = [i for i, line in enumerate(lines) if re.match(r"\d\d:\d\d:\d\d\.\d+ \| (INFO|WARNING) ", line)]
+    assert any("no validation questions" in lines[i] for i in logs), text
+    assert any("Finished in state Completed()" in lines[i] for i in logs), text
+    assert not any("━" in lines[i] for i in logs), text
+    warning = next(i for i in logs if "no validation questions" in lines[i])
+    assert lines.index(stage_lines[0]) < warning < lines.index(stage_lines[1])  # printed when it happened
+
+
+def test_without_a_terminal_one_plain_line_per_stage(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "tests.flows.scripted_run", str(tmp_path), "--iterations", "2",
+                        "--as-cli"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stderr.splitlines()
+    stage_lines = [line for line in lines if re.match(r"iteration \d+ \w+: ", line)]
+    expected = ["iteration 0 seed"] + [f"iteration {k} {name}" for k in (1, 2) for name in STAGE_NAMES]
+    assert [line.split(":")[0] for line in stage_lines] == expected, p.stderr
+    assert re.fullmatch(r"iteration 1 challenge: 5 in, 10 out; .* \(\d+\.\d s\)", stage_lines[1]), stage_lines[1]
+    assert "\x1b[" not in p.stderr and "━" not in p.stderr  # no live region, no colours
+    # Prefect's INFO lines only with --verbose; its warnings always
+    assert "Finished in state" not in p.stderr and "no validation questions" in p.stderr
+
+
+def test_log_records_and_summaries_reach_the_terminal_escaped():
+    """Log text and stage summaries can carry model output: its escape sequences are shown, not obeyed; a
+    stage that fails ends its bar with a cross."""
+    console, out = _terminal()
+    display = Display(console, run_id="r", iterations=1)
+    handler = logging.StreamHandler(sys.stderr)
+    log = logging.getLogger("sage-test-display")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        with display:
+            assert handler not in log.handlers  # swapped for one printing through the console
+            log.warning("model said \x1b[2Jboom")
+            log.info("not shown without verbose")
+            with display.stage(1, "challenge") as shown:
+                display.report(1, "challenge", 1, 2, 0)
+                shown("challenge: 2 in, 2 out; note \x1b]0;title\x07")
+            with pytest.raises(RuntimeError), display.stage(1, "solve"):
+                display.report(1, "solve", 1, 4, 0)
+                raise RuntimeError("boom")
+        assert log.handlers == [handler]  # restored
+    finally:
+        log.removeHandler(handler)
+    raw = out.getvalue()
+    assert "\x1b[2J" not in raw and "\x1b]0" not in raw and "\x07" not in raw
+    lines = screen(raw)
+    assert "model said \\x1b[2Jboom" in lines
+    assert not any("not shown" in line for line in lines)
+    assert any(line.startswith("✓ iteration 1 challenge") and "note \\x1b]0;title\\x07" in line for line in lines)
+    assert any(line.startswith("✗ iteration 1 solve") and "1/4 rows" in line and "failed: RuntimeError" in line
+               for line in lines), lines
+
+
+def test_plain_lines_mode_when_the_console_is_not_a_terminal():
+    out = io.StringIO()
+    display = Display(Console(file=out, width=WIDTH))
+    assert display.mode == LINES
+    with display:
+        with display.stage(2, "verify") as shown:
+            display.report(2, "verify", 3, 8, 0)
+            shown("verify: 8 in, 8 out; pass_rate 0.5")
+    assert re.fullmatch(r"iteration 2 verify: 8 in, 8 out; pass_rate 0\.5 \(\d+\.\d s\)\n", out.getvalue())
