@@ -252,8 +252,17 @@ def test_trl_contract_pinned():
     for needle in ("self._generate_and_score_completions(generation_batch)", "split_tensor_dict(",
                    "self.args.steps_per_generation", "self._buffered_inputs[self._step % "):
         assert needle in prep, f"GRPOTrainer._prepare_inputs changed: {needle!r} missing"
-    # The fused log-prob path we rely on for speed.
-    assert "fused_lm_head=True" in inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    # We replace the log-prob method `_compute_loss` calls (same signature, entropy asked for), and score with
+    # TRL's chunked log-prob kernel (engines/train/logprobs.py).
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, maybe_gather_lm_head_ctx  # noqa: F401
+
+    assert list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)[:7] == [
+        "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy"]
+    assert "compute_entropy=True" in inspect.getsource(GRPOTrainer._compute_loss)
+    assert list(inspect.signature(ChunkedLogProbFunction.forward).parameters) == [
+        "ctx", "hidden", "weight", "bias", "targets", "temperature", "chunk_size", "final_logit_softcapping",
+        "logit_scale", "outputs"]
 
 
 def test_one_step_contract(tiny_model):
@@ -269,7 +278,7 @@ def test_one_step_contract(tiny_model):
     rows[0].logprobs = rows[1].logprobs = rows[2].logprobs = None
     model = load_policy(str(tiny_model), None, cfg, seed=0)
     trainer, _ = build_trainer(model, str(tiny_model), rows, cfg, seed=0, device="cpu",
-                               torch_dtype=torch.float32, temperature=1.0)
+                               torch_dtype=torch.float32)
     try:
         batch = trainer._generate_and_score_completions([{"row": 0}, {"row": 1}, {"row": 2}, {"row": -1}])
         assert set(BATCH_KEYS) <= set(batch) and "ref_per_token_logps" in batch
