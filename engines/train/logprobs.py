@@ -96,21 +96,39 @@ def _score(hidden, lm_head, head: CompletionHead, softcap) -> CompletionOutput:
     return CompletionOutput(log_probs=log_probs, entropy=entropy)
 
 
+def _contiguous(input_ids, attention_mask, pad_id: int = 0):
+    """The rows' real tokens moved to the right end of a batch as wide as the longest row, and where each
+    original column went: TRL's layout (left-padded prompts, then right-padded completions) pads every row to
+    the longest prompt plus the longest completion; this one only to the longest prompt + completion.
+    Returns (ids, mask, column map [B, L]: new column of each real token)."""
+    real = attention_mask.bool()
+    n = real.sum(1)
+    width = int(n.max())
+    new_col = (width - n)[:, None] + real.cumsum(1) - 1
+    rows, cols = real.nonzero(as_tuple=True)
+    ids = input_ids.new_full((input_ids.size(0), width), pad_id).index_put((rows, new_col[rows, cols]),
+                                                                             input_ids[rows, cols])
+    mask = attention_mask.new_zeros((input_ids.size(0), width)).index_put((rows, new_col[rows, cols]),
+                                                                           attention_mask.new_ones(rows.shape))
+    return ids, mask, new_col
+
+
 def completion_logprobs(model, input_ids, attention_mask, logits_to_keep: int, temperatures, *,
                         entropy: bool = False):
     """Per-token log-probs [B, logits_to_keep] of the last `logits_to_keep` tokens of `input_ids` (the
-    completions, right-padded; zeros where `attention_mask` is 0), row b at temperature `temperatures[b]`, in
-    one forward pass of `model` (patched by `add_completion_head`, possibly wrapped). Also the entropies
-    [B, logits_to_keep] when `entropy`, else None."""
+    completions, right-padded after left-padded prompts; zeros where `attention_mask` is 0), row b at
+    temperature `temperatures[b]`, in one forward pass of `model` (patched by `add_completion_head`, possibly
+    wrapped) over the rows laid out contiguously. Also the entropies [B, logits_to_keep] when `entropy`."""
     import torch
 
     batch, length = input_ids.shape
+    ids, mask, new_col = _contiguous(input_ids, attention_mask)
     scored = attention_mask[:, -logits_to_keep:].bool()
     rows, cols = scored.nonzero(as_tuple=True)
-    token_at = length - logits_to_keep + cols  # the scored token's column; its logits are the one before's
-    head = CompletionHead(positions=rows * length + token_at - 1, targets=input_ids[rows, token_at],
+    token_at = new_col[rows, length - logits_to_keep + cols]  # the token's column; its logits are the one before's
+    head = CompletionHead(positions=rows * ids.size(1) + token_at - 1, targets=ids[rows, token_at],
                           temperatures=temperatures.to(torch.float32)[rows], entropy=entropy)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, completion_head=head)
+    out = model(input_ids=ids, attention_mask=mask, completion_head=head)
     shape = (batch, logits_to_keep)
     log_probs = out.log_probs.new_zeros(shape).index_put((rows, cols), out.log_probs)
     ent = out.entropy.new_zeros(shape).index_put((rows, cols), out.entropy) if out.entropy is not None else None

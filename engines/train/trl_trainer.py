@@ -16,6 +16,10 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
   TRL uses the current policy's detached log-probs: ratio 1, the plain on-policy gradient -A * grad log pi,
   for every update of the pass.
   It also records which rows this process trained on (`sage_seen`).
+- `_prepare_inputs(batch)` is TRL's, except that it cuts the generation batch into micro-batches by length
+  (longest rows first) instead of at random, so rows of similar length share a forward pass and pad less.
+  Which rows make up each update is the sampler's alone; TRL's `dapo` loss (and `grpo`, `dr_grpo`, whose
+  micro-batches all have the same row count) sums the same per-row terms however the update is cut.
 - `_get_train_sampler()` replaces TRL's `RepeatSampler` (which repeats each prompt `num_generations` times) by a
   plain sampler over the rows: a seeded permutation (or the given order), cut into blocks of one generation batch
   (`minibatch_size * grad_accum * processes` rows). Each block is yielded `grad_accum` times in a row, because
@@ -48,6 +52,17 @@ from sage.engines.train.rows import TrainRow, role_weights
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
               "temperatures")
 OPTIONAL_BATCH_KEYS = ("old_per_token_logps", "ref_per_token_logps")
+
+
+def _longest_first(batch: dict) -> dict:
+    """`batch` with its rows ordered by real tokens (prompt + completion), longest first; ties keep their order."""
+    import torch
+
+    lengths = batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)
+    order = torch.sort(lengths, descending=True, stable=True).indices
+    rows = lengths.size(0)
+    return {k: v[order] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == rows else v
+            for k, v in batch.items()}
 
 
 def _num_generations(generation_batch: int) -> int:
@@ -105,7 +120,7 @@ def trainer_class():
         return _TRAINER_CLASS
     import torch
     from trl import GRPOTrainer
-    from trl.trainer.utils import use_adapter
+    from trl.trainer.utils import split_tensor_dict, use_adapter
 
     from sage.engines.train.logprobs import add_completion_head, completion_logprobs
 
@@ -165,6 +180,15 @@ def trainer_class():
             return role_weights([None if r is None else r.role for r in rows], dict(zip(self.sage_roles, counts)))
 
         # -- data ------------------------------------------------------------------------------------------
+        def _prepare_inputs(self, generation_batch):
+            if not self.model.training:
+                return super()._prepare_inputs(generation_batch)
+            spg = self.args.steps_per_generation
+            if self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None:
+                batch = self._generate_and_score_completions(generation_batch)
+                self._buffered_inputs = split_tensor_dict(_longest_first(batch), spg)
+            return self._buffered_inputs[self._step % spg]
+
         def _get_train_sampler(self, dataset=None):
             n = len(self.sage_rows)
             return sampler_cls(n_rows=n, block=self.args.generation_batch_size,

@@ -327,3 +327,37 @@ def test_gpu_train_step_script():
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tokens/s" in proc.stdout
+
+
+def test_micro_batches_by_length_and_the_update_does_not_depend_on_the_cut(tiny_model):
+    """Each update's rows go into micro-batches longest first; the adapter equals the one trained with each update
+    in a single micro-batch (the sampler, not the cut, decides which rows make an update)."""
+    import shutil
+
+    import torch
+
+    from sage.engines.train.trl_trainer import build_trainer
+
+    rows = _rows(12, seed=7)
+    split, whole = _cfg(minibatch_size=2, grad_accum=3), _cfg(minibatch_size=6, grad_accum=1)
+    model = load_policy(str(tiny_model), None, split, seed=0)
+    trainer, _ = build_trainer(model, str(tiny_model), rows, split, seed=0, device="cpu", torch_dtype=torch.float32)
+    try:
+        model.train()
+        trainer._step, trainer._buffered_inputs = 0, None
+        trainer._prepare_inputs([{"row": i} for i in range(6)])
+        micro = trainer._buffered_inputs
+        lengths = [int(m["prompt_mask"][i].sum() + m["completion_mask"][i].sum()) for m in micro for i in range(2)]
+        assert len(micro) == 3 and lengths == sorted(lengths, reverse=True)
+        assert sorted(lengths) == sorted(len(r.prompt_ids) + len(r.completion_ids) for r in rows[:6])
+    finally:
+        shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
+    adapters = []
+    for cfg in (split, whole):
+        model = load_policy(str(tiny_model), None, cfg, seed=0)
+        train_model(model, str(tiny_model), rows, cfg, seed=0, device="cpu")
+        adapters.append(_params(model, True))
+    initial = _params(load_policy(str(tiny_model), None, split, seed=0), True)
+    assert any(not torch.equal(p, initial[n]) for n, p in adapters[0].items())  # it trained
+    for name, p in adapters[0].items():
+        torch.testing.assert_close(p, adapters[1][name], rtol=1e-5, atol=1e-6)
