@@ -1,13 +1,20 @@
 """Train-step throughput: our TRL `GRPOTrainer` subclass vs a plain PEFT forward/backward/step loop.
 
 Both train the same fresh LoRA (same seed, same config) on the same stored batch with the same policy-gradient
-loss (on-policy ratio 1, token-level `dapo` mean over each update's completion tokens), the same micro-batches
-(`minibatch_size` rows, `grad_accum` micro-batches per AdamW update), the same gradient clipping. Tokens/s counts
+loss (on-policy ratio 1, token-level `dapo` mean over each update's completion tokens), the same rows in each
+AdamW update (`minibatch_size` x `grad_accum`; ours cuts the update into micro-batches by length, the plain loop
+in sampler order), the same gradient clipping. Tokens/s counts
 prompt + completion tokens of the rows; time is the training loop only (model loading excluded). Goal: ratio
 (TRL / plain) >= 0.9.
 
     .venv/bin/python bench/train.py                 # SmolLM2-135M on CPU (falls back to a random mid-size Llama)
     .venv/bin/python bench/train.py --model random  # the random Llama explicitly
+    # the shape an iteration of cpu.yaml trains (bf16, 32 rows of ~350 prompt + ~100 completion tokens):
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/train.py --dtype bf16 --rows 32 --minibatch 8 --grad-accum 1 \
+        --prompt-len 450 --prompt-jitter 0.45 --completion-len 150 --jitter 0.7 --peak-rss
+
+`--peak-rss` also runs one pass of each loop in a fresh process and reports its peak resident memory
+(`ru_maxrss`) and its resident memory once the model is loaded, before the pass.
 
 `plain_peft_step` is also used by `bench/train_gpu.py`.
 """
@@ -32,13 +39,15 @@ from sage.engines.train.step import load_policy, quiet_v6, resolve_device, train
 
 
 def make_rows(n: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0,
-              jitter: float = 0.0) -> list[TrainRow]:
-    """Random stored rollouts; `jitter` varies completion lengths by up to that fraction (padding)."""
+              jitter: float = 0.0, prompt_jitter: float = 0.0) -> list[TrainRow]:
+    """Random stored rollouts; `jitter` (`prompt_jitter`) shortens each completion (prompt) by a random fraction
+    of up to that much of its length, as rows of different roles and answers differ (padding)."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         c = max(1, completion_len - int(rng.random() * jitter * completion_len))
-        rows.append(TrainRow(prompt_ids=[rng.randrange(3, vocab) for _ in range(prompt_len)],
+        p = max(1, prompt_len - int(rng.random() * prompt_jitter * prompt_len))
+        rows.append(TrainRow(prompt_ids=[rng.randrange(3, vocab) for _ in range(p)],
                              completion_ids=[rng.randrange(3, vocab) for _ in range(c)],
                              advantage=rng.choice([-1.0, 1.0]) * rng.uniform(0.2, 1.5),
                              role=("challenger", "planner", "solver", "critic")[i % 4]))
@@ -149,55 +158,107 @@ def pick_model(name: str) -> tuple[str, str]:
     return str(path), "random-llama-30m (hidden 512, 8 layers, vocab 8192)"
 
 
+def _rss_mb() -> float:
+    """Resident memory of this process now, MiB."""
+    import os
+
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _one_pass(loop: str, path: str, rows: list[TrainRow], cfg: TrainConfig, device: str, dtype, pad_id: int) -> dict:
+    """Load a fresh policy and run one pass of `loop` ("plain" or "trl") over `rows`."""
+    model = load_policy(path, None, cfg, seed=0, dtype=dtype)
+    loaded_mb = _rss_mb()
+    if loop == "plain":
+        out = plain_peft_step(model, trl_row_order(rows), cfg, device=device, pad_id=pad_id)
+    else:
+        t0 = time.perf_counter()
+        out = train_model(model, path, rows, cfg, seed=0, device=device)
+        out["wall_seconds"] = time.perf_counter() - t0  # with building the trainer (tokenizer, TRL setup)
+        out["wall_tokens_per_s"] = out["tokens"] / out["wall_seconds"]
+    out["rss_loaded_mb"] = loaded_mb
+    return out
+
+
+def _peak_rss(loop: str, argv: list[str]) -> dict:
+    """One pass of `loop` in a fresh process: its peak resident memory (ru_maxrss) and its memory once loaded."""
+    import subprocess
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        subprocess.run([sys.executable, __file__, *argv, "--only", loop, "--json", f.name], check=True,
+                       stdout=subprocess.DEVNULL)
+        return json.loads(Path(f.name).read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="model name for resolve_model, or 'random'")
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--completion-len", type=int, default=96)
     ap.add_argument("--jitter", type=float, default=0.0, help="vary completion lengths by up to this fraction")
+    ap.add_argument("--prompt-jitter", type=float, default=0.0, help="vary prompt lengths by up to this fraction")
     ap.add_argument("--minibatch", type=int, default=2)
     ap.add_argument("--grad-accum", type=int, default=2)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--dtype", default="fp32", help="base model dtype: fp32, bf16 or auto (LoRA stays fp32)")
     ap.add_argument("--repeats", type=int, default=3, help="alternate plain/TRL this many times; best of each")
+    ap.add_argument("--peak-rss", action="store_true", help="also measure each loop's peak RSS in a fresh process")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="instead: one pass of our trainer under torch.profiler; print its N costliest operators")
+    ap.add_argument("--only", choices=("plain", "trl"), default=None, help=argparse.SUPPRESS)  # --peak-rss's child
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args(argv)
 
+    import resource
+
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
+    from sage.engines.llm.models import resolve_dtype
+
     device = resolve_device(a.device)
+    dtype = resolve_dtype(a.dtype, device)
     path, label = pick_model(a.model)
     vocab = AutoConfig.from_pretrained(path).vocab_size
     pad_id = AutoTokenizer.from_pretrained(path).pad_token_id or 0
     cfg = TrainConfig(lora_rank=a.rank, lora_alpha=2 * a.rank, lr=1e-5, minibatch_size=a.minibatch,
-                      grad_accum=a.grad_accum)
-    rows = make_rows(a.rows, a.prompt_len, a.completion_len, vocab, jitter=a.jitter)
-    print(f"[bench] model={label} device={device} threads={torch.get_num_threads()} rows={a.rows} "
-          f"prompt={a.prompt_len} completion={a.completion_len} minibatch={a.minibatch} grad_accum={a.grad_accum} "
-          f"lora_r={a.rank}", flush=True)
+                      grad_accum=a.grad_accum, loss_weighting="token_mean")  # the plain loop's token mean
+    rows = make_rows(a.rows, a.prompt_len, a.completion_len, vocab, jitter=a.jitter, prompt_jitter=a.prompt_jitter)
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            _one_pass("trl", path, rows, cfg, device, dtype, pad_id)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.profile))
+        return 0
+    if a.only:
+        out = _one_pass(a.only, path, rows, cfg, device, dtype, pad_id)
+        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out.pop("steps", None)
+        Path(a.json).write_text(json.dumps(out))
+        return 0
+    n_tok = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+    print(f"[bench] model={label} device={device} dtype={str(dtype).removeprefix('torch.')} "
+          f"threads={torch.get_num_threads()} rows={a.rows} tokens={n_tok} (prompt {a.prompt_len} "
+          f"-{a.prompt_jitter:.0%}, completion {a.completion_len} -{a.jitter:.0%}) minibatch={a.minibatch} "
+          f"grad_accum={a.grad_accum} lora_r={a.rank}", flush=True)
 
     plain_runs, trl_runs = [], []
     for rep in range(a.repeats):
-        model = load_policy(path, None, cfg, seed=0)
-        plain = plain_peft_step(model, trl_row_order(rows), cfg, device=device, pad_id=pad_id)
+        plain = _one_pass("plain", path, rows, cfg, device, dtype, pad_id)
         plain_runs.append(plain)
         print(f"[bench] rep {rep} plain PEFT loop: {plain['seconds']:.2f} s (cpu {plain['cpu_seconds']:.2f} s), "
               f"{plain['tokens_per_s']:.0f} tok/s, "
               f"loss {plain['loss']:.4f}, grad_norm {plain['grad_norm']:.4f}", flush=True)
-        del model
-        model = load_policy(path, None, cfg, seed=0)
-        t0 = time.perf_counter()
-        ours = train_model(model, path, rows, cfg, seed=0, device=device)
-        ours["wall_seconds"] = time.perf_counter() - t0  # with building the trainer (tokenizer, TRL setup)
-        ours["wall_tokens_per_s"] = ours["tokens"] / ours["wall_seconds"]
+        ours = _one_pass("trl", path, rows, cfg, device, dtype, pad_id)
         trl_runs.append(ours)
         print(f"[bench] rep {rep} TRL StoredRowsTrainer: {ours['seconds']:.2f} s (cpu {ours['cpu_seconds']:.2f} s), "
               f"{ours['tokens_per_s']:.0f} tok/s "
               f"(with trainer setup: {ours['wall_seconds']:.2f} s, {ours['wall_tokens_per_s']:.0f} tok/s), "
               f"loss {ours['loss']:.4f}, grad_norm {ours['grad_norm']:.4f}", flush=True)
-        del model
     best_plain = max(r["tokens_per_s"] for r in plain_runs)
     best_trl = max(r["tokens_per_s"] for r in trl_runs)
     best_wall = max(r["wall_tokens_per_s"] for r in trl_runs)
@@ -205,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_plain = min(r["cpu_seconds"] for r in plain_runs)
     cpu_trl = min(r["cpu_seconds"] for r in trl_runs)
     ratio = best_trl / best_plain
-    result = {"model": label, "device": device, "rows": a.rows, "tokens": plain_runs[0]["tokens"],
+    result = {"model": label, "device": device, "dtype": str(dtype), "rows": a.rows, "tokens": plain_runs[0]["tokens"],
               "plain_tokens_per_s": best_plain, "trl_tokens_per_s": best_trl, "ratio": ratio,
               "trl_wall_tokens_per_s": best_wall, "ratio_with_setup": best_wall / best_plain,
               "plain_cpu_seconds": cpu_plain, "trl_cpu_seconds": cpu_trl, "ratio_cpu_time": cpu_plain / cpu_trl,
@@ -220,6 +281,14 @@ def main(argv: list[str] | None = None) -> int:
           f"(goal >= 0.9: {'ok' if ratio >= 0.9 else 'MISSED'}); counting TRL's trainer setup: "
           f"{best_wall:.0f} tok/s, ratio {best_wall / best_plain:.3f}; by CPU time: plain {cpu_plain:.2f} s, "
           f"TRL {cpu_trl:.2f} s, ratio {cpu_plain / cpu_trl:.3f}")
+    if a.peak_rss:
+        for loop in ("plain", "trl"):
+            child = _peak_rss(loop, [x for x in argv if x != "--peak-rss"])
+            result[f"{loop}_peak_rss_mb"] = child["peak_rss_mb"]
+            result[f"{loop}_rss_loaded_mb"] = child["rss_loaded_mb"]
+        print(f"[bench] peak RSS of one pass in a fresh process: plain {result['plain_peak_rss_mb']:.0f} MiB, "
+              f"TRL {result['trl_peak_rss_mb']:.0f} MiB (after loading the model: "
+              f"{result['plain_rss_loaded_mb']:.0f} and {result['trl_rss_loaded_mb']:.0f} MiB)")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2))
     return 0

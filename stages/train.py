@@ -1,6 +1,7 @@
 """train: one TRR++ policy-gradient update of the shared LoRA adapter on all roles' rollouts together.
 
-Reads: this iteration's scored rollouts (prompt and completion token ids, sampling log-probs, advantage) and
+Reads: this iteration's scored rollouts (prompt and completion token ids, sampling log-probs, advantage; each
+trained at its role's sampling temperature, `roles.<role>.temperature`) and
 the adapter the iteration generated with (none in iteration 1: a fresh LoRA). Trains through
 `sage.engines.train` (a TRL GRPOTrainer subclass fed stored rows), in this process or, with `train.isolate`
 (the GPU default), in its own process that exchanges Parquet files with the flow, so generation and training
@@ -69,6 +70,13 @@ def _failure_text(stderr: str) -> str:
     return head + stderr[-3000:]
 
 
+def sampling_temperature(cfg, role: str) -> float:
+    """The temperature `role`'s rollouts were sampled at (`roles.<role>.temperature`), which the trainer takes its
+    log-probs at. Greedy rollouts (temperature 0) have no tempered distribution; they train at temperature 1."""
+    t = float(getattr(cfg.roles, role).temperature)
+    return t if t > 0 else 1.0
+
+
 def adapter_dir(ctx: StageContext) -> Path:
     return Path(ctx.cfg.run.dir).expanduser().resolve() / "adapters" / run_dirname(ctx.run_id) / f"iteration-{ctx.iteration}"
 
@@ -105,7 +113,7 @@ def run(ctx: StageContext) -> StageReport:
     stored = training_rows(ctx.wh, ctx.run_id, ctx.iteration, REWARD_VERSION)
     rows = [TrainRow(prompt_ids=list(r["prompt_ids"]), completion_ids=list(r["completion_ids"]),
                      advantage=float(r["advantage"]), logprobs=None if r["logprobs"] is None else list(r["logprobs"]),
-                     role=r["role"]) for r in stored]
+                     role=r["role"], temperature=sampling_temperature(ctx.cfg, r["role"])) for r in stored]
     out = adapter_dir(ctx)
     if out.exists():  # left by a run killed between saving and recording: train again
         shutil.rmtree(out)

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run `train_step`, write the metrics; the exit status is 0 on success."""
     ap = argparse.ArgumentParser(prog="python -m sage.engines.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--in", dest="rows", required=True, help="Parquet rows (prompt_ids, completion_ids, advantage, "
-                    "logprobs, role)")
+                    "logprobs, role, temperature)")
     ap.add_argument("--out", required=True, help="adapter directory to write (replaced atomically)")
     ap.add_argument("--model", required=True, help="base model directory")
     ap.add_argument("--config", required=True, help="TrainConfig as a JSON string or a JSON file")
@@ -36,7 +36,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--temperature", type=float, default=1.0)
     a = ap.parse_args(argv)
     from accelerate import PartialState
 
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         metrics = train_step(a.model, a.adapter_in, a.out, read_rows(a.rows), _load_config(a.config),
-                             seed=a.seed, device=a.device, dtype=a.dtype, temperature=a.temperature)
+                             seed=a.seed, device=a.device, dtype=a.dtype)
         if a.metrics and PartialState().is_main_process:
             path = Path(a.metrics)
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,13 +16,15 @@ from sage.configs.schema import TrainConfig
 
 @dataclass
 class TrainRow:
-    """One scored rollout, as stored: token ids, its TRR++ advantage, optionally its sampling log-probs."""
+    """One scored rollout, as stored: token ids, its TRR++ advantage, optionally its sampling log-probs, and the
+    temperature its completion was sampled at (the trainer takes its log-probs at that temperature)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
     advantage: float
-    logprobs: list[float] | None = None  # sampling log-probs of the completion tokens, when stored
+    logprobs: list[float] | None = None  # log_softmax(raw logits) of the completion tokens, when stored
     role: str = ""
+    temperature: float = 1.0
 
 
 def rows_per_update(cfg: TrainConfig, num_processes: int = 1) -> int:
@@ -46,7 +48,7 @@ def role_weights(roles: list[str | None], tokens_by_role: dict[str, float]) -> l
 
 def check_rows(rows: list[TrainRow]) -> None:
     """Raise ValueError naming the first row that cannot be trained on (empty prompt, log-probs that do not
-    match the completion, an advantage that is not finite)."""
+    match the completion, an advantage that is not finite, a temperature that is not positive)."""
     for i, r in enumerate(rows):
         if len(r.prompt_ids) == 0:
             raise ValueError(f"row {i}: empty prompt_ids")
@@ -54,10 +56,13 @@ def check_rows(rows: list[TrainRow]) -> None:
             raise ValueError(f"row {i}: {len(r.logprobs)} logprobs for {len(r.completion_ids)} completion tokens")
         if not math.isfinite(float(r.advantage)):
             raise ValueError(f"row {i}: advantage {r.advantage!r} is not finite")
+        if not (math.isfinite(float(r.temperature)) and r.temperature > 0):
+            raise ValueError(f"row {i}: temperature {r.temperature!r} is not a positive number")
 
 
 def read_rows(path: str | os.PathLike) -> list[TrainRow]:
-    """Rows from a Parquet file with columns prompt_ids, completion_ids, advantage[, logprobs, role]."""
+    """Rows from a Parquet file with columns prompt_ids, completion_ids, advantage[, logprobs, role, temperature]
+    (a file without temperatures, written before rows had them, reads as temperature 1.0)."""
     import pyarrow.parquet as pq
 
     out = []
@@ -67,7 +72,8 @@ def read_rows(path: str | os.PathLike) -> list[TrainRow]:
                             completion_ids=[int(t) for t in (rec["completion_ids"] or [])],
                             advantage=float(rec["advantage"]),
                             logprobs=None if logprobs is None else [float(x) for x in logprobs],
-                            role=rec.get("role") or ""))
+                            role=rec.get("role") or "",
+                            temperature=1.0 if rec.get("temperature") is None else float(rec["temperature"])))
     return out
 
 
@@ -82,5 +88,6 @@ def write_rows(rows: list[TrainRow], path: str | os.PathLike) -> None:
         "advantage": pa.array([float(r.advantage) for r in rows], type=pa.float64()),
         "logprobs": pa.array([r.logprobs for r in rows], type=pa.list_(pa.float64())),
         "role": pa.array([r.role for r in rows], type=pa.string()),
+        "temperature": pa.array([float(r.temperature) for r in rows], type=pa.float64()),
     })
     pq.write_table(table, path)

@@ -139,7 +139,7 @@ def _mean(values: list[float]) -> float | None:
 
 
 def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: list[TrainRow], cfg: TrainConfig,
-               *, seed: int = 0, device: str | None = None, dtype: str = "auto", temperature: float = 1.0) -> dict:
+               *, seed: int = 0, device: str | None = None, dtype: str = "auto") -> dict:
     """Train the shared LoRA adapter once over `rows` and save it to `adapter_out` (atomically).
 
     Loads `model_path` (+ `adapter_in`, trainable; else a fresh LoRA from `cfg`, seeded by `seed`), makes one pass
@@ -147,8 +147,8 @@ def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: 
     rows (per process; the last update may cover fewer), and saves the adapter (plus `sage_train_metrics.json`)
     to `adapter_out` through a temp dir + rename, replacing an existing directory. `dtype` is resolved by
     `sage.engines.llm.models.resolve_dtype` for the frozen base; the LoRA weights stay float32 either way
-    (peft upcasts adapters). `temperature` divides the logits in the loss: set it to the sampling temperature when
-    the stored log-probs were taken at that temperature. With no usable row the adapter is saved unchanged.
+    (peft upcasts adapters). Each row's log-probs are taken at its own sampling temperature (`TrainRow.temperature`).
+    With no usable row the adapter is saved unchanged.
     Under `accelerate launch` every process calls this with the same rows; only the main process saves.
 
     Returns the metrics of `train_model`, plus total_seconds (with loading and saving).
@@ -163,7 +163,7 @@ def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: 
     model = load_policy(model_path, adapter_in, cfg, seed=seed, dtype=resolve_dtype(dtype, device))
     carried = load_optimizer_state(adapter_in)
     metrics, full_state, opt_state = _train(model, model_path, rows, cfg, seed=seed, device=device,
-                                            temperature=temperature, optimizer_state=carried)
+                                            optimizer_state=carried)
     metrics["total_seconds"] = time.perf_counter() - t_start
     state = PartialState()
     if state.is_main_process:
@@ -174,19 +174,20 @@ def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: 
 
 
 def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int = 0,
-                device: str | None = None, temperature: float = 1.0) -> dict:
+                device: str | None = None) -> dict:
     """Train an already loaded `PeftModel` in place, one pass over `rows` (see `train_step`); return metrics.
 
     Metrics: loss, grad_norm, grad_norm_max, clip_fraction, entropy (means over updates of what TRL logs; None
     when not logged), tokens (prompt + completion tokens of the rows used), completion_tokens, n_rows (used),
     n_skipped (empty completions), n_updates, seconds (the training loop only, wall clock), cpu_seconds (its
     process CPU time, all threads), tokens_per_s (tokens / seconds),
-    adv_mean_by_role ({role: mean advantage}), used_logprobs (every row had stored log-probs), device, dtype,
+    adv_mean_by_role ({role: mean advantage}), used_logprobs (the stored log-probs were the behaviour policy's:
+    every row had them and was sampled at temperature 1), temperatures ({role: temperature}), device, dtype,
     lr, loss_type, seed, num_processes, distributed (accelerate's name for the setup: NO, MULTI_GPU,
     MULTI_CPU, FSDP, DEEPSPEED), rows_by_rank (per process, the indices into `rows` it trained on, in order),
     steps (TRL's per-update logs).
     """
-    return _train(model, tokenizer_path, rows, cfg, seed=seed, device=device, temperature=temperature)[0]
+    return _train(model, tokenizer_path, rows, cfg, seed=seed, device=device)[0]
 
 
 def _optimizer_state(trainer) -> dict | None:
@@ -224,7 +225,7 @@ def _sharded_state_dict(trainer) -> dict | None:
 
 
 def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str | None,
-           temperature: float, optimizer_state: dict | None = None) -> tuple[dict, dict | None, dict | None]:
+           optimizer_state: dict | None = None) -> tuple[dict, dict | None, dict | None]:
     """`train_model`, plus the gathered state dict for saving when the weights are sharded (else None) and the
     optimizer and scheduler state after training (None when nothing trained or the optimizer is sharded)."""
     from accelerate import PartialState
@@ -242,7 +243,8 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
         "tokens": sum(len(r.prompt_ids) + len(r.completion_ids) for r in usable),
         "completion_tokens": sum(len(r.completion_ids) for r in usable),
         "adv_mean_by_role": _role_means(usable),
-        "used_logprobs": bool(usable) and all(r.logprobs is not None for r in usable),
+        "used_logprobs": bool(usable) and all(r.logprobs is not None and r.temperature == 1.0 for r in usable),
+        "temperatures": {r.role: r.temperature for r in usable},
         "device": device, "dtype": str(torch_dtype).removeprefix("torch."),
         "lr": cfg.lr, "loss_type": cfg.loss_type, "seed": seed, "num_processes": processes,
         "distributed": state.distributed_type.value,
@@ -257,7 +259,7 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
                       "changes with the number of processes; dapo, grpo and dr_grpo do not", stacklevel=2)
     with quiet_v6():
         trainer, steps = build_trainer(model, tokenizer_path, usable, cfg, seed=seed, device=device,
-                                        torch_dtype=torch_dtype, temperature=temperature,
+                                        torch_dtype=torch_dtype,
                                         optimizer_state=optimizer_state)
         try:
             t0, c0 = time.perf_counter(), time.process_time()

@@ -8,11 +8,18 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
 
 - `_generate_and_score_completions(inputs)` builds the batch from the stored rows: left-padded prompt ids,
   right-padded completion ids, their masks, the stored advantage (one per row), `num_items_in_batch` (completion
-  tokens in the generation batch, gathered over processes), the stored sampling log-probs as
-  `old_per_token_logps` when every row of the pass has them, and `ref_per_token_logps` when `beta != 0`.
-  Without stored log-probs (or with only some rows having them) TRL uses the current policy's detached
-  log-probs: ratio 1, the plain on-policy gradient -A * grad log pi, for every update of the pass.
+  tokens in the generation batch, gathered over processes), each row's sampling temperature
+  (`temperatures`), the stored sampling log-probs as `old_per_token_logps` when every row of the pass has them
+  and was sampled at temperature 1, and `ref_per_token_logps` when `beta != 0`. The backends store
+  `log_softmax(raw logits)`, the policy at temperature 1; a row sampled at another temperature is trained at
+  that temperature, where the stored value is not its behaviour log-prob. Without usable stored log-probs
+  TRL uses the current policy's detached log-probs: ratio 1, the plain on-policy gradient -A * grad log pi,
+  for every update of the pass.
   It also records which rows this process trained on (`sage_seen`).
+- `_prepare_inputs(batch)` is TRL's, except that it cuts the generation batch into micro-batches by length
+  (longest rows first) instead of at random, so rows of similar length share a forward pass and pad less.
+  Which rows make up each update is the sampler's alone; TRL's `dapo` loss (and `grpo`, `dr_grpo`, whose
+  micro-batches all have the same row count) sums the same per-row terms however the update is cut.
 - `_get_train_sampler()` replaces TRL's `RepeatSampler` (which repeats each prompt `num_generations` times) by a
   plain sampler over the rows: a seeded permutation (or the given order), cut into blocks of one generation batch
   (`minibatch_size * grad_accum * processes` rows). Each block is yielded `grad_accum` times in a row, because
@@ -21,6 +28,9 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
   index, and `_generate_and_score_completions` turns those into fully masked rows (no loss, no gradient).
   Under `accelerate launch` with N processes the block is N times larger and accelerate's dataloader hands
   process k the k-th contiguous slice of it, so the processes train on disjoint rows of the same update.
+- `_get_per_token_logps_and_entropies(...)` scores the completion tokens through `sage.engines.train.logprobs`
+  instead of TRL's fused head: each row at its own sampling temperature, only the completion tokens that
+  exist, the entropy only when TRL asks for it. TRL's own temperature stays 1.0 and its head is never called.
 - `_compute_loss(model, inputs)` drops the padding columns a micro-batch does not use, then calls TRL's.
 - With `train.loss_weighting` `role_mean`, each row's advantage is scaled so that every role weighs the same in
   the update (`_sage_role_weights`). `create_optimizer` / `create_scheduler` load the state carried from the
@@ -39,8 +49,20 @@ from sage.configs.schema import TrainConfig
 from sage.engines.train.rows import TrainRow, role_weights
 
 #: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
-BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch")
+BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
+              "temperatures")
 OPTIONAL_BATCH_KEYS = ("old_per_token_logps", "ref_per_token_logps")
+
+
+def _longest_first(batch: dict) -> dict:
+    """`batch` with its rows ordered by real tokens (prompt + completion), longest first; ties keep their order."""
+    import torch
+
+    lengths = batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)
+    order = torch.sort(lengths, descending=True, stable=True).indices
+    rows = lengths.size(0)
+    return {k: v[order] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == rows else v
+            for k, v in batch.items()}
 
 
 def _num_generations(generation_batch: int) -> int:
@@ -98,7 +120,9 @@ def trainer_class():
         return _TRAINER_CLASS
     import torch
     from trl import GRPOTrainer
-    from trl.trainer.utils import use_adapter
+    from trl.trainer.utils import split_tensor_dict, use_adapter
+
+    from sage.engines.train.logprobs import add_completion_head, completion_logprobs
 
     sampler_cls = _block_sampler_class()
 
@@ -116,9 +140,17 @@ def trainer_class():
             self.sage_optimizer_state = optimizer_state  # {"optimizer": ..., "scheduler": ...} carried in
             self.sage_seen: list[int] = []  # indices into `rows` this process trained on, in order
             # Decided once for all rows, not per batch: a per-batch choice would depend on how the rows are
-            # split over processes.
-            self.sage_use_logprobs = bool(rows) and all(r.logprobs is not None for r in rows)
+            # split over processes. Stored log-probs are at temperature 1 (see the module docstring).
+            self.sage_use_logprobs = bool(rows) and all(r.logprobs is not None and r.temperature == 1.0
+                                                        for r in rows)
+            self.sage_temperatures = None  # of the rows being scored (set by `_compute_loss`, `_sage_ref_logps`)
             super().__init__(*args, **kwargs)
+            if self.aux_loss_enabled:
+                raise ValueError("the stored-rows trainer does not add a mixture-of-experts router loss; train a "
+                                 "dense model or set the model's router_aux_loss_coef to 0")
+            add_completion_head(self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model)
+            if self.ref_model is not None:
+                add_completion_head(self.ref_model)
 
         # -- optimizer state carried from the previous iteration ---------------------------------------------
         def create_optimizer(self, model=None):
@@ -148,6 +180,15 @@ def trainer_class():
             return role_weights([None if r is None else r.role for r in rows], dict(zip(self.sage_roles, counts)))
 
         # -- data ------------------------------------------------------------------------------------------
+        def _prepare_inputs(self, generation_batch):
+            if not self.model.training:
+                return super()._prepare_inputs(generation_batch)
+            spg = self.args.steps_per_generation
+            if self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None:
+                batch = self._generate_and_score_completions(generation_batch)
+                self._buffered_inputs = split_tensor_dict(_longest_first(batch), spg)
+            return self._buffered_inputs[self._step % spg]
+
         def _get_train_sampler(self, dataset=None):
             n = len(self.sage_rows)
             return sampler_cls(n_rows=n, block=self.args.generation_batch_size,
@@ -174,6 +215,7 @@ def trainer_class():
             completion_ids = torch.full((size, c_len), pad, dtype=torch.long)
             completion_mask = torch.zeros((size, c_len), dtype=torch.long)
             advantages = torch.zeros(size, dtype=torch.float32)
+            temperatures = torch.ones(size, dtype=torch.float32)
             old = torch.zeros((size, c_len), dtype=torch.float32) if self.sage_use_logprobs else None
             weights = self._sage_role_weights(rows) if self.sage_role_mean else [1.0] * len(rows)
             for i, r in enumerate(rows):
@@ -186,6 +228,7 @@ def trainer_class():
                 completion_ids[i, :c] = torch.tensor(r.completion_ids, dtype=torch.long)
                 completion_mask[i, :c] = 1
                 advantages[i] = float(r.advantage) * weights[i] if self.sage_role_mean else float(r.advantage)
+                temperatures[i] = float(r.temperature)
                 if old is not None:
                     old[i, :c] = torch.tensor(r.logprobs, dtype=torch.float32)
             prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
@@ -198,6 +241,7 @@ def trainer_class():
                 "completion_mask": completion_mask,
                 "advantages": advantages.to(device),
                 "num_items_in_batch": num_items_in_batch,
+                "temperatures": temperatures.to(device),
             }
             if old is not None:
                 output["old_per_token_logps"] = old.to(device)
@@ -210,6 +254,7 @@ def trainer_class():
             input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
             attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
             c_len = batch["completion_ids"].size(1)
+            self.sage_temperatures = batch["temperatures"]
             if self.ref_model is not None:
                 return self._get_per_token_logps_and_entropies(
                     self.ref_model, input_ids, attention_mask, c_len,
@@ -221,7 +266,25 @@ def trainer_class():
                     self.model, input_ids, attention_mask, c_len,
                     batch_size=self.args.per_device_train_batch_size)[0]
 
-        # -- loss ------------------------------------------------------------------------------------------
+        # -- log-probs and loss ------------------------------------------------------------------------------
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                               compute_entropy=False, compute_aux_loss=False, **multimodal):
+            """TRL's method, for text rows: each row at its temperature (`sage_temperatures`, set by the caller for
+            these rows), in chunks of `batch_size` rows. Returns (log-probs, entropies or None, None)."""
+            temperatures = self.sage_temperatures
+            if temperatures is None or len(temperatures) != input_ids.size(0):
+                raise RuntimeError("per-row temperatures were not set for this batch")
+            batch_size = batch_size or input_ids.size(0)
+            logps, entropies = [], []
+            for start in range(0, input_ids.size(0), batch_size):
+                end = start + batch_size
+                with self.accelerator.autocast():
+                    lp, ent = completion_logprobs(model, input_ids[start:end], attention_mask[start:end],
+                                                  logits_to_keep, temperatures[start:end], entropy=compute_entropy)
+                logps.append(lp)
+                entropies.append(ent)
+            return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+
         def _compute_loss(self, model, inputs):
             # A micro-batch keeps the padding of its whole generation batch; drop the columns it does not use.
             pm, cm = inputs["prompt_mask"], inputs["completion_mask"]
@@ -238,6 +301,7 @@ def trainer_class():
                     value = inputs.get(key)
                     if isinstance(value, torch.Tensor) and value.dim() == 2:
                         inputs[key] = value[:, :c1]
+            self.sage_temperatures = inputs["temperatures"]
             return super()._compute_loss(model, inputs)
 
     _TRAINER_CLASS = StoredRowsTrainer
@@ -256,7 +320,7 @@ def _unused_reward(prompts=None, completions=None, **kwargs):
 
 
 def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str,
-                   torch_dtype, temperature: float, optimizer_state: dict | None = None):
+                   torch_dtype, optimizer_state: dict | None = None):
     """A `StoredRowsTrainer` for one pass over `rows` (all with a non-empty completion), and the list it fills
     with TRL's per-update logs as `train()` runs. `optimizer_state` ({"optimizer", "scheduler"} state dicts of
     the previous iteration's trainer) is loaded into the new optimizer and scheduler, so AdamW's moments and
@@ -293,7 +357,7 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
         loss_type=cfg.loss_type,
         scale_rewards="none",
         max_completion_length=max(len(r.completion_ids) for r in rows),  # dr_grpo's constant normaliser
-        temperature=temperature,
+        temperature=1.0,  # each row's own temperature is applied by `_get_per_token_logps_and_entropies`
         gradient_checkpointing=cfg.gradient_checkpointing,
         bf16=torch_dtype == torch.bfloat16 and not device.startswith("cpu"),
         use_cpu=device.startswith("cpu"),

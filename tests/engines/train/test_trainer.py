@@ -252,8 +252,17 @@ def test_trl_contract_pinned():
     for needle in ("self._generate_and_score_completions(generation_batch)", "split_tensor_dict(",
                    "self.args.steps_per_generation", "self._buffered_inputs[self._step % "):
         assert needle in prep, f"GRPOTrainer._prepare_inputs changed: {needle!r} missing"
-    # The fused log-prob path we rely on for speed.
-    assert "fused_lm_head=True" in inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    # We replace the log-prob method `_compute_loss` calls (same signature, entropy asked for), and score with
+    # TRL's chunked log-prob kernel (engines/train/logprobs.py).
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, maybe_gather_lm_head_ctx  # noqa: F401
+
+    assert list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)[:7] == [
+        "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy"]
+    assert "compute_entropy=True" in inspect.getsource(GRPOTrainer._compute_loss)
+    assert list(inspect.signature(ChunkedLogProbFunction.forward).parameters) == [
+        "ctx", "hidden", "weight", "bias", "targets", "temperature", "chunk_size", "final_logit_softcapping",
+        "logit_scale", "outputs"]
 
 
 def test_one_step_contract(tiny_model):
@@ -269,7 +278,7 @@ def test_one_step_contract(tiny_model):
     rows[0].logprobs = rows[1].logprobs = rows[2].logprobs = None
     model = load_policy(str(tiny_model), None, cfg, seed=0)
     trainer, _ = build_trainer(model, str(tiny_model), rows, cfg, seed=0, device="cpu",
-                               torch_dtype=torch.float32, temperature=1.0)
+                               torch_dtype=torch.float32)
     try:
         batch = trainer._generate_and_score_completions([{"row": 0}, {"row": 1}, {"row": 2}, {"row": -1}])
         assert set(BATCH_KEYS) <= set(batch) and "ref_per_token_logps" in batch
@@ -318,3 +327,37 @@ def test_gpu_train_step_script():
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tokens/s" in proc.stdout
+
+
+def test_micro_batches_by_length_and_the_update_does_not_depend_on_the_cut(tiny_model):
+    """Each update's rows go into micro-batches longest first; the adapter equals the one trained with each update
+    in a single micro-batch (the sampler, not the cut, decides which rows make an update)."""
+    import shutil
+
+    import torch
+
+    from sage.engines.train.trl_trainer import build_trainer
+
+    rows = _rows(12, seed=7)
+    split, whole = _cfg(minibatch_size=2, grad_accum=3), _cfg(minibatch_size=6, grad_accum=1)
+    model = load_policy(str(tiny_model), None, split, seed=0)
+    trainer, _ = build_trainer(model, str(tiny_model), rows, split, seed=0, device="cpu", torch_dtype=torch.float32)
+    try:
+        model.train()
+        trainer._step, trainer._buffered_inputs = 0, None
+        trainer._prepare_inputs([{"row": i} for i in range(6)])
+        micro = trainer._buffered_inputs
+        lengths = [int(m["prompt_mask"][i].sum() + m["completion_mask"][i].sum()) for m in micro for i in range(2)]
+        assert len(micro) == 3 and lengths == sorted(lengths, reverse=True)
+        assert sorted(lengths) == sorted(len(r.prompt_ids) + len(r.completion_ids) for r in rows[:6])
+    finally:
+        shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
+    adapters = []
+    for cfg in (split, whole):
+        model = load_policy(str(tiny_model), None, cfg, seed=0)
+        train_model(model, str(tiny_model), rows, cfg, seed=0, device="cpu")
+        adapters.append(_params(model, True))
+    initial = _params(load_policy(str(tiny_model), None, split, seed=0), True)
+    assert any(not torch.equal(p, initial[n]) for n, p in adapters[0].items())  # it trained
+    for name, p in adapters[0].items():
+        torch.testing.assert_close(p, adapters[1][name], rtol=1e-5, atol=1e-6)

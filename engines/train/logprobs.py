@@ -1,0 +1,135 @@
+"""Log-probs of the completion tokens, each at its own row's sampling temperature, through the model's LM head
+in chunks (`add_completion_head`, `completion_logprobs`).
+
+Every role samples at its own temperature (`roles.<role>.temperature`), so one update mixes rows whose
+policies are `softmax(logits / T_row)` for different T. TRL's fused LM head divides every logit by one
+temperature fixed when the trainer is built. This head takes a temperature per scored token instead: it
+projects only the completion tokens that exist (no prompt position, no padding; TRL's head on a device without
+Triton projects every position of the batch through the full vocabulary) and calls TRL's chunked log-prob
+kernel (`ChunkedLogProbFunction`, which never materialises the tokens x vocabulary logits) once per distinct
+temperature, with that temperature. The kernel divides the logits themselves by T, so this is exact for every
+head it supports (a bias, a final soft-cap), not an approximation through the hidden states. The entropy,
+which TRL logs but never differentiates here, is computed only when asked for.
+
+The head is a keyword of the causal LM's own `forward` (`completion_head=CompletionHead(...)`), so the call
+goes through whatever wraps the model (PEFT, DDP, FSDP, DeepSpeed) exactly as TRL's fused head does;
+without the keyword the forward is the previous one, untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from dataclasses import dataclass
+
+#: Config fields of model families whose LM head multiplies its logits by a constant; TRL's kernel takes that
+#: scale, this head does not (the supported heads are plain linear projections, optionally soft-capped).
+_LOGIT_SCALE_FIELDS = ("logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+
+
+@dataclass
+class CompletionHead:
+    """What to score in one forward pass: `positions` index the flattened (batch x length) hidden states whose
+    next token is `targets` (both 1-D, one entry per scored token), each at temperature `temperatures`."""
+
+    positions: object  # torch.LongTensor [N]
+    targets: object  # torch.LongTensor [N]
+    temperatures: object  # torch.FloatTensor [N]
+    entropy: bool = False
+
+
+@dataclass
+class CompletionOutput:
+    log_probs: object  # [N], float32, differentiable
+    entropy: object = None  # [N] or None
+
+
+def add_completion_head(model) -> None:
+    """Give `model` (a causal LM, the base model under PEFT) the `completion_head` keyword on `forward`.
+
+    Raises ValueError for a head this module cannot score exactly (a constant logit scale)."""
+    text_config = model.config.get_text_config()
+    scaled = [f for f in _LOGIT_SCALE_FIELDS if getattr(text_config, f, None) not in (None, 1, 1.0)]
+    if scaled:
+        raise ValueError(f"{type(model).__name__} scales its logits ({', '.join(scaled)}); the stored-rows trainer "
+                         "supports LM heads that are a plain linear projection (Llama, Qwen, Mistral, SmolLM)")
+    softcap = getattr(text_config, "final_logit_softcapping", None)
+    previous = model.forward
+
+    @functools.wraps(type(model).forward)  # `generate` checks its keyword arguments against this signature
+    def forward(self, *args, completion_head: CompletionHead | None = None, **kwargs):
+        if completion_head is None:
+            return previous(*args, **kwargs)
+        kwargs["use_cache"] = False
+        hidden = self.base_model(*args, **kwargs).last_hidden_state  # the backbone, final norm included
+        hidden = hidden.reshape(-1, hidden.size(-1))[completion_head.positions]
+        return _score(hidden, self.get_output_embeddings(), completion_head, softcap)
+
+    model.forward = types.MethodType(forward, model)
+
+
+def _score(hidden, lm_head, head: CompletionHead, softcap) -> CompletionOutput:
+    """Log-probs (and entropies) of `head.targets` given `hidden` [N, H], one kernel call per temperature."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, maybe_gather_lm_head_ctx
+
+    weight, bias = lm_head.weight, lm_head.bias
+    if isinstance(weight, DTensor):  # FSDP2 shards the head; the hidden states are a plain tensor
+        weight = weight.full_tensor()
+        bias = bias.full_tensor() if bias is not None else None
+    hidden = hidden.to(weight.device)
+    targets, temperatures = head.targets.to(weight.device), head.temperatures.to(weight.device)
+    outputs = ("log_probs", "entropy") if head.entropy else ("log_probs",)
+    # Connected to the model even when nothing is scored (a micro-batch of padding rows): backward still works.
+    log_probs = hidden[:, 0].float() * 0
+    entropy = hidden.new_zeros(targets.shape, dtype=torch.float32) if head.entropy else None
+    with maybe_gather_lm_head_ctx(weight, bias):
+        for t in torch.unique(temperatures).tolist():
+            sel = (temperatures == t).nonzero()[:, 0]
+            lp, ent, *_ = ChunkedLogProbFunction.apply(hidden[sel], weight, bias, targets[sel], float(t),
+                                                       _CHUNKED_LOGPROB_CHUNK_SIZE, softcap, 1.0, outputs)
+            log_probs = log_probs.index_put((sel,), lp)
+            if entropy is not None:
+                entropy = entropy.index_put((sel,), ent)
+    return CompletionOutput(log_probs=log_probs, entropy=entropy)
+
+
+def _contiguous(input_ids, attention_mask, pad_id: int = 0):
+    """The rows' real tokens moved to the right end of a batch as wide as the longest row, and where each
+    original column went: TRL's layout (left-padded prompts, then right-padded completions) pads every row to
+    the longest prompt plus the longest completion; this one only to the longest prompt + completion.
+    Returns (ids, mask, column map [B, L]: new column of each real token)."""
+    real = attention_mask.bool()
+    n = real.sum(1)
+    width = int(n.max())
+    new_col = (width - n)[:, None] + real.cumsum(1) - 1
+    rows, cols = real.nonzero(as_tuple=True)
+    ids = input_ids.new_full((input_ids.size(0), width), pad_id).index_put((rows, new_col[rows, cols]),
+                                                                             input_ids[rows, cols])
+    mask = attention_mask.new_zeros((input_ids.size(0), width)).index_put((rows, new_col[rows, cols]),
+                                                                           attention_mask.new_ones(rows.shape))
+    return ids, mask, new_col
+
+
+def completion_logprobs(model, input_ids, attention_mask, logits_to_keep: int, temperatures, *,
+                        entropy: bool = False):
+    """Per-token log-probs [B, logits_to_keep] of the last `logits_to_keep` tokens of `input_ids` (the
+    completions, right-padded after left-padded prompts; zeros where `attention_mask` is 0), row b at
+    temperature `temperatures[b]`, in one forward pass of `model` (patched by `add_completion_head`, possibly
+    wrapped) over the rows laid out contiguously. Also the entropies [B, logits_to_keep] when `entropy`."""
+    import torch
+
+    batch, length = input_ids.shape
+    ids, mask, new_col = _contiguous(input_ids, attention_mask)
+    scored = attention_mask[:, -logits_to_keep:].bool()
+    rows, cols = scored.nonzero(as_tuple=True)
+    token_at = new_col[rows, length - logits_to_keep + cols]  # the token's column; its logits are the one before's
+    head = CompletionHead(positions=rows * ids.size(1) + token_at - 1, targets=ids[rows, token_at],
+                          temperatures=temperatures.to(torch.float32)[rows], entropy=entropy)
+    out = model(input_ids=ids, attention_mask=mask, completion_head=head)
+    shape = (batch, logits_to_keep)
+    log_probs = out.log_probs.new_zeros(shape).index_put((rows, cols), out.log_probs)
+    ent = out.entropy.new_zeros(shape).index_put((rows, cols), out.entropy) if out.entropy is not None else None
+    return log_probs, ent
