@@ -22,7 +22,7 @@ class TrainRow:
     prompt_ids: list[int]
     completion_ids: list[int]
     advantage: float
-    logprobs: list[float] | None = None  # log_softmax(raw logits) of the completion tokens, when stored
+    logprobs: list[float] | None = None  # log_softmax(logits / temperature) of the completion tokens, when stored
     role: str = ""
     temperature: float = 1.0
 

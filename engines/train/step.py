@@ -181,8 +181,8 @@ def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConf
     when not logged), tokens (prompt + completion tokens of the rows used), completion_tokens, n_rows (used),
     n_skipped (empty completions), n_updates, seconds (the training loop only, wall clock), cpu_seconds (its
     process CPU time, all threads), tokens_per_s (tokens / seconds),
-    adv_mean_by_role ({role: mean advantage}), used_logprobs (the stored log-probs were the behaviour policy's:
-    every row had them and was sampled at temperature 1), temperatures ({role: temperature}), device, dtype,
+    adv_mean_by_role ({role: mean advantage}), used_logprobs (every row had stored sampling log-probs, taken
+    as the behaviour policy's), temperatures ({role: temperature}), device, dtype,
     lr, loss_type, seed, num_processes, distributed (accelerate's name for the setup: NO, MULTI_GPU,
     MULTI_CPU, FSDP, DEEPSPEED), rows_by_rank (per process, the indices into `rows` it trained on, in order),
     steps (TRL's per-update logs).
@@ -243,7 +243,7 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
         "tokens": sum(len(r.prompt_ids) + len(r.completion_ids) for r in usable),
         "completion_tokens": sum(len(r.completion_ids) for r in usable),
         "adv_mean_by_role": _role_means(usable),
-        "used_logprobs": bool(usable) and all(r.logprobs is not None and r.temperature == 1.0 for r in usable),
+        "used_logprobs": bool(usable) and all(r.logprobs is not None for r in usable),
         "temperatures": {r.role: r.temperature for r in usable},
         "device": device, "dtype": str(torch_dtype).removeprefix("torch."),
         "lr": cfg.lr, "loss_type": cfg.loss_type, "seed": seed, "num_processes": processes,

@@ -9,10 +9,10 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
 - `_generate_and_score_completions(inputs)` builds the batch from the stored rows: left-padded prompt ids,
   right-padded completion ids, their masks, the stored advantage (one per row), `num_items_in_batch` (completion
   tokens in the generation batch, gathered over processes), each row's sampling temperature
-  (`temperatures`), the stored sampling log-probs as `old_per_token_logps` when every row of the pass has them
-  and was sampled at temperature 1, and `ref_per_token_logps` when `beta != 0`. The backends store
-  `log_softmax(raw logits)`, the policy at temperature 1; a row sampled at another temperature is trained at
-  that temperature, where the stored value is not its behaviour log-prob. Without usable stored log-probs
+  (`temperatures`), the stored sampling log-probs as `old_per_token_logps` when every row of the pass has them,
+  and `ref_per_token_logps` when `beta != 0`. The backends store `log_softmax(logits / T)` at the request's
+  sampling temperature T (1 when greedy, see `engines/llm/base.py`), the behaviour policy at the temperature
+  the row is trained at, so the ratio compares like with like. Without usable stored log-probs
   TRL uses the current policy's detached log-probs: ratio 1, the plain on-policy gradient -A * grad log pi,
   for every update of the pass.
   It also records which rows this process trained on (`sage_seen`).
@@ -140,9 +140,8 @@ def trainer_class():
             self.sage_optimizer_state = optimizer_state  # {"optimizer": ..., "scheduler": ...} carried in
             self.sage_seen: list[int] = []  # indices into `rows` this process trained on, in order
             # Decided once for all rows, not per batch: a per-batch choice would depend on how the rows are
-            # split over processes. Stored log-probs are at temperature 1 (see the module docstring).
-            self.sage_use_logprobs = bool(rows) and all(r.logprobs is not None and r.temperature == 1.0
-                                                        for r in rows)
+            # split over processes. Stored log-probs are at each row's temperature (see the module docstring).
+            self.sage_use_logprobs = bool(rows) and all(r.logprobs is not None for r in rows)
             self.sage_temperatures = None  # of the rows being scored (set by `_compute_loss`, `_sage_ref_logps`)
             super().__init__(*args, **kwargs)
             if self.aux_loss_enabled:

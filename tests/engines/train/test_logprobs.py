@@ -144,17 +144,18 @@ def test_at_temperature_one_the_loss_and_gradients_are_trl_fused_heads(tiny_mode
         torch.testing.assert_close(g, theirs[name], rtol=1e-4, atol=1e-6)
 
 
-def test_stored_logprobs_are_the_behaviour_policy_only_at_temperature_one(tiny_model):
-    """The backends store log-probs at temperature 1; rows sampled at another temperature train on-policy (the
-    current policy's detached log-probs) instead of against a mismatched ratio."""
+def test_stored_logprobs_are_the_behaviour_policy_at_any_temperature(tiny_model):
+    """The backends store log-probs at the sampling temperature, which the trainer takes each row at: stored
+    log-probs are the behaviour policy's whatever the temperature; a row without them makes the pass on-policy
+    (the current policy's detached log-probs)."""
     import torch
 
     from sage.engines.train.trl_trainer import build_trainer
 
     cfg = _cfg(minibatch_size=2)
-    for temperature, used in ((1.0, True), (0.7, False)):
+    for temperature, stored, used in ((1.0, 2, True), (0.7, 2, True), (0.7, 1, False)):
         rows = _rows([temperature, temperature])
-        for r in rows:
+        for r in rows[:stored]:
             r.logprobs = [-1.0] * len(r.completion_ids)
         model = load_policy(str(tiny_model), None, cfg, seed=0)
         trainer, _ = build_trainer(model, str(tiny_model), rows, cfg, seed=0, device="cpu", torch_dtype=torch.float32)
