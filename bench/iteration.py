@@ -4,13 +4,15 @@
 
 Runs one full iteration (seeds, every stage, training) through the real flow, timing each engine call
 (generation, code sandbox, math checks, the train stage) with a thin proxy. "Glue" is the rest: Prefect,
-DuckDB, parsing, Python. Prints the split and the glue share of wall time (goal: 5% or less with SmolLM2).
+DuckDB, parsing, Python. Prints the split and the glue share of wall time (goal: 5% or less with SmolLM2),
+and each stage's peak resident memory (this process and its children, sampled every 0.2 s).
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +35,53 @@ class Timed:
             finally:
                 self._totals[self._label] = self._totals.get(self._label, 0.0) + time.perf_counter() - start
         return timed
+
+
+class PeakMemory:
+    """Samples the resident memory of this process and its children every `every` seconds and keeps the peak
+    per stage (the stage `current` names: set by the stage wrapper below)."""
+
+    def __init__(self, every: float = 0.2):
+        import psutil
+
+        self.current, self.peaks, self._stop = "setup", {}, threading.Event()
+        self._me, self._every = psutil.Process(), every
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        while not self._stop.wait(self._every):
+            rss = 0
+            for p in [self._me, *self._me.children(recursive=True)]:
+                try:
+                    rss += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peaks[self.current] = max(self.peaks.get(self.current, 0), rss)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _track_stages(memory: PeakMemory) -> None:
+    """Name the running stage for `memory`: wraps the flow's `run_recorded` (bench only)."""
+    from sage.flows import iteration
+
+    inner = iteration.run_recorded
+
+    def run_recorded(ctx, stage, fn, **kw):
+        memory.current = str(stage)
+        try:
+            return inner(ctx, stage, fn, **kw)
+        finally:
+            memory.current = "between stages"
+    iteration.run_recorded = run_recorded
 
 
 def _warm_up_prefect() -> None:
@@ -81,9 +130,11 @@ def main() -> None:
             run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)  # not timed
             _warm_up_prefect()  # the ephemeral API server starts once per process, not per iteration
             totals.clear()
-            start = time.perf_counter()
-            evolve_flow(str(cfg.run.dir), run_id, 1)
-            wall = time.perf_counter() - start
+            with PeakMemory() as memory:
+                _track_stages(memory)
+                start = time.perf_counter()
+                evolve_flow(str(cfg.run.dir), run_id, 1)
+                wall = time.perf_counter() - start
             stages = {r["stage"]: r["seconds"] for r in stage_states(s.warehouse, run_id)}
         totals["training (train stage)"] = stages.get("train", 0.0)
 
@@ -95,6 +146,9 @@ def main() -> None:
     print(f"{'glue (Prefect, DuckDB, Python)':<28}{glue:>10.2f}{glue / wall:>9.1%}")
     print(f"{'wall':<28}{wall:>10.2f}{1:>9.1%}")
     print("\nper stage (s): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
+    print("peak resident memory per stage (GB, with children): "
+          + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in memory.peaks.items()))
+    print(f"peak overall: {max(memory.peaks.values(), default=0) / 2**30:.2f} GB")
 
 
 if __name__ == "__main__":
