@@ -1,8 +1,9 @@
 """What `sage run`, `sage stage` and `sage eval` show while they work, owned by the CLI.
 
 On a terminal, a live region at the bottom: a header (run, `iteration k/n`, time so far) and one bar per
-(iteration, stage) in flight with rows done, tokens per second and ETA; a stage that does not report rows
-(training, scoring, admission) shows an indeterminate bar with its elapsed time. When a stage ends, its bar is
+(iteration, stage) in flight with rows done, tokens per second and ETA (training counts optimizer steps and
+shows the last update's loss); a stage that does not report progress (scoring, admission) shows an
+indeterminate bar with its elapsed time. When a stage ends, its bar is
 printed above the live region with its summary (rows in/out, key numbers) and leaves it, so the region stays a
 few lines high and each (iteration, stage) keeps its own bar: iteration 2 never reuses iteration 1's.
 
