@@ -7,7 +7,6 @@ missing, and re-running it after success changes no row. `stage_flow` re-runs ex
 
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 from prefect import flow, get_run_logger, task
@@ -19,6 +18,7 @@ from sage.configs.names import Stage
 from sage.flows import session
 from sage.flows.artifacts import artifact_key
 from sage.flows.record import ended, run_recorded
+from sage.flows.samples import samples_markdown
 from sage.flows.terminal import cell
 from sage.stages import admit, challenge, critique, plan, score, solve, train, validate, verify
 from sage.stages.context import StageContext, StageReport
@@ -152,24 +152,3 @@ def _publish(run_id: str, iteration: int, summary: dict[str, list[dict]], sample
     create_markdown_artifact(markdown=samples_markdown(iteration, samples),
                              key=artifact_key(run_id, "iteration", iteration, "samples"),
                              description=f"SAGE run {run_id}, iteration {iteration}: sample generations per role")
-
-
-def _fenced(text: str, limit: int = 1200) -> str:
-    """Model output inside a code fence no backtick run in it can close, control characters shown as escapes."""
-    text = text if len(text) <= limit else text[:limit] + " ..."
-    text = "".join(c if c in "\n\t" or c.isprintable() else repr(c)[1:-1] for c in text)
-    fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
-    return f"{fence}text\n{text}\n{fence}"
-
-
-def samples_markdown(iteration: int, samples: list[dict]) -> str:
-    """The sample generations as markdown: per role, the end of the prompt and the completion, with its
-    format reward, reward and advantage."""
-    lines = [f"# Iteration {iteration}: sample generations", ""]
-    for role in sorted({r["role"] for r in samples}):
-        lines += [f"## {role}", ""]
-        for r in (x for x in samples if x["role"] == role):
-            numbers = ", ".join(f"{k} {r[k]:.3f}" for k in ("format_reward", "reward", "advantage") if r[k] is not None)
-            lines += [f"**{r['purpose']}** ({numbers})", "", "Prompt (end):", _fenced(r["prompt_tail"]), "",
-                      "Completion:", _fenced(r["completion_text"] or ""), ""]
-    return "\n".join(lines)

@@ -1,8 +1,9 @@
 """What `sage run`, `sage stage` and `sage eval` show while they work, owned by the CLI.
 
 On a terminal, a live region at the bottom: a header (run, `iteration k/n`, time so far) and one bar per
-(iteration, stage) in flight with rows done, tokens per second and ETA; a stage that does not report rows
-(training, scoring, admission) shows an indeterminate bar with its elapsed time. When a stage ends, its bar is
+(iteration, stage) in flight with rows done, tokens per second and ETA (training counts optimizer steps and
+shows the last update's loss); a stage that does not report progress (scoring, admission) shows an
+indeterminate bar with its elapsed time. When a stage ends, its bar is
 printed above the live region with its summary (rows in/out, key numbers) and leaves it, so the region stays a
 few lines high and each (iteration, stage) keeps its own bar: iteration 2 never reuses iteration 1's.
 
@@ -88,16 +89,18 @@ class Display:
 
     # -- what the flows and stages call
 
-    def report(self, iteration: int, stage: str, done: int, total: int, tokens: int = 0) -> None:
-        """Rows `done` of `total` and `tokens` generated so far by `stage` of `iteration` (ProgressFn's shape
-        with the iteration first)."""
+    def report(self, iteration: int, stage: str, done: int, total: int, tokens: int = 0, unit: str = "rows",
+               note: str = "") -> None:
+        """`done` of `total` (rows, or the `unit` given: training reports optimizer steps) and `tokens` so far by
+        `stage` of `iteration`, with a short `note` shown after the rate (training's loss); ProgressFn's shape
+        with the iteration first."""
         if self.mode != LIVE:
             return
         task_id, start, _ = self._bar(iteration, stage)
         elapsed = max(time.monotonic() - start, 1e-9)
         rate = f"{tokens / elapsed:,.0f} tok/s" if tokens and elapsed > 0.5 else ""
-        self.progress.update(task_id, completed=done, total=max(total, 1), rate=rate,
-                             rows=f"{done}/{total} rows")
+        self.progress.update(task_id, completed=done, total=max(total, 1), rows=f"{done}/{total} {unit}",
+                             rate=plain(" ".join(p for p in (note, rate) if p)))
 
     @contextmanager
     def stage(self, iteration: int, name: str) -> Iterator[Callable[[str], None]]:

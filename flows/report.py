@@ -2,8 +2,11 @@
 
 Plots (one PNG each, skipped with a note on the page when the run has no data for it): pool size per
 iteration, admitted versus rejected by reason, mean s_q and difficulty of generated questions, mean reward
-per role, the plan gate's pass rate, and the validation curve with the best checkpoint marked. The page
-also shows the rows of `curriculum_drift`, `role_rewards`, `gate_stats` and `validation_curve` as tables.
+per role, the plan gate's pass rate, the validation curve with the best checkpoint marked, and the training
+curve (loss and grad norm per optimizer step across iterations, iteration boundaries marked). The page
+also shows the rows of `curriculum_drift`, `role_rewards`, `gate_stats` and `validation_curve` as tables, the
+run's `evaluations` (`sage eval`) next to validation, the stage timings (`stage_runs`), a few sample
+generations per role from the last iteration (HTML-escaped: model output), and the config the run stored.
 `report_artifacts` gives the same content as Markdown for Prefect's `create_markdown_artifact`.
 
 Matplotlib is used through `Figure` objects with the Agg canvas, never pyplot, so no global backend or
@@ -24,8 +27,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from sage.flows.artifacts import artifact_key
+from sage.flows.samples import fenced, samples_html, samples_markdown
 from sage.warehouse.db import Warehouse
-from sage.warehouse.report_queries import report_tables, run_summary
+from sage.warehouse import report_queries as q
 
 Tables = dict[str, list[dict]]
 REJECTION_REASONS = ("low_quality", "invalid_verifier", "duplicate", "unparseable")
@@ -147,6 +151,31 @@ def plot_validation(t: Tables) -> Figure | None:
     return fig
 
 
+def plot_training(t: Tables) -> Figure | None:
+    rows = t["training_curve"]
+    if not _has(rows, "loss", "grad_norm"):
+        return None
+    fig = Figure(figsize=(7, 5), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    steps = _column(rows, "global_step")
+    for ax, name, label in ((top, "loss", "loss"), (bottom, "grad_norm", "grad norm")):
+        ax.plot(steps, [float("nan") if v is None else v for v in _column(rows, name)], marker=".", label=label)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        for r in rows:  # an iteration starts at its step 1
+            if r["step"] == 1:
+                ax.axvline(r["global_step"] - 0.5, color="gray", linestyle="--", linewidth=0.8)
+                if ax is top:
+                    ax.annotate(f"it {r['iteration']}", (r["global_step"] - 0.5, 1), xytext=(3, -12),
+                                xycoords=("data", "axes fraction"), textcoords="offset points", fontsize="small",
+                                color="gray")
+    top.set_title("Training: loss and grad norm per optimizer step (iterations dashed)")
+    bottom.set_xlabel("optimizer step (all iterations)")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig
+
+
 # (file stem, caption, plot function, what is missing when it is skipped)
 PLOTS: tuple[tuple[str, str, Callable[[Tables], Figure | None], str], ...] = (
     ("pool_size", "Pool size per iteration", plot_pool_size, "no iterations recorded"),
@@ -155,6 +184,7 @@ PLOTS: tuple[tuple[str, str, Callable[[Tables], Figure | None], str], ...] = (
     ("role_rewards", "Mean reward per role", plot_role_rewards, "no scored rollouts"),
     ("gate", "Plan gate pass rate", plot_gate, "no plans judged"),
     ("validation", "Validation curve (best checkpoint starred)", plot_validation, "no validated checkpoints"),
+    ("training_curve", "Training curve (loss, grad norm per step)", plot_training, "no optimizer steps recorded"),
 )
 
 
@@ -208,16 +238,32 @@ def _png_bytes(fig: Figure) -> bytes:
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}
 table{border-collapse:collapse;font-size:0.85em;margin-bottom:2em}th,td{border:1px solid #ccc;padding:3px 7px;
 text-align:right}th{background:#f3f3f3}.note{color:#777;font-style:italic}figure{display:inline-block;margin:0.5em}
-img{max-width:700px;border:1px solid #eee}"""
+img{max-width:700px;border:1px solid #eee}pre{white-space:pre-wrap;background:#f7f7f7;padding:6px;
+font-size:0.85em;max-height:24em;overflow:auto}"""
 
 
 # -- outputs ---------------------------------------------------------------------------------------------------
 
 def _load(wh: Warehouse, run_id: str) -> tuple[dict, Tables]:
-    summary = run_summary(wh, run_id)
+    """The run's summary and every table of the report: the views (`report_tables`), its training curve,
+    evaluations and stage timings."""
+    summary = q.run_summary(wh, run_id)
     if summary is None:
         raise ValueError(f"no run {run_id!r} in the warehouse {wh.path}; `sage status` lists the runs")
-    return summary, report_tables(wh, run_id)
+    return summary, {**q.report_tables(wh, run_id), "training_curve": q.training_curve(wh, run_id),
+                     "evaluations": q.evaluations(wh, run_id), "stage_timings": q.stage_timings(wh, run_id)}
+
+
+#: The tables the page and the artifacts show, in order: validation and evaluations side by side. The
+#: training curve's rows (one per optimizer step) are shown as its plot; `training_curve` in SQL has them all.
+SHOWN = ("curriculum_drift", "role_rewards", "gate_stats", "validation_curve", "evaluations", "stage_timings")
+
+
+def _config_text(wh: Warehouse, run_id: str) -> str:
+    import json
+
+    text = q.stored_config(wh, run_id) or "{}"
+    return json.dumps(json.loads(text), indent=2, sort_keys=True)
 
 
 def write_report(wh: Warehouse, run_id: str, out_dir: Path) -> Path:
@@ -238,21 +284,29 @@ def write_report(wh: Warehouse, run_id: str, out_dir: Path) -> Path:
         figures.append(f'<figure><img src="{path.name}" alt="{html.escape(caption)}">'
                        f'<figcaption>{html.escape(caption)}</figcaption></figure>')
     meta = " · ".join(f"{k}: {html.escape(fmt(v))}" for k, v in summary.items() if k != "run_id")
-    sections = "".join(f"<h2>{name}</h2>{html_table(rows)}" for name, rows in tables.items())
+    sections = "".join(f"<h2>{name}</h2>{html_table(tables[name])}" for name in SHOWN)
+    iteration, samples = q.latest_samples(wh, run_id)
+    heading = "sample generations" + (f" (iteration {iteration})" if iteration is not None else "")
     page = (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>SAGE run {html.escape(run_id)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>SAGE run {html.escape(run_id)}</h1><p>{meta}</p>"
-            f"<h2>Plots</h2>{''.join(figures)}{sections}</body></html>")
+            f"<h2>Plots</h2>{''.join(figures)}{sections}<h2>{heading}</h2>{samples_html(samples)}"
+            f"<h2>config</h2><pre>{html.escape(_config_text(wh, run_id))}</pre></body></html>")
     index = out_dir / "index.html"
     index.write_text(page, encoding="utf-8")
     return index
 
 
 def report_artifacts(wh: Warehouse, run_id: str, images: bool = True) -> list[tuple[str, str]]:
-    """(key, markdown) pairs for `prefect.artifacts.create_markdown_artifact`: one per view table, and with
-    `images` one holding the plots as base64 PNG data URIs."""
+    """(key, markdown) pairs for `prefect.artifacts.create_markdown_artifact`: one per shown table, the sample
+    generations, the config, and with `images` one holding the plots as base64 PNG data URIs."""
     _, tables = _load(wh, run_id)
-    out = [(artifact_key("sage", run_id, name), f"### {name} ({run_id})\n\n{markdown_table(rows)}")
-           for name, rows in tables.items()]
+    out = [(artifact_key("sage", run_id, name), f"### {name} ({run_id})\n\n{markdown_table(tables[name])}")
+           for name in SHOWN]
+    iteration, samples = q.latest_samples(wh, run_id)
+    out.append((artifact_key("sage", run_id, "samples"),
+                samples_markdown(iteration, samples) if samples else f"### sample generations ({run_id})\n\n_none_"))
+    config = fenced(_config_text(wh, run_id), limit=100_000)
+    out.append((artifact_key("sage", run_id, "config"), f"### config ({run_id})\n\n{config}"))
     if images:
         parts = []
         for _, caption, plot, missing in PLOTS:

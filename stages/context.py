@@ -15,8 +15,9 @@ from sage.configs.schema import SageConfig
 from sage.stages.fanout import Fanout, Local
 from sage.warehouse import Warehouse
 
-# progress(stage, done, total, tokens): how a stage reports rows done and tokens generated so far
-ProgressFn = Callable[[str, int, int, int], None]
+# progress(stage, done, total, tokens, unit=, note=): how a stage reports units done (rows unless `unit` says
+# otherwise: training counts optimizer steps), tokens so far, and a short `note` (training's last loss)
+ProgressFn = Callable[..., None]
 
 
 @dataclass
@@ -83,9 +84,10 @@ class StageContext:
         if self.fanout is None:
             self.fanout = Local(self.engines)
 
-    def report(self, stage: str, done: int, total: int, tokens: int = 0) -> None:
+    def report(self, stage: str, done: int, total: int, tokens: int = 0, *, unit: str = "rows",
+               note: str = "") -> None:
         if self.progress:
-            self.progress(stage, done, total, tokens)
+            self.progress(stage, done, total, tokens, unit=unit, note=note)
 
     @property
     def sandbox(self):

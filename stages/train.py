@@ -7,10 +7,12 @@ the adapter the iteration generated with (none in iteration 1: a fresh LoRA). Tr
 (the GPU default), in its own process that exchanges Parquet files with the flow, so generation and training
 never hold GPU memory at once; with `train.accelerate_config` (a name from `configs/accelerate/`: `ddp`,
 `deepspeed-zero2`, `fsdp`, `cpu-2proc`, or a path) under `accelerate launch`, data-parallel over its processes.
-Writes: the adapter to `<run.dir>/adapters/<run>/iteration-<k>` (atomically; `<run>` as `run_dirname` maps it), then a `checkpoints` row with
-the metrics and `iterations.adapter_out`, in one transaction.
+Writes: one `train_steps` row per optimizer update as the update ends (in this process through the trainer's
+callback; from the training process through a JSON-lines file this stage reads while it runs), the adapter to
+`<run.dir>/adapters/<run>/iteration-<k>` (atomically; `<run>` as `run_dirname` maps it), then a `checkpoints`
+row with the metrics and `iterations.adapter_out`, in one transaction.
 Idempotency: a recorded checkpoint is never retrained; a crash mid-training leaves no checkpoint row, so a
-re-run trains that iteration again (and only that). Fails: trainer errors propagate.
+re-run trains that iteration again (and only that), first deleting the steps the interrupted attempt stored. Fails: trainer errors propagate.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from sage import configs
@@ -28,7 +31,8 @@ from sage.configs.names import Stage
 from sage.engines.verify.isolation import die_with_parent
 from sage.stages.context import StageContext, StageReport
 from sage.stages.score import REWARD_VERSION
-from sage.warehouse.queries import checkpoint_path, record_checkpoint, training_rows
+from sage.warehouse.queries import (checkpoint_path, clear_train_steps, record_checkpoint, record_train_step,
+                                    training_rows)
 from sage.warehouse.runs import run_dirname
 
 STAGE = Stage.TRAIN
@@ -81,21 +85,68 @@ def adapter_dir(ctx: StageContext) -> Path:
     return Path(ctx.cfg.run.dir).expanduser().resolve() / "adapters" / run_dirname(ctx.run_id) / f"iteration-{ctx.iteration}"
 
 
-def _train_isolated(ctx: StageContext, model_path: str, rows, out: Path) -> dict:
+class _StepWriter:
+    """Stores each optimizer update in `train_steps` as the trainer reports it and shows it on the display
+    (optimizer steps done of the pass, tokens trained, the update's loss)."""
+
+    def __init__(self, ctx: StageContext):
+        self.ctx, self.tokens = ctx, 0
+
+    def __call__(self, step: dict) -> None:
+        record_train_step(self.ctx.wh, self.ctx.run_id, self.ctx.iteration, step)
+        self.tokens += step.get("tokens") or 0
+        loss = step.get("loss")
+        self.ctx.report(STAGE, step["step"], step.get("updates") or step["step"], self.tokens, unit="steps",
+                        note="" if loss is None else f"loss {loss:.4f}")
+
+
+def _read_new_steps(path: Path, offset: int, on_step) -> int:
+    """Pass each complete JSON line of `path` after byte `offset` to `on_step`; return the offset after them
+    (a line still being written waits for the next call)."""
+    if not path.exists():
+        return offset
+    with path.open("rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    for line in data[:end].splitlines():
+        if line.strip():
+            on_step(json.loads(line))
+    return offset + end
+
+
+def _train_isolated(ctx: StageContext, model_path: str, rows, out: Path, on_step) -> dict:
+    """Train in a child process (under `accelerate launch` when configured). The child appends each update to
+    a steps file as a JSON line; this process reads the new lines every half second while the child runs and
+    passes them to `on_step`, so the steps reach the warehouse as training goes, not at the end."""
     from sage.engines.train.rows import write_rows
 
     with tempfile.TemporaryDirectory(prefix="sage-train-") as tmp:
         rows_file, metrics_file = Path(tmp) / "rows.parquet", Path(tmp) / "metrics.json"
+        steps_file, stderr_file = Path(tmp) / "steps.jsonl", Path(tmp) / "stderr.txt"
         write_rows(rows, rows_file)
         args = ["--in", str(rows_file), "--out", str(out), "--model", model_path,
                 "--config", ctx.cfg.train.model_dump_json(), "--metrics", str(metrics_file),
+                "--steps", str(steps_file),
                 "--seed", str(ctx.cfg.run.seed + ctx.iteration), "--dtype", ctx.cfg.model.dtype]
         if ctx.adapter:
             args += ["--adapter-in", ctx.adapter]
-        proc = subprocess.run(trainer_command(args, ctx.cfg.train.accelerate_config), capture_output=True, text=True,
-                              preexec_fn=die_with_parent)  # never outlives the pipeline
+        offset = 0
+        with stderr_file.open("w") as stderr:
+            proc = subprocess.Popen(trainer_command(args, ctx.cfg.train.accelerate_config), stdout=subprocess.DEVNULL,
+                                    stderr=stderr, text=True, preexec_fn=die_with_parent)  # never outlives the pipeline
+            try:
+                while proc.poll() is None:
+                    offset = _read_new_steps(steps_file, offset, on_step)
+                    time.sleep(0.5)
+            finally:
+                if proc.poll() is None:  # this process is being interrupted: the child goes too
+                    proc.kill()
+                    proc.wait()
         if proc.returncode != 0:
-            raise RuntimeError(f"training process failed (exit {proc.returncode}):\n{_failure_text(proc.stderr)}")
+            raise RuntimeError(f"training process failed (exit {proc.returncode}):\n"
+                               f"{_failure_text(stderr_file.read_text(errors='replace'))}")
+        _read_new_steps(steps_file, offset, on_step)
         return json.loads(metrics_file.read_text())
 
 
@@ -119,11 +170,13 @@ def run(ctx: StageContext) -> StageReport:
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     model_path = str(resolve_model(ctx.cfg.model.name, ctx.cfg.model.cache_dir))
+    clear_train_steps(ctx.wh, ctx.run_id, ctx.iteration)  # an interrupted attempt's steps: this one replaces them
+    on_step = _StepWriter(ctx)
     if ctx.cfg.train.isolate or ctx.cfg.train.accelerate_config:
-        metrics = _train_isolated(ctx, model_path, rows, out)
+        metrics = _train_isolated(ctx, model_path, rows, out, on_step)
     else:
         metrics = train_step(model_path, ctx.adapter, str(out), rows, ctx.cfg.train,
-                             seed=ctx.cfg.run.seed + ctx.iteration, dtype=ctx.cfg.model.dtype)
+                             seed=ctx.cfg.run.seed + ctx.iteration, dtype=ctx.cfg.model.dtype, on_step=on_step)
     # Per-update logs and the per-process row split stay in the adapter's metrics file, out of the warehouse.
     metrics.pop("steps", None)
     metrics.pop("rows_by_rank", None)

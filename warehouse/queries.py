@@ -316,5 +316,20 @@ def record_checkpoint(wh: Warehouse, run_id: str, iteration: int, adapter_path: 
         set_iteration_adapter(wh, run_id, iteration, adapter_path)
 
 
+#: The columns of a `train_steps` row the trainer reports (besides run_id and iteration).
+TRAIN_STEP_COLUMNS = ("step", "loss", "grad_norm", "entropy", "clip_fraction", "learning_rate", "tokens", "seconds")
+
+
+def record_train_step(wh: Warehouse, run_id: str, iteration: int, step: dict) -> None:
+    """One optimizer update's row of `train_steps`, committed on its own (readers see the curve grow)."""
+    wh.insert_batch("train_steps", [{"run_id": run_id, "iteration": iteration,
+                                     **{c: step.get(c) for c in TRAIN_STEP_COLUMNS}}])
+
+
+def clear_train_steps(wh: Warehouse, run_id: str, iteration: int) -> None:
+    """Drop the iteration's `train_steps` (left by an interrupted training that is about to run again)."""
+    wh.execute("DELETE FROM train_steps WHERE run_id = ? AND iteration = ?", [run_id, iteration])
+
+
 def checkpoint_path(wh: Warehouse, run_id: str, iteration: int) -> str | None:
     return wh.scalar("SELECT adapter_path FROM checkpoints WHERE run_id = ? AND iteration = ?", [run_id, iteration])

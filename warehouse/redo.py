@@ -40,7 +40,7 @@ _FORGET: dict[Stage, list[str]] = {
     Stage.SOLVE: _rollouts("solve"),
     Stage.VERIFY: [f"DELETE FROM verdicts WHERE rollout_id IN ({_ROLLOUTS.format('solve')})"],
     Stage.SCORE: [f"DELETE FROM scores WHERE {_OF_RUN}"],
-    Stage.TRAIN: [f"DELETE FROM checkpoints WHERE {_OF_RUN}",
+    Stage.TRAIN: [f"DELETE FROM checkpoints WHERE {_OF_RUN}", f"DELETE FROM train_steps WHERE {_OF_RUN}",
                   "UPDATE iterations SET adapter_out = NULL WHERE run_id = $run AND iteration = $it"],
     Stage.VALIDATE: [*_rollouts("validate"),
                      f"UPDATE checkpoints SET val_accuracy = NULL, val_math = NULL, val_code = NULL WHERE {_OF_RUN}"],

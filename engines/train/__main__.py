@@ -4,7 +4,8 @@ in its own process.
 The train stage runs this when `train.isolate` is set (so generation and training never hold GPU memory at
 once) and under `accelerate launch ... -m sage.engines.train` for data-parallel training. The rows come as a
 Parquet file (`sage.engines.train.rows.write_rows`), the adapter goes to `--out` (replaced atomically), the
-metrics to `--metrics` as JSON when asked.
+metrics to `--metrics` as JSON when asked, and with `--steps FILE` each optimizer update as one JSON line
+appended to FILE as it ends, which the train stage reads while the process runs.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="TrainConfig as a JSON string or a JSON file")
     ap.add_argument("--adapter-in", default=None, help="adapter to continue training (default: a fresh LoRA)")
     ap.add_argument("--metrics", default=None, help="write the metrics JSON here too")
+    ap.add_argument("--steps", default=None, help="append each optimizer update here as a JSON line as it ends")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default="auto")
@@ -42,9 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     from sage.engines.train.rows import read_rows
     from sage.engines.train.step import train_step
 
+    def on_step(record: dict) -> None:  # called on the main process only, so only it writes the file
+        with open(a.steps, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
     try:
         metrics = train_step(a.model, a.adapter_in, a.out, read_rows(a.rows), _load_config(a.config),
-                             seed=a.seed, device=a.device, dtype=a.dtype)
+                             seed=a.seed, device=a.device, dtype=a.dtype, on_step=on_step if a.steps else None)
         if a.metrics and PartialState().is_main_process:
             path = Path(a.metrics)
             path.parent.mkdir(parents=True, exist_ok=True)

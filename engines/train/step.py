@@ -35,7 +35,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from sage.configs.schema import TrainConfig
 from sage.engines.llm.models import resolve_dtype
@@ -139,7 +139,8 @@ def _mean(values: list[float]) -> float | None:
 
 
 def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: list[TrainRow], cfg: TrainConfig,
-               *, seed: int = 0, device: str | None = None, dtype: str = "auto") -> dict:
+               *, seed: int = 0, device: str | None = None, dtype: str = "auto",
+               on_step: Callable[[dict], None] | None = None) -> dict:
     """Train the shared LoRA adapter once over `rows` and save it to `adapter_out` (atomically).
 
     Loads `model_path` (+ `adapter_in`, trainable; else a fresh LoRA from `cfg`, seeded by `seed`), makes one pass
@@ -148,7 +149,9 @@ def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: 
     to `adapter_out` through a temp dir + rename, replacing an existing directory. `dtype` is resolved by
     `sage.engines.llm.models.resolve_dtype` for the frozen base; the LoRA weights stay float32 either way
     (peft upcasts adapters). Each row's log-probs are taken at its own sampling temperature (`TrainRow.temperature`).
-    With no usable row the adapter is saved unchanged.
+    With no usable row the adapter is saved unchanged. `on_step` is called on the main process as each
+    optimizer update ends, with that update's `trl_trainer.step_record` (step, updates, loss, grad_norm,
+    entropy, clip_fraction, learning_rate, tokens, seconds): the train stage stores it as training goes.
     Under `accelerate launch` every process calls this with the same rows; only the main process saves.
 
     Returns the metrics of `train_model`, plus total_seconds (with loading and saving).
@@ -163,7 +166,7 @@ def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: 
     model = load_policy(model_path, adapter_in, cfg, seed=seed, dtype=resolve_dtype(dtype, device))
     carried = load_optimizer_state(adapter_in)
     metrics, full_state, opt_state = _train(model, model_path, rows, cfg, seed=seed, device=device,
-                                            optimizer_state=carried)
+                                            optimizer_state=carried, on_step=on_step)
     metrics["total_seconds"] = time.perf_counter() - t_start
     state = PartialState()
     if state.is_main_process:
@@ -174,7 +177,7 @@ def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: 
 
 
 def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int = 0,
-                device: str | None = None) -> dict:
+                device: str | None = None, on_step: Callable[[dict], None] | None = None) -> dict:
     """Train an already loaded `PeftModel` in place, one pass over `rows` (see `train_step`); return metrics.
 
     Metrics: loss, grad_norm, grad_norm_max, clip_fraction, entropy (means over updates of what TRL logs; None
@@ -187,7 +190,7 @@ def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConf
     MULTI_CPU, FSDP, DEEPSPEED), rows_by_rank (per process, the indices into `rows` it trained on, in order),
     steps (TRL's per-update logs).
     """
-    return _train(model, tokenizer_path, rows, cfg, seed=seed, device=device)[0]
+    return _train(model, tokenizer_path, rows, cfg, seed=seed, device=device, on_step=on_step)[0]
 
 
 def _optimizer_state(trainer) -> dict | None:
@@ -225,7 +228,8 @@ def _sharded_state_dict(trainer) -> dict | None:
 
 
 def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str | None,
-           optimizer_state: dict | None = None) -> tuple[dict, dict | None, dict | None]:
+           optimizer_state: dict | None = None,
+           on_step: Callable[[dict], None] | None = None) -> tuple[dict, dict | None, dict | None]:
     """`train_model`, plus the gathered state dict for saving when the weights are sharded (else None) and the
     optimizer and scheduler state after training (None when nothing trained or the optimizer is sharded)."""
     from accelerate import PartialState
@@ -260,7 +264,7 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
     with quiet_v6():
         trainer, steps = build_trainer(model, tokenizer_path, usable, cfg, seed=seed, device=device,
                                         torch_dtype=torch_dtype,
-                                        optimizer_state=optimizer_state)
+                                        optimizer_state=optimizer_state, on_step=on_step)
         try:
             t0, c0 = time.perf_counter(), time.process_time()
             trainer.train()

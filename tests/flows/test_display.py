@@ -139,3 +139,15 @@ def test_plain_lines_mode_when_the_console_is_not_a_terminal():
             display.report(2, "verify", 3, 8, 0)
             shown("verify: 8 in, 8 out; pass_rate 0.5")
     assert re.fullmatch(r"iteration 2 verify: 8 in, 8 out; pass_rate 0\.5 \(\d+\.\d s\)\n", out.getvalue())
+
+
+def test_training_bar_counts_optimizer_steps_and_shows_the_loss():
+    """The train stage reports steps, not rows, with its last loss; a stage interrupted mid-way keeps both."""
+    console, out = _terminal()
+    with Display(console, run_id="r", iterations=1) as display:
+        with pytest.raises(KeyboardInterrupt), display.stage(1, "train"):
+            display.report(1, "train", 1, 3, 40, unit="steps", note="loss 0.7500")
+            display.report(1, "train", 2, 3, 80, unit="steps", note="loss 0.2500")
+            raise KeyboardInterrupt
+    line = next(x for x in screen(out.getvalue()) if x.startswith("✗ iteration 1 train"))
+    assert "2/3 steps" in line and "loss 0.2500" in line and "loss 0.75" not in line and "rows" not in line

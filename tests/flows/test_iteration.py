@@ -182,7 +182,7 @@ def test_a_stage_found_done_ends_skipped_and_a_run_stage_logs_its_numbers(one_it
 
 
 def test_sample_generations_markdown_cannot_be_broken_by_model_output():
-    from sage.flows.iteration import samples_markdown
+    from sage.flows.samples import samples_markdown
 
     hostile = "```\n# heading\n\x1b[2J\x00 <script>alert(1)</script> ````"
     md = samples_markdown(2, [dict(role="solver", purpose="solve", prompt_tail="Solve ```x```", completion_text=hostile,

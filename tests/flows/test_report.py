@@ -27,11 +27,13 @@ REWARDS = {  # (iteration, role) -> rewards of its rollouts
     (1, "challenger"): [0.3], (2, "challenger"): [0.4375], (3, "challenger"): [0.6],
 }
 PLANS = {1: [True, True, False], 2: [True, False, False, False], 3: [True, True]}    # 2/3, 1/4, 2/2
+LOSSES = {1: [0.75, 0.5], 2: [0.25, -0.125, 0.0625], 3: [0.5]}  # optimizer steps per iteration
+HOSTILE = "</pre><script>alert(1)</script>\x1b[2J"
 VALIDATION = {1: (0.3125, 0.25, 0.375, False), 2: (0.5625, 0.5, 0.625, True), 3: (0.4375, 0.375, 0.5, False)}
 
 
 def build(wh: Warehouse, run_id: str = RUN, iterations=(1, 2, 3), full: bool = True) -> None:
-    wh.insert_batch("runs", [{"run_id": run_id, "config": {"profile": "test"}, "config_hash": "h",
+    wh.insert_batch("runs", [{"run_id": run_id, "config": {"profile": "test", "note": "<b>bold</b>"}, "config_hash": "h",
                               "base_model": "tiny", "seed": 7}])
     wh.insert_batch("iterations", [{"run_id": run_id, "iteration": k, "status": "done"} for k in iterations])
     wh.insert_batch("questions", [{"question_id": f"seed{i}", "origin": "seed", "domain": "math", "text": f"seed {i}",
@@ -62,8 +64,16 @@ def build(wh: Warehouse, run_id: str = RUN, iterations=(1, 2, 3), full: bool = T
     for k, (acc, vm, vc, best) in VALIDATION.items():
         checkpoints.append({"run_id": run_id, "iteration": k, "adapter_path": f"/adapters/{k}", "val_accuracy": acc,
                             "val_math": vm, "val_code": vc, "is_best": best})
+    rollouts[-1]["completion_text"] = HOSTILE
+    steps = [{"run_id": run_id, "iteration": k, "step": j, "loss": loss, "grad_norm": 0.5 * loss + 1, "tokens": 100,
+              "seconds": 0.25} for k in (1, 2, 3) for j, loss in enumerate(LOSSES[k], start=1)]
+    evaluations = [{"eval_id": f"{run_id}-e1", "run_id": run_id, "checkpoint": "best", "benchmark": "math500",
+                    "metric": "pass@1", "value": 0.3333, "n": 12, "decoding": {"temperature": 0.0}}]
+    timings = [{"run_id": run_id, "iteration": k, "stage": "train", "status": "done", "seconds": 12.5 * k}
+               for k in (1, 2, 3)]
     for table, rows in [("questions", questions), ("rollouts", rollouts), ("scores", scores), ("plans", plans),
-                        ("checkpoints", checkpoints)]:
+                        ("checkpoints", checkpoints), ("train_steps", steps), ("evaluations", evaluations),
+                        ("stage_runs", timings)]:
         assert wh.insert_batch(table, rows) == len(rows)
 
 
@@ -106,6 +116,31 @@ def test_write_report_plots_and_tables(wh, tmp_path):
     assert [r[:5] for r in val] == [["1", "0.3125", "0.25", "0.375", "no"], ["2", "0.5625", "0.5", "0.625", "yes"],
                                     ["3", "0.4375", "0.375", "0.5", "no"]]
     assert "tiny" in page and RUN in page
+    curve = tmp_path / "report" / "training_curve.png"
+    assert imread(curve).std() > 0.01 and 'src="training_curve.png"' in page
+    evals = cells(page, "evaluations")  # checkpoint, benchmark, metric, value, n, decoding, created_at
+    assert [r[:5] for r in evals] == [["best", "math500", "pass@1", "0.3333", "12"]]
+    assert page.index("<h2>evaluations</h2>") > page.index("<h2>validation_curve</h2>")
+    timings = cells(page, "stage_timings")  # iteration, stage, status, rows_in, rows_out, attempts, seconds
+    assert [(r[0], r[1], r[6]) for r in timings] == [("1", "train", "12.5"), ("2", "train", "25"), ("3", "train", "37.5")]
+    assert "sample generations (iteration 3)" in page and "<h3>solver</h3>" in page and "<h3>challenger</h3>" in page
+    # model output and config values are text on the page, never markup
+    assert "<script>" not in page and "&lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;\\x1b[2J" in page
+    assert "<b>bold</b>" not in page and "&lt;b&gt;bold&lt;/b&gt;" in page
+
+
+def test_training_curve_marks_each_iteration(wh):
+    from sage.warehouse.report_queries import training_curve
+
+    rows = training_curve(wh, RUN)
+    assert [(r["iteration"], r["step"], r["global_step"]) for r in rows] == \
+        [(1, 1, 1), (1, 2, 2), (2, 1, 3), (2, 2, 4), (2, 3, 5), (3, 1, 6)]
+    assert [r["tokens_total"] for r in rows] == [100, 200, 300, 400, 500, 600]
+    fig = PLOTS[[p[0] for p in PLOTS].index("training_curve")][2]({"training_curve": rows})
+    top, bottom = fig.axes
+    assert list(top.lines[0].get_ydata()) == [0.75, 0.5, 0.25, -0.125, 0.0625, 0.5]
+    assert list(bottom.lines[0].get_ydata()) == [0.5 * v + 1 for v in top.lines[0].get_ydata()]
+    assert sorted({line.get_xdata()[0] for line in top.lines[1:]}) == [0.5, 2.5, 5.5]  # iteration boundaries
 
 
 def test_empty_plots_are_skipped_with_a_note(tmp_path):
@@ -116,9 +151,9 @@ def test_empty_plots_are_skipped_with_a_note(tmp_path):
         (out / "validation.png").write_bytes(b"stale")
         page = write_report(wh, "bare", out).read_text(encoding="utf-8")
     assert imread(out / "pool_size.png").shape[0] >= 300  # one iteration, 4 seeds: still a pool
-    for stem in ("admission", "quality", "role_rewards", "gate", "validation"):
+    for stem in ("admission", "quality", "role_rewards", "gate", "validation", "training_curve"):
         assert not (out / f"{stem}.png").exists() and f'src="{stem}.png"' not in page
-    assert page.count("skipped:") == 5 and "no validated checkpoints" in page
+    assert page.count("skipped:") == 6 and "no optimizer steps recorded" in page
     assert cells(page, "curriculum_drift")[0][:2] == ["1", "4"]
 
 
@@ -129,11 +164,15 @@ def test_unknown_run(wh, tmp_path):
 
 def test_report_artifacts(wh):
     arts = dict(report_artifacts(wh, RUN))
-    keys = [artifact_key("sage", RUN, n) for n in ("curriculum_drift", "role_rewards", "gate_stats", "validation_curve", "plots")]
+    keys = [artifact_key("sage", RUN, n) for n in ("curriculum_drift", "role_rewards", "gate_stats", "validation_curve",
+                                                  "evaluations", "stage_timings", "samples", "config", "plots")]
     assert list(arts) == keys and keys[0] == "sage-run-a1-curriculum-drift"
+    assert "| best | math500 | pass@1 | 0.3333 | 12 |" in arts[keys[4]] and "| 37.5 |" in arts[keys[5]]
+    assert "## solver" in arts[keys[6]] and "\x1b" not in arts[keys[6]]
+    assert '"note": "<b>bold</b>"' in arts[keys[7]] and arts[keys[7]].count("```") == 2  # inside one fence
     assert all(re.fullmatch(r"[a-z0-9-]+", k) for k in keys)
     assert "| 2 | 7 | 4 | 2 | 2 | 0 | 1 | 1 | 0.625 | 0.5 |" in arts[keys[0]]
     assert "0.8125" in arts[keys[1]] and "0.6667" in arts[keys[2]] and "0.5625" in arts[keys[3]]
-    uris = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", arts[keys[4]])
+    uris = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", arts[keys[-1]])
     assert len(uris) == len(PLOTS) and all(base64.b64decode(u).startswith(b"\x89PNG") for u in uris)
-    assert [k for k, _ in report_artifacts(wh, RUN, images=False)] == keys[:4]
+    assert [k for k, _ in report_artifacts(wh, RUN, images=False)] == keys[:-1]

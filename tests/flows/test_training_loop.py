@@ -142,3 +142,49 @@ def test_resume_after_sigkill_in_training_gives_the_uninterrupted_adapter_bit_fo
         assert "adapter_model.safetensors" in ref and OPTIMIZER_FILE in ref and "sage_train_metrics.json" in ref
         assert got.keys() == ref.keys()
         assert all(got[name] == ref[name] for name in ref), [n for n in ref if got[n] != ref[n]]
+
+
+def test_train_steps_stored_per_update_replaced_on_retrain_and_reported(prefect_api, tiny_model, tmp_path):
+    """Training in its own process (the stage reads its steps file as it goes): one `train_steps` row per
+    optimizer update, steps 1..n_updates with the metrics' numbers; `sage stage train --force` replaces the
+    iteration's rows; `sage report` shows the training curve and the new sections."""
+    import json
+
+    p = sage_run(tiny_model, tmp_path, "train.isolate=true", iterations=2)
+    _, err = p.communicate(timeout=900)
+    assert p.returncode == 0, err[-3000:]
+    db = tmp_path / "warehouse.duckdb"
+
+    def steps_and_updates(wh):
+        steps = {k: [r["step"] for r in wh.rows("SELECT step FROM train_steps WHERE iteration = ? ORDER BY step", [k])]
+                 for k in (1, 2)}
+        updates = {r["iteration"]: json.loads(r["metrics"])["n_updates"]
+                   for r in wh.rows("SELECT iteration, metrics FROM checkpoints WHERE iteration > 0")}
+        return steps, updates
+
+    with Warehouse.open(db, read_only=True) as wh:
+        steps, updates = steps_and_updates(wh)
+        assert updates[1] > 0 and all(steps[k] == list(range(1, updates[k] + 1)) for k in (1, 2))
+        metrics = json.loads(wh.scalar("SELECT metrics FROM checkpoints WHERE iteration = 2"))
+        row_tokens = wh.scalar("SELECT sum(tokens) FROM train_steps WHERE iteration = 2")
+        assert row_tokens == metrics["tokens"]
+        assert wh.scalar("SELECT max(global_step) FROM training_curve") == updates[1] + updates[2]
+        first = wh.rows("SELECT step, created_at FROM train_steps WHERE iteration = 2 ORDER BY step")
+    # retraining iteration 2 replaces its rows (new created_at), and only those
+    cmd = [sys.executable, "-m", "sage.flows.cli", "stage", "train", "--run", "loop", "--iteration", "2",
+           "--dir", str(tmp_path), "--force"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with Warehouse.open(db, read_only=True) as wh:
+        assert steps_and_updates(wh) == (steps, updates)
+        again = wh.rows("SELECT step, created_at FROM train_steps WHERE iteration = 2 ORDER BY step")
+        assert [a["step"] for a in again] == [f["step"] for f in first]
+        assert all(a["created_at"] > f["created_at"] for a, f in zip(again, first))
+    r = subprocess.run([sys.executable, "-m", "sage.flows.cli", "report", "--run", "loop", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    page = (tmp_path / "reports" / "loop" / "index.html").read_text(encoding="utf-8")
+    assert 'src="training_curve.png"' in page and (tmp_path / "reports" / "loop" / "training_curve.png").is_file()
+    for section in ("<h2>evaluations</h2>", "<h2>stage_timings</h2>", "sample generations (iteration 2)",
+                    "<h2>config</h2>"):
+        assert section in page

@@ -66,11 +66,27 @@ def trained(tiny_model, tmp_path_factory):
     cfg = _cfg()
     model = load_policy(str(tiny_model), None, cfg, seed=0)
     init_lora, init_base = _params(model, True), _params(model, False)
-    metrics = train_model(model, str(tiny_model), _rows(4), cfg, seed=0, device="cpu")
+    reported = []
+    metrics = train_model(model, str(tiny_model), _rows(4), cfg, seed=0, device="cpu", on_step=reported.append)
     out = tmp_path_factory.mktemp("adapters") / "iter-001"
     _atomic_save(model, out, metrics)
     return {"model": model, "init_lora": init_lora, "init_base": init_base, "metrics": metrics, "out": out,
-            "cfg": cfg}
+            "cfg": cfg, "reported": reported}
+
+
+def _check_reported_steps(reported: list[dict], metrics: dict) -> None:
+    """One report per optimizer update, in order, with TRL's logged numbers and the update's own tokens."""
+    n = metrics["n_updates"]
+    assert [s["step"] for s in reported] == list(range(1, n + 1)) and all(s["updates"] == n for s in reported)
+    assert [s["loss"] for s in reported] == [s["loss"] for s in metrics["steps"]]
+    assert [s["grad_norm"] for s in reported] == [s["grad_norm"] for s in metrics["steps"]]
+    assert all(s["entropy"] is not None and s["clip_fraction"] == 0.0 for s in reported)
+    assert all(s["learning_rate"] == metrics["lr"] and s["seconds"] > 0 and s["tokens"] > 0 for s in reported)
+    assert sum(s["tokens"] for s in reported) == metrics["tokens"]  # each row in exactly one update
+
+
+def test_each_update_is_reported_as_it_ends(trained):
+    _check_reported_steps(trained["reported"], trained["metrics"])
 
 
 def test_lora_weights_change_and_base_weights_do_not(trained):
@@ -306,14 +322,16 @@ def test_subprocess_entry_point(tiny_model, tmp_path):
     rows[0].logprobs = [-1.0] * len(rows[0].completion_ids)  # mixed: stored for some rows only
     path = tmp_path / "rows.parquet"
     write_rows(rows, path)
-    out, metrics = tmp_path / "adapter", tmp_path / "m" / "metrics.json"
+    out, metrics, steps = tmp_path / "adapter", tmp_path / "m" / "metrics.json", tmp_path / "steps.jsonl"
     cfg = _cfg(minibatch_size=2, grad_accum=1).model_dump_json()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "sage.engines.train", "--in", str(path), "--out", str(out),
                            "--model", str(tiny_model), "--config", cfg, "--metrics", str(metrics),
-                           "--device", "cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                           "--steps", str(steps), "--device", "cpu"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = json.loads(metrics.read_text())
+    _check_reported_steps([json.loads(line) for line in steps.read_text().splitlines()], m)
     assert m["n_rows"] == 4 and m["n_skipped"] == 1 and m["n_updates"] == 2 and not m["used_logprobs"]
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
     assert json.loads((out / METRICS_FILE).read_text())["n_rows"] == 4
