@@ -18,8 +18,8 @@ def scripted_cli(monkeypatch):
     """`sage` in this process, every flow generating with the scripted generator of scripted_run."""
     real = cli._run_flow
 
-    def run_flow(directory, fn, *args, engines=None):
-        return real(directory, fn, *args, engines={"llm": scripted_run.PausingScriptedLLM(None, None)})
+    def run_flow(directory, fn, *args, engines=None, **kw):
+        return real(directory, fn, *args, engines={"llm": scripted_run.PausingScriptedLLM(None, None)}, **kw)
 
     monkeypatch.setattr(cli, "_run_flow", run_flow)
     return lambda *args: CliRunner().invoke(cli.app, [str(a) for a in args])
@@ -101,7 +101,7 @@ def test_any_run_name_finishes_and_resumes(prefect_api, scripted_cli, tmp_path):
 
     scripted_run.run(tmp_path, 2, run_id=NAME)
     assert iterations(tmp_path) == [(NAME, 1, "done"), (NAME, 2, "done")]
-    assert Artifact.get("exp-1-a-b-c-iteration-2") is not None
+    assert Artifact.get("exp-1-a-b-c-iteration-2-questions") is not None
     before = dump(tmp_path)
     scripted_run.run(tmp_path, 2, run_id=NAME)
     assert dump(tmp_path) == before and iterations(tmp_path) == [(NAME, 1, "done"), (NAME, 2, "done")]
