@@ -32,7 +32,7 @@ from sage.warehouse.db import Warehouse
 from sage.warehouse import report_queries as q
 
 Tables = dict[str, list[dict]]
-REJECTION_REASONS = ("low_quality", "invalid_verifier", "duplicate", "unparseable")
+REJECTION_REASONS = ("low_quality", "invalid_verifier", "duplicate", "near_duplicate", "contaminated", "unparseable")
 
 
 def _figure(title: str) -> tuple[Figure, object]:
@@ -216,7 +216,7 @@ def html_table(rows: list[dict]) -> str:
     cols = _visible(rows)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<div class=\"wide\"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -239,7 +239,7 @@ _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}
 table{border-collapse:collapse;font-size:0.85em;margin-bottom:2em}th,td{border:1px solid #ccc;padding:3px 7px;
 text-align:right}th{background:#f3f3f3}.note{color:#777;font-style:italic}figure{display:inline-block;margin:0.5em}
 img{max-width:700px;border:1px solid #eee}pre{white-space:pre-wrap;background:#f7f7f7;padding:6px;
-font-size:0.85em;max-height:24em;overflow:auto}"""
+font-size:0.85em;max-height:24em;overflow:auto}.wide{overflow-x:auto;max-width:100%}"""
 
 
 # -- outputs ---------------------------------------------------------------------------------------------------

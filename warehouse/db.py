@@ -39,6 +39,19 @@ log = logging.getLogger(__name__)
 JSON_COLUMNS = frozenset({"config", "verifier", "parsed", "tests", "components", "metrics", "decoding"})
 
 
+def _upgrade(path: str) -> None:
+    """Apply the migrations a warehouse written by an older version lacks, for a reader: briefly as the writer
+    when no one else is; while a writer holds the file, say so (its own migrations run when it next opens)."""
+    holder = locks.acquire_writer(path)
+    if holder is not None:
+        raise _busy(path, holder)
+    try:
+        with duckdb.connect(path) as con:
+            Warehouse(path, False, con).migrate()
+    finally:
+        locks.release_writer(path)
+
+
 class WarehouseError(RuntimeError):
     """The warehouse file cannot be used as asked; the message says why and what to do."""
 
@@ -186,6 +199,8 @@ class Warehouse:
                 wh._retrying(lambda: _check_readable(path))
             if migrate and not read_only:
                 wh.migrate()
+            elif migrate and wh._pending():
+                _upgrade(path)
         except BaseException as e:
             wh.close()
             error = storage_error(e, path) if isinstance(e, (duckdb.Error, OSError)) else None
@@ -262,6 +277,13 @@ class Warehouse:
         self.close()
 
     # -- schema ---------------------------------------------------------------------------------------
+    def _pending(self) -> list[int]:
+        """Migrations a read-only open finds not applied (a warehouse written by an older version)."""
+        with self.held() as con:
+            has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'migrations'").fetchone()[0]
+            done = {v for (v,) in con.execute("SELECT version FROM migrations").fetchall()} if has else set()
+        return [v for v, _, _ in migrations() if v not in done]
+
     def migrate(self) -> list[int]:
         """Apply the migrations not yet recorded; each in its own transaction. Returns versions applied."""
         with self.held():

@@ -1,3 +1,4 @@
+import re
 import multiprocessing as mp
 import subprocess
 import sys
@@ -228,3 +229,43 @@ def test_novelty_and_diversity_views(tmp_path):
         assert rows[2]["trigrams"] == 6 and rows[2]["distinct_trigrams"] == 6 and rows[2]["diversity"] == 1.0
         assert rows[2]["novelty_vs_seeds"] == pytest.approx(5 / 6)
         assert rows[2]["novelty_vs_earlier"] == pytest.approx(5 / 6)
+
+
+def _as_older_version(path) -> None:
+    """Make the file look written before the last migration: its objects gone, its version unrecorded."""
+    import duckdb
+
+    from sage.warehouse.db import migrations
+
+    last, _, sql = migrations()[-1]
+    with duckdb.connect(str(path)) as con:
+        for kind, name in re.findall(r"CREATE (?:OR REPLACE )?(TABLE|VIEW) (\w+)", sql)[::-1]:
+            con.execute(f"DROP {kind} {name}")
+        con.execute("DELETE FROM migrations WHERE version = ?", [last])
+
+
+def test_a_reader_upgrades_a_warehouse_written_by_an_older_version(tmp_path):
+    from sage.warehouse.db import migrations
+
+    Warehouse.open(tmp_path / "w.duckdb").close()
+    _as_older_version(tmp_path / "w.duckdb")
+    with Warehouse.open(tmp_path / "w.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT max(version) FROM migrations") == migrations()[-1][0]
+
+
+def test_a_reader_of_an_older_warehouse_a_writer_holds_is_told_so(tmp_path):
+    from sage.warehouse import WarehouseBusy
+
+    Warehouse.open(tmp_path / "w.duckdb").close()
+    _as_older_version(tmp_path / "w.duckdb")
+    hold = ("import sys, time; from sage.warehouse import Warehouse; "
+            "w = Warehouse.open(sys.argv[1], migrate=False); print('held', flush=True); time.sleep(60)")
+    writer = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / "w.duckdb")], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert writer.stdout.readline().strip() == "held"
+        with pytest.raises(WarehouseBusy, match=f"in use by PID {writer.pid}"):
+            Warehouse.open(tmp_path / "w.duckdb", read_only=True)
+    finally:
+        writer.kill()
+        writer.wait()
