@@ -37,8 +37,10 @@ def _launch(tiny_model, directory, accelerate_config: str, batch: dict = PER_PRO
                      train={**TRAIN, **batch, "accelerate_config": accelerate_config})
     out = directory / "adapters" / "iteration-1"
     out.parent.mkdir(parents=True)
+    steps: list[dict] = []
     metrics = _train_isolated(SimpleNamespace(cfg=cfg, iteration=1, adapter=None), str(tiny_model), _rows(**ROWS),
-                              out)
+                              out, steps.append)
+    assert [s["step"] for s in steps] == list(range(1, metrics["n_updates"] + 1))  # one report per update
     return {"metrics": metrics, "out": out}
 
 
