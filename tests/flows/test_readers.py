@@ -86,3 +86,45 @@ def test_readers_during_a_run_see_committed_batches_and_change_nothing(prefect_a
     counts = [sum(map(len, look["rollouts"].values())) for look in looks]
     assert counts == sorted(counts)  # batches appear whole and in order, never withdrawn
     assert _dump(watched) == _dump(reference)
+
+
+def _untimed_dump(directory) -> dict[str, list[dict]]:
+    """`_dump` plus the training steps, without the training metrics' clock fields."""
+    import json
+
+    from tests.flows.test_training_loop import _untimed
+
+    out = _dump(directory)
+    for row in out["checkpoints"]:
+        metrics = json.loads(row["metrics"]) if isinstance(row["metrics"], str) else row["metrics"]
+        row["metrics"] = _untimed(metrics)
+    with Warehouse.open(directory / "warehouse.duckdb", read_only=True) as wh:
+        out["train_steps"] = [{c: v for c, v in r.items() if c not in VOLATILE}
+                              for r in wh.rows("SELECT * FROM train_steps ORDER BY iteration, step")]
+    assert out["train_steps"], "the run trained"
+    return out
+
+
+def test_readers_during_a_tiny_model_run_including_its_training(prefect_api, tiny_model, tmp_path):
+    """The same with the tiny model, training included (train_steps are written while readers read): every read
+    succeeds, a finished stage is seen whole, and the warehouse equals that of a run nobody read."""
+    from tests.flows.test_training_loop import sage_run
+
+    reference, watched = tmp_path / "reference", tmp_path / "watched"
+    p = sage_run(tiny_model, reference)
+    assert p.wait(900) == 0, p.stderr.read()[-3000:]
+    p = sage_run(tiny_model, watched)
+    reads, steps_seen = 0, set()
+    deadline = time.monotonic() + 900
+    while p.poll() is None and time.monotonic() < deadline:
+        if (watched / "warehouse.duckdb").exists():
+            with Warehouse.open(watched / "warehouse.duckdb", read_only=True) as wh, wh.held():
+                wh.rows("SELECT * FROM curriculum_drift")
+                wh.rows("SELECT * FROM stage_runs")
+                steps_seen |= {r["step"] for r in wh.rows("SELECT step FROM training_curve")}
+            reads += 1
+        time.sleep(0.1)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err[-3000:]
+    assert reads >= 20 and steps_seen
+    assert _untimed_dump(watched) == _untimed_dump(reference)
