@@ -76,6 +76,12 @@ def print_rows(rows: list[dict], fmt: str = "table", title: str | None = None,
         return
     cells = [[cell(r[c]) for c in names] for r in rows]
     natural = [max([len(cell(name)), *(len(row[i]) for row in cells)]) for i, name in enumerate(names)]
+    if len(rows) == 1 and len(names) > 2 and sum(natural) + 3 * len(names) + 1 > console.width:
+        # One row too wide for the terminal reads better turned on its side (column | value) than cut.
+        print_rows([{"column": n, "value": rows[0][n]} for n in names], fmt, title)
+        if count:
+            console.print("1 row", highlight=False)
+        return
     widths = _fit(natural, console.width - 3 * len(names) - 1)  # each column: 2 padding + 1 border
     table = Table(title=title, show_lines=False)
     for name, width in zip(names, widths):

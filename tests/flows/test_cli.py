@@ -93,6 +93,16 @@ def test_sql_table_fits_the_terminal_width(empty_warehouse):
         assert "42" in r.stdout and "…" in r.stdout and len(lines) <= 8  # cut, not wrapped over many lines
 
 
+def test_one_row_too_wide_for_the_terminal_is_shown_on_its_side(empty_warehouse):
+    query = "SELECT " + ", ".join(f"{i} AS column_number_{i}" for i in range(12))
+    r = subprocess.run([sys.executable, "-m", "sage.flows.cli", "sql", "--dir", str(empty_warehouse), query],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and max(len(line) for line in lines) <= 80
+    assert all(f"column_number_{i}" in r.stdout for i in range(12)) and "…" not in r.stdout  # nothing cut
+    assert lines[-1] == "1 row"
+
+
 @pytest.mark.parametrize("args", [[], ["sql", "SELECT 1"], ["status"], ["config"]])
 def test_quick_commands_import_no_torch_transformers_or_prefect(empty_warehouse, args):
     """`sage sql`, `status` and `config` start fast: importing the CLI and running them loads none of the heavy
