@@ -150,7 +150,7 @@ def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: 
     `sage.engines.llm.models.resolve_dtype` for the frozen base; the LoRA weights stay float32 either way
     (peft upcasts adapters). Each row's log-probs are taken at its own sampling temperature (`TrainRow.temperature`).
     With no usable row the adapter is saved unchanged. `on_step` is called on the main process as each
-    optimizer update ends, with that update's `trl_trainer.step_record` (step, updates, loss, grad_norm,
+    optimizer update ends, with that update's `updates.step_record` (step, updates, loss, grad_norm,
     entropy, clip_fraction, learning_rate, tokens, seconds): the train stage stores it as training goes.
     Under `accelerate launch` every process calls this with the same rows; only the main process saves.
 

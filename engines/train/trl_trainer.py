@@ -44,11 +44,11 @@ from __future__ import annotations
 
 import math
 import tempfile
-import time
 from typing import Callable
 
 from sage.configs.schema import TrainConfig
 from sage.engines.train.rows import TrainRow, role_weights
+from sage.engines.train.updates import UpdateLog, block_tokens
 
 #: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
@@ -326,10 +326,10 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
     with TRL's per-update logs as `train()` runs. `optimizer_state` ({"optimizer", "scheduler"} state dicts of
     the previous iteration's trainer) is loaded into the new optimizer and scheduler, so AdamW's moments and
     step count carry over. `on_step`, called on the main process as each update ends, gets that update's
-    `step_record`. The caller removes `trainer.args.output_dir` afterwards."""
+    `updates.step_record`. The caller removes `trainer.args.output_dir` afterwards."""
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig
 
@@ -378,53 +378,12 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
     )
     args.max_steps = math.ceil(len(rows) / args.generation_batch_size)  # one update per generation batch
 
-    steps: list[dict] = []
-    block_tokens: list[int] = []  # per update, from the trainer's sampler once the trainer exists
-    last = [time.perf_counter()]  # when the previous update (or training) ended
-
-    class _Capture(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            last[0] = time.perf_counter()
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if not logs or "loss" not in logs:
-                return
-            steps.append({k: (float(v) if isinstance(v, (int, float)) else v) for k, v in logs.items()})
-            now = time.perf_counter()
-            if on_step is not None and state.is_world_process_zero:
-                k = state.global_step
-                on_step(step_record(logs, k, state.max_steps, block_tokens[k - 1] if k <= len(block_tokens) else None,
-                                    now - last[0]))
-            last[0] = now
-
+    log = UpdateLog(on_step)
     dataset = Dataset.from_dict({"row": list(range(len(rows))) + [-1]})
     trainer = cls(model=model, reward_funcs=_unused_reward, args=args, train_dataset=dataset,
-                  processing_class=tokenizer, rows=rows, callbacks=[_Capture()],
+                  processing_class=tokenizer, rows=rows, callbacks=[log.callback()],
                   role_mean=cfg.loss_weighting == "role_mean", optimizer_state=optimizer_state)
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
-    block_tokens += _block_tokens(trainer, rows)
-    return trainer, steps
-
-
-def _block_tokens(trainer, rows: list[TrainRow]) -> list[int]:
-    """Prompt + completion tokens of each update's block of rows, over all processes: the sampler is seeded and
-    the same on every process, and yields each block `steps_per_generation` times in a row."""
-    indices = list(trainer._get_train_sampler())
-    block = trainer.args.generation_batch_size
-    stride = block * trainer.args.steps_per_generation * trainer.num_iterations
-    return [sum(len(rows[i].prompt_ids) + len(rows[i].completion_ids) for i in indices[start:start + block]
-                if 0 <= i < len(rows)) for start in range(0, len(indices), stride)]
-
-
-def step_record(logs: dict, step: int, updates: int, tokens: int | None, seconds: float) -> dict:
-    """One optimizer update as the train stage stores it (`train_steps`): `step` of `updates` in this pass,
-    TRL's logged loss, grad norm, entropy, clip fraction (`clip_ratio/region_mean`) and learning rate, the
-    tokens of the update's rows, and the wall-clock seconds since the previous update ended."""
-    def number(key):
-        value = logs.get(key)
-        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-    return {"step": step, "updates": updates, "loss": number("loss"), "grad_norm": number("grad_norm"),
-            "entropy": number("entropy"), "clip_fraction": number("clip_ratio/region_mean"),
-            "learning_rate": number("learning_rate"), "tokens": tokens, "seconds": seconds}
+    log.block_tokens += block_tokens(trainer, rows)
+    return trainer, log.steps
