@@ -12,7 +12,7 @@ import traceback
 from typing import Callable
 
 from sage.stages.context import StageContext, StageReport
-from sage.warehouse.db import is_interrupt
+from sage.warehouse.errors import is_interrupt
 from sage.warehouse.queries import mark_stage_finished, mark_stage_running, stage_status
 from sage.warehouse.redo import forget_outputs, mark_later_stale
 

@@ -5,9 +5,8 @@ holds the file only inside `held()` (each read, each batch's transaction) and re
 run's stages compute, readers get in, and they see committed batches only. A second writer gets
 `WarehouseBusy("warehouse in use by PID N")` without touching the file (`locks.py`). `Warehouse.open` checks
 that an existing file is readable (read-only, changing nothing) before writing to it, so a damaged file raises
-`WarehouseDamaged`, and applies pending migrations once per open.
-`storage_error` words the failures a user can act on (damaged file, full disk, read-only file system) as
-sentences that say what to do, wherever they surface.
+`WarehouseDamaged`, and applies pending migrations once per open (a reader of a file written by an older
+version applies them too, briefly as the writer). The errors live in `errors.py`.
 
 JSON columns go in as dicts (`insert` stores their canonical text) and come back decoded from `records`, the
 read the named queries use, so stages never parse JSON themselves; `rows` returns what DuckDB returns.
@@ -27,13 +26,13 @@ from typing import TYPE_CHECKING, Iterator
 import duckdb
 
 import sage.warehouse.locks as locks
+from sage.warehouse.errors import WarehouseBusy, busy, is_interrupt, storage_error
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
-_LOCK_PID = re.compile(r"\(PID (\d+)\)")
 log = logging.getLogger(__name__)
 #: Every JSON column of the tables, by name; each holds an object. `records` decodes them.
 JSON_COLUMNS = frozenset({"config", "verifier", "parsed", "tests", "components", "metrics", "decoding"})
@@ -44,7 +43,7 @@ def _upgrade(path: str) -> None:
     when no one else is; while a writer holds the file, say so (its own migrations run when it next opens)."""
     holder = locks.acquire_writer(path)
     if holder is not None:
-        raise _busy(path, holder)
+        raise busy(path, holder)
     try:
         with duckdb.connect(path) as con:
             Warehouse(path, False, con).migrate()
@@ -52,65 +51,7 @@ def _upgrade(path: str) -> None:
         locks.release_writer(path)
 
 
-class WarehouseError(RuntimeError):
-    """The warehouse file cannot be used as asked; the message says why and what to do."""
-
-
-class WarehouseBusy(WarehouseError):
-    """Another process holds the warehouse file."""
-
-
-class WarehouseDamaged(WarehouseError):
-    """The file is not a readable DuckDB database (truncated, overwritten, corrupted)."""
-
-
-class WarehouseUnwritable(WarehouseError):
-    """The file cannot be written: a full disk, a read-only file system, no permission."""
-
-
-def _busy(path: str, pid: int) -> "WarehouseBusy":
-    who = f"PID {pid}" if pid > 0 else "another process"
-    return WarehouseBusy(f"warehouse in use by {who}: {path}. DuckDB allows one writer; wait for that process "
-                         f"to finish (or stop it) and try again")
-
-
-_DAMAGED = ("not a valid duckdb database file", "could not read enough bytes", "corrupt", "checksum")
-
-
-def storage_error(exc: BaseException, path: str | Path) -> WarehouseError | None:
-    """The sentence-bearing error for a DuckDB or OS failure on the warehouse file, or None when the failure
-    is not one of those (a bug, or SQL the user typed)."""
-    text = str(exc)
-    low, first = text.lower(), text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    errno = getattr(exc, "errno", None)
-    if "lock" in low and "conflicting" in low or "could not set lock" in low:
-        m = _LOCK_PID.search(text)
-        return _busy(str(path), int(m.group(1)) if m else -1)
-    if any(k in low for k in _DAMAGED):
-        return WarehouseDamaged(f"the warehouse {path} is damaged ({first}); nothing was changed. Restore it from "
-                                f"a copy or from `sage export-parquet` output, or start afresh in another directory "
-                                f"(--set run.dir=NEW for `sage run`, --dir NEW for the other commands)")
-    if errno == 28 or "no space left on device" in low:
-        return WarehouseUnwritable(f"no space left on the disk holding {path}: the batch in flight was not "
-                                   f"committed and everything committed before it is intact. Free some space and "
-                                   f"run the same command again to resume")
-    if errno == 30 or "read-only file system" in low:
-        return WarehouseUnwritable(f"cannot write {path}: the file system is read-only. Pick a writable directory "
-                                   f"(--set run.dir=DIR or --dir DIR); `sage status` and `sage sql` can still read "
-                                   f"this one")
-    if errno == 13 or "permission denied" in low:
-        return WarehouseUnwritable(f"cannot write {path}: permission denied. Pick a directory you may write "
-                                   f"(--set run.dir=DIR or --dir DIR)")
-    return None
-
-
 _HEADER_BYTES = 3 * 4096  # DuckDB's file header and its two database headers, before the first block
-
-
-def is_interrupt(exc: BaseException) -> bool:
-    """Whether `exc` is a signal that arrived while DuckDB ran a statement (DuckDB reports it as its own error)."""
-    return isinstance(exc, KeyboardInterrupt) or (isinstance(exc, duckdb.Error) and (
-        isinstance(exc, duckdb.InterruptException) or "interrupted" in str(exc).lower()))
 
 
 def _check_readable(path: str) -> None:
@@ -193,7 +134,7 @@ class Warehouse:
             if not read_only:
                 holder = locks.acquire_writer(path)
                 if holder is not None:
-                    raise _busy(path, holder)
+                    raise busy(path, holder)
                 wh._writer = True
             if Path(path).exists():
                 wh._retrying(lambda: _check_readable(path))
