@@ -221,7 +221,8 @@ class Warehouse:
     def _pending(self) -> list[int]:
         """Migrations a read-only open finds not applied (a warehouse written by an older version)."""
         with self.held() as con:
-            has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'migrations'").fetchone()[0]
+            has = con.execute("SELECT count(*) FROM information_schema.tables "
+                              "WHERE table_name = 'migrations'").fetchone()[0]
             done = {v for (v,) in con.execute("SELECT version FROM migrations").fetchall()} if has else set()
         return [v for v, _, _ in migrations() if v not in done]
 
