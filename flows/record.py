@@ -43,6 +43,8 @@ def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], Sta
                  run_id: str, iteration: int, force: bool = False) -> StageReport | None:
     """Run `fn(ctx)` unless `stage` is already done for (run_id, iteration); None when skipped. A redone stage's
     report names the stages it made stale (`info["stale"]`)."""
+    if Interrupted.received is not None:  # a signal whose exception was swallowed (raised inside a __del__)
+        raise Interrupted(Interrupted.received)
     status = stage_status(ctx.wh, run_id, iteration, stage)
     if status == "done" and not force:
         return None
