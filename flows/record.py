@@ -7,6 +7,7 @@ for the iteration is removed first and written anew, and the stages after it bec
 from __future__ import annotations
 
 import signal
+import threading
 import time
 import traceback
 from typing import Callable
@@ -31,6 +32,43 @@ class Interrupted(KeyboardInterrupt):
         Interrupted.received = signum
 
 
+def on_signal(signum: int, frame) -> None:
+    """The SIGINT/SIGTERM handler of a command that runs flows: records the signal, then raises `Interrupted`.
+    A second signal during the clean-up must not cut it short, so only the first raises."""
+    if Interrupted.received is None:
+        raise Interrupted(signum)
+
+
+def handle_signals() -> None:
+    """Put `on_signal` back as this process's SIGTERM/SIGINT handler when a command armed it (`armed`). Prefect's
+    flow engine installs its own SIGTERM handler for every flow run, which raises without a record; a handler's
+    exception raised while Python runs an object finaliser (an asyncio transport's `__del__`) is swallowed, and
+    only a recorded signal is still seen at the next batch (`stop_if_interrupted`)."""
+    if on_signal.armed and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is not on_signal:
+                signal.signal(sig, on_signal)
+
+
+on_signal.armed = False  # set by the command while it runs flows (flows/cli.py)
+
+
+def quiet_swallowed(hook):
+    """A `sys.unraisablehook` that prints nothing for an `Interrupted` that a finaliser swallowed (the signal is
+    recorded, and the run stops at the next batch, saying so) and passes everything else to `hook`."""
+    def unraisable(u) -> None:
+        if not isinstance(u.exc_value, Interrupted):
+            hook(u)
+    return unraisable
+
+
+def stop_if_interrupted() -> None:
+    """Raise `Interrupted` when a signal arrived whose exception was swallowed on its way up (see `handle_signals`);
+    called before each stage and after each batch a stage reports."""
+    if Interrupted.received is not None and threading.current_thread() is threading.main_thread():
+        raise Interrupted(Interrupted.received)
+
+
 def ended(exc: BaseException) -> str:
     """The status a stage, iteration or run ends in when `exc` stops it."""
     from prefect.exceptions import TerminationSignal  # Prefect's own form of a SIGTERM inside a flow run
@@ -43,8 +81,7 @@ def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], Sta
                  run_id: str, iteration: int, force: bool = False) -> StageReport | None:
     """Run `fn(ctx)` unless `stage` is already done for (run_id, iteration); None when skipped. A redone stage's
     report names the stages it made stale (`info["stale"]`)."""
-    if Interrupted.received is not None:  # a signal whose exception was swallowed (raised inside a __del__)
-        raise Interrupted(Interrupted.received)
+    stop_if_interrupted()
     status = stage_status(ctx.wh, run_id, iteration, stage)
     if status == "done" and not force:
         return None

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from sage.configs.schema import SageConfig
 from sage.flows.progress import QUIET, Display
+from sage.flows.record import handle_signals, stop_if_interrupted
 from sage.stages.context import Engines, StageContext
 from sage.warehouse import Warehouse, warehouse_path
 from sage.warehouse.queries import iteration_adapter
@@ -73,7 +74,12 @@ class Session:
             self._engines[key] = Engines(cfg, **self.given)
         engines = self._engines[key]
         return StageContext(cfg=cfg, wh=self.warehouse, run_id=run_id, iteration=iteration, adapter=adapter,
-                            progress=partial(self.display.report, iteration), engines=engines, fanout=self._fanout(cfg, engines))
+                            progress=partial(self._report, iteration), engines=engines, fanout=self._fanout(cfg, engines))
+
+    def _report(self, iteration: int, *args, **kwargs) -> None:
+        """A stage's progress goes to the display; a signal whose exception was swallowed stops it here."""
+        stop_if_interrupted()
+        self.display.report(iteration, *args, **kwargs)
 
     def _fanout(self, cfg: SageConfig, engines: Engines):
         if cfg.orchestration.runner == "local":
@@ -110,6 +116,7 @@ class Session:
 def opened(directory: str | Path) -> Iterator[Session]:
     """The current session when the caller opened one for `directory`, else a new one for the time of the
     `with` block (a flow started by a deployment, a task run on its own)."""
+    handle_signals()  # inside a flow run, where Prefect's engine has put its own SIGTERM handler
     current = _CURRENT.get()
     if current is not None and current.directory == Path(directory).expanduser().resolve():
         yield current

@@ -50,9 +50,6 @@ def _alive(procs: list[psutil.Process]) -> list:
     return out
 
 
-@pytest.mark.xfail(strict=False, reason="known race: a signal whose handler raises while Python runs an object "
-                   "finaliser (__del__, e.g. an asyncio transport's) is swallowed ('Exception ignored in'), and the "
-                   "run goes on instead of stopping; seen in about 1 of 4 runs under load")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_in_seconds_and_it_resumes(tiny_model, tmp_path, sig):
     p, lines = _start(tiny_model, tmp_path)
