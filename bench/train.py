@@ -14,7 +14,8 @@ prompt + completion tokens of the rows; time is the training loop only (model lo
         --prompt-len 450 --prompt-jitter 0.45 --completion-len 150 --jitter 0.7 --peak-rss
 
 `--peak-rss` also runs one pass of each loop in a fresh process and reports its peak resident memory
-(`ru_maxrss`) and its resident memory once the model is loaded, before the pass.
+(`VmHWM`: `ru_maxrss` would report this parent's peak, which a child keeps across fork and exec) and its
+resident memory once the model is loaded, before the pass.
 
 `plain_peft_step` is also used by `bench/train_gpu.py`.
 """
@@ -165,6 +166,14 @@ def _rss_mb() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _peak_mb() -> float:
+    """Peak resident memory of this process image, MiB (`VmHWM`, which starts afresh at exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("/proc/self/status has no VmHWM line")
+
+
 def _one_pass(loop: str, path: str, rows: list[TrainRow], cfg: TrainConfig, device: str, dtype, pad_id: int) -> dict:
     """Load a fresh policy and run one pass of `loop` ("plain" or "trl") over `rows`."""
     model = load_policy(path, None, cfg, seed=0, dtype=dtype)
@@ -181,7 +190,7 @@ def _one_pass(loop: str, path: str, rows: list[TrainRow], cfg: TrainConfig, devi
 
 
 def _peak_rss(loop: str, argv: list[str]) -> dict:
-    """One pass of `loop` in a fresh process: its peak resident memory (ru_maxrss) and its memory once loaded."""
+    """One pass of `loop` in a fresh process: its peak resident memory and its memory once loaded."""
     import subprocess
 
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
@@ -212,8 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args(argv)
 
-    import resource
-
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
@@ -236,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.only:
         out = _one_pass(a.only, path, rows, cfg, device, dtype, pad_id)
-        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out["peak_rss_mb"] = _peak_mb()
         out.pop("steps", None)
         Path(a.json).write_text(json.dumps(out))
         return 0

@@ -35,6 +35,7 @@ class Engines:
     def __init__(self, cfg: SageConfig, **given: Any):
         self.cfg = cfg
         self._built: dict[str, Any] = dict(given)
+        self._given = set(given)
 
     def _get(self, name: str, build: Callable[[], Any]) -> Any:
         if name not in self._built:
@@ -58,6 +59,15 @@ class Engines:
         from sage.engines.llm import load_llm
 
         return self._get("llm", lambda: load_llm(self.cfg.model))
+
+    def release(self, name: str) -> None:
+        """Close and drop engine `name` when this object built it (a given one stays); the next use builds it
+        again. The train stage releases the generation model, so training never holds it beside the copy it
+        trains."""
+        engine = None if name in self._given else self._built.pop(name, None)
+        close = getattr(engine, "close", None)
+        if close:
+            close()
 
     def close(self) -> None:
         for engine in self._built.values():

@@ -43,6 +43,18 @@ from sage.engines.llm.sampling import argmax, draw, log_normalizer, uniform
 FAST_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 
 
+def _trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc `malloc_trim`): freed tensors below the mmap
+    threshold otherwise stay resident after the model is dropped. A no-op where glibc is absent."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 @dataclass
 class _Row:
     request: int
@@ -150,8 +162,9 @@ class HFLLM:
             self._fused_ok = self._fused.set_lora()
 
     def close(self) -> None:
-        self._peft = self.base = None
+        self._peft = self.base = self._fused = None
         gc.collect()
+        _trim_heap()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
