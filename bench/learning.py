@@ -1,0 +1,407 @@
+"""Does the loop teach the model? N SAGE iterations of one config through the real flow, measured per iteration.
+
+    .venv/bin/python -m bench.learning [--iterations 10] [--config cpu] [--model tiny] [--set section.field=value]
+        [--out DIR] [--kl-sequences 40] [--extremes 8] [--format-prompts 8]
+
+A validation accuracy that barely moves says nothing about why, so beside it this measures, for iteration
+k = 0 (the base model) .. N, where the learning signal goes and how far the policy moved:
+
+- validation pass@1 (greedy, the `validate` stage's own verdicts) on a held-out set of 50 math + 50 code
+  problems, the same problems every iteration, with a 95% Wilson interval and an exact McNemar test against
+  the base model on the problems whose outcome changed (b: base right, now wrong; c: the reverse);
+- per role, from `scores`: rollouts, the share with a non-zero TRR++ advantage, mean |advantage|, reward mean
+  and std; the Challenger's admission rate and rejections by reason (`questions`); the plan gate's pass rate;
+- how far the policy moved (`bench/learning_model.py`): mean per-token KL(adapter k || base) over the base
+  model's own validation answers (full vocabulary, float32), and the mean per-token log-prob change, from the
+  policy that sampled them to adapter k, of iteration k's rollouts with the highest and the lowest advantages;
+- per role, the share of outputs that are well formed (format reward r_f = 1) when sampled WITHOUT the output
+  grammar, on fixed seed-pool prompts with fixed seeds: whether the model learned the tags the grammar imposes.
+
+The run lives in the output folder (its own warehouse, so the validation set is exactly the one configured),
+default `sage-runs/learning/<run id>`. Rerunning the same command continues the run (same run id) and computes
+only the measures missing from `measures.json` (each is deterministic given the seed). Writes `learning.csv`
+(one row per iteration), `learning.md` (the command, config, seed, time, and the table with one column per
+iteration) and PNG curves. `--model tiny` runs it on the tiny random test model in a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import resource
+import shlex
+import sys
+import time
+from pathlib import Path
+
+ROLES = ("challenger", "planner", "critic", "solver")
+REASONS = ("low_quality", "invalid_verifier", "duplicate", "near_duplicate", "contaminated", "unparseable")
+MEASURES = ("validation", "signal", "kl", "logprob", "format", "timing")
+Z95 = 1.959963984540054
+TINY = ["seeds.n_math=12", "seeds.n_code=4", "validate.n_math=4", "validate.n_code=4", "iteration.n_challenge=4",
+        "iteration.n_plan=4", "iteration.n_probe=2", "iteration.n_solve=2", "roles.challenger.max_new_tokens=96",
+        "roles.planner.max_new_tokens=48", "roles.critic.max_new_tokens=32", "roles.solver.max_new_tokens=64",
+        "train.lora_rank=4", "train.lora_alpha=8", "validate.max_new_tokens=64"]
+
+
+# -- statistics ----------------------------------------------------------------------------------------------
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion k / n (95% by default)."""
+    if n == 0:
+        return 0.0, 1.0
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value: a binomial test of b against Binomial(b + c, 1/2)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n)
+
+
+# -- measures from the warehouse -----------------------------------------------------------------------------
+def _outcomes(wh, run_id: str, k: int) -> dict[str, tuple[str, bool]]:
+    rows = wh.rows("""SELECT r.question_id, q.domain, v.s_gt >= 1.0 AS passed FROM rollouts r JOIN verdicts v
+                      USING (rollout_id) JOIN questions q ON q.question_id = r.question_id
+                      WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'validate'""", [run_id, k])
+    return {r["question_id"]: (r["domain"], bool(r["passed"])) for r in rows}
+
+
+def validation(wh, run_id: str, k: int) -> dict:
+    now, base = _outcomes(wh, run_id, k), _outcomes(wh, run_id, 0)
+    passed = sum(p for _, p in now.values())
+    lo, hi = wilson(passed, len(now))
+    paired = [q for q in now if q in base]
+    b = sum(base[q][1] and not now[q][1] for q in paired)
+    c = sum(now[q][1] and not base[q][1] for q in paired)
+    by_domain = {d: [p for dom, p in now.values() if dom == d] for d in ("math", "code")}
+    return {"val_n": len(now), "val_pass1": passed / len(now) if now else None, "val_ci_lo": lo, "val_ci_hi": hi,
+            **{f"val_{d}": sum(v) / len(v) if v else None for d, v in by_domain.items()},
+            "mcnemar_b": b, "mcnemar_c": c, "mcnemar_p": mcnemar_exact(b, c)}
+
+
+def signal(wh, run_id: str, k: int) -> dict:
+    roles = {r["role"]: r for r in wh.rows("""
+        WITH cur AS (SELECT * FROM scores WHERE run_id = ? AND iteration = ?
+                     QUALIFY reward_version = max(reward_version) OVER ())
+        SELECT role, count(*) AS n, avg(CASE WHEN abs(advantage) > 1e-9 THEN 1.0 ELSE 0.0 END) AS nonzero,
+               avg(abs(advantage)) AS abs_adv, avg(reward) AS reward, stddev_pop(reward) AS reward_std
+        FROM cur GROUP BY role""", [run_id, k])}
+    out = {}
+    for role in ROLES:
+        r = roles.get(role, {})
+        out.update({f"{role}_rollouts": r.get("n", 0), f"{role}_nonzero_adv": r.get("nonzero"),
+                    f"{role}_mean_abs_adv": r.get("abs_adv"), f"{role}_reward_mean": r.get("reward"),
+                    f"{role}_reward_std": r.get("reward_std")})
+    reasons = {r["reason"]: r["n"] for r in wh.rows("""
+        SELECT coalesce(rejection_reason, CASE WHEN admitted THEN 'admitted' ELSE 'undecided' END) AS reason,
+               count(*) AS n FROM questions WHERE origin = 'generated' AND run_id = ? AND iteration = ?
+        GROUP BY ALL""", [run_id, k])}
+    generated = sum(reasons.values())
+    out.update({"generated": generated, "admitted": reasons.get("admitted", 0),
+                "admission_rate": reasons.get("admitted", 0) / generated if generated else None,
+                **{f"rej_{r}": reasons.get(r, 0) for r in REASONS}})
+    plans = wh.rows("SELECT count(*) AS n, avg(passed::INT) AS rate FROM plans WHERE run_id = ? AND iteration = ?",
+                    [run_id, k])[0]
+    out.update({"plans": plans["n"], "plan_pass_rate": plans["rate"]})
+    return out
+
+
+def timing(wh, run_id: str, k: int) -> dict:
+    stages = {r["stage"]: r["seconds"] or 0.0 for r in
+              wh.rows("SELECT stage, seconds FROM stage_runs WHERE run_id = ? AND iteration = ?", [run_id, k])}
+    return {"sage_seconds": sum(v for s, v in stages.items() if s != "validate"),
+            "validate_seconds": stages.get("validate", 0.0)}
+
+
+def kl_sequences(wh, run_id: str, limit: int) -> list[dict]:
+    """The base model's own validation prompts + answers (iteration 0), half math, half code, in id order."""
+    rows = wh.rows("""SELECT r.rollout_id, q.domain, r.prompt_ids, r.completion_ids FROM rollouts r
+                      JOIN questions q ON q.question_id = r.question_id
+                      WHERE r.run_id = ? AND r.iteration = 0 AND r.purpose = 'validate' ORDER BY r.rollout_id""",
+                   [run_id])
+    math_, code = [r for r in rows if r["domain"] == "math"], [r for r in rows if r["domain"] == "code"]
+    n_code = min(len(code), limit - min(len(math_), limit // 2))
+    return math_[:limit - n_code] + code[:n_code]
+
+
+def extremes(wh, run_id: str, k: int, n: int) -> list[dict]:
+    """Iteration k's `n` trained rollouts with the highest positive and the `n` with the lowest negative advantage."""
+    from sage.stages.score import REWARD_VERSION
+
+    rows = wh.rows("""SELECT r.rollout_id, r.role, r.prompt_ids, r.completion_ids, r.logprobs, r.adapter, s.advantage
+                      FROM scores s JOIN rollouts r USING (rollout_id)
+                      WHERE s.run_id = ? AND s.iteration = ? AND s.reward_version = ?
+                      ORDER BY s.advantage DESC, r.rollout_id""", [run_id, k, REWARD_VERSION])
+    top = [dict(r, group="top") for r in rows if r["advantage"] > 0][:n]
+    bottom = [dict(r, group="bottom") for r in reversed(rows) if r["advantage"] < 0][:n]
+    return top + bottom
+
+
+def seed_questions(wh, seed: int) -> dict[str, list[dict]]:
+    """Every seed question per domain, in a random order fixed by `seed`."""
+    from sage.warehouse.queries import questions_by_id
+
+    ids = [r["question_id"] for r in wh.rows("SELECT question_id FROM questions WHERE origin = 'seed' "
+                                             "ORDER BY md5(? || question_id), question_id", [f"learning-{seed}"])]
+    by_id = questions_by_id(wh, ids)
+    return {d: [by_id[i] for i in ids if by_id[i]["domain"] == d] for d in ("math", "code")}
+
+
+# -- the cache and the outputs -------------------------------------------------------------------------------
+class Cache:
+    """measures.json: {run_id, iterations: {k: {measure: {params, value, seconds}}}, invocations: [...]},
+    rewritten after each measure."""
+
+    def __init__(self, path: Path, run_id: str):
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {"run_id": run_id, "iterations": {}}
+        if self.data["run_id"] != run_id:
+            raise SystemExit(f"{path} holds run {self.data['run_id']!r}, this config is run {run_id!r}: "
+                             f"give another --out")
+
+    def get(self, k: int, name: str, params: dict) -> dict | None:
+        entry = self.data["iterations"].get(str(k), {}).get(name)
+        return entry if entry is not None and entry["params"] == params else None
+
+    def put(self, k: int, name: str, params: dict, value: dict, seconds: float) -> None:
+        self.data["iterations"].setdefault(str(k), {})[name] = {"params": params, "value": value, "seconds": seconds}
+        self._save()
+
+    def log(self, invocation: dict) -> None:
+        """Record one finished invocation's command and time (the header sums them over a resumed run)."""
+        self.data.setdefault("invocations", []).append(invocation)
+        self._save()
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))  # key order is column order
+        tmp.replace(self.path)
+
+    def rows(self) -> tuple[list[str], list[dict]]:
+        """(columns, one row per iteration): every measure's values, then each measure's seconds."""
+        its = sorted(self.data["iterations"].items(), key=lambda kv: int(kv[0]))
+        columns, rows = ["iteration"], [{"iteration": int(k)} for k, _ in its]
+        for name in MEASURES:
+            for (_, entry), row in zip(its, rows):
+                for key, v in entry.get(name, {}).get("value", {}).items():
+                    row[key] = v
+                    columns += [key] if key not in columns else []
+        for name in MEASURES[:-1]:
+            columns.append(f"{name}_seconds")
+            for (_, entry), row in zip(its, rows):
+                row[f"{name}_seconds"] = entry.get(name, {}).get("seconds")
+        return columns, rows
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
+    return str(v)
+
+
+def write_outputs(out: Path, cache: Cache, header) -> None:
+    columns, rows = cache.rows()
+    with (out / "learning.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    lines = header(cache) + ["", "| measure | " + " | ".join(f"k={r['iteration']}" for r in rows) + " |",
+                      "|---|" + "---:|" * len(rows)]
+    lines += [f"| {c} | " + " | ".join(_cell(r.get(c)) for r in rows) + " |" for c in columns[1:]]
+    (out / "learning.md").write_text("\n".join(lines) + "\n")
+    plot(out, rows)
+
+
+def plot(out: Path, rows: list[dict]) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    def figure(name: str, title: str, series: dict[str, str], band: tuple[str, str] | None = None,
+               share: bool = True) -> None:
+        fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        ax.set_title(title)
+        ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if share:  # a share of rollouts or outputs: the whole range, so iterations compare at a glance
+            ax.set_ylim(-0.02, 1.02)
+        ax.set_xlim(-0.3, max(r["iteration"] for r in rows) + 0.3)
+        for (label, key), marker in zip(series.items(), "osD^"):  # markers tell apart lines that coincide
+            pts = [(r["iteration"], r[key]) for r in rows if r.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker=marker, markersize=9 - 1.5 * "osD^".index(marker), alpha=0.8, label=label)
+        if band:
+            pts = [(r["iteration"], r[band[0]], r[band[1]]) for r in rows if r.get(band[0]) is not None]
+            if pts:
+                ax.fill_between(*zip(*pts), alpha=0.2, label="95% Wilson")
+        if not share:
+            ax.set_ylim(bottom=0)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        fig.savefig(out / f"{name}.png")
+
+    figure("pass1", "validation pass@1 (greedy)", {"pass@1": "val_pass1"}, ("val_ci_lo", "val_ci_hi"),
+           share=False)
+    figure("nonzero_advantage", "share of rollouts with a non-zero advantage",
+           {role: f"{role}_nonzero_adv" for role in ROLES})
+    figure("kl", "mean per-token KL(adapter || base) on base validation answers", {"KL": "kl_mean"}, share=False)
+    figure("format", "well-formed share (r_f = 1), sampled without the grammar",
+           {role: f"format_{role}_rate" for role in ROLES})
+
+
+# -- the run ---------------------------------------------------------------------------------------------------
+def build_config(args) -> tuple[object, Path]:
+    """The config (with the bench's validation settings) and the output folder, which is also the run's dir."""
+    from sage.configs import config_hash, load_config
+    from tests.tiny import build_tiny_model
+
+    root = Path(args.out) if args.out else Path("sage-runs/learning")
+    overrides = ["validate.n_math=50", "validate.n_code=50", "validate.every=1",
+                 f"validate.patience={args.iterations + 1}"]
+    if args.model == "tiny":
+        overrides += TINY + [f"model.name={build_tiny_model(root / 'tiny-model').resolve()}",
+                             f"model.cache_dir={(root / 'models').resolve()}"]
+    cfg = load_config(args.config, overrides + args.overrides)
+    out = root if args.out else root / f"run-{config_hash(cfg)[:8]}"
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"dir": str(out.resolve())})})
+    return cfg, out
+
+
+def measure(s, cache: Cache, args, run_id: str, k: int, state: dict) -> None:
+    """Compute what `cache` lacks for iteration k, printing one line per measure computed."""
+    from sage.engines.llm.models import resolve_model
+    from sage.stages.train import sampling_temperature
+    from sage.warehouse.queries import iteration_adapter
+
+    from bench import learning_model as lm
+
+    wh, cfg = s.warehouse, s.run_config(run_id)
+    adapter = iteration_adapter(wh, run_id, k) if k else None
+
+    def scorer():
+        if "scorer" not in state:
+            state["scorer"] = lm.Scorer(resolve_model(cfg.model.name, cfg.model.cache_dir))
+        return state["scorer"]
+
+    def kl():
+        scorer().use(adapter)
+        return scorer().kl_to_base(kl_sequences(wh, run_id, args.kl_sequences))
+
+    def logprob():
+        return lm.logprob_change(scorer(), extremes(wh, run_id, k, args.extremes), adapter,
+                                 lambda role: sampling_temperature(cfg, role))
+
+    def format_():
+        units = lm.format_units(seed_questions(wh, cfg.run.seed), args.format_prompts)
+        return lm.format_rates(s.context(run_id, k), units, adapter, cfg.run.seed)
+
+    todo = [("validation", {}, lambda: validation(wh, run_id, k)), ("timing", {}, lambda: timing(wh, run_id, k)),
+            ("format", {"per_kind": args.format_prompts}, format_)]
+    if k > 0:
+        todo += [("signal", {}, lambda: signal(wh, run_id, k)), ("kl", {"sequences": args.kl_sequences}, kl),
+                 ("logprob", {"extremes": args.extremes}, logprob)]
+    elif cache.get(0, "kl", {}) is None:
+        cache.put(0, "kl", {}, {"kl_mean": 0.0}, 0.0)  # the base model against itself
+    for name, params, fn in todo:
+        if cache.get(k, name, params) is None:
+            start = time.perf_counter()
+            value = fn()
+            cache.put(k, name, params, value, time.perf_counter() - start)
+            shown = {key: _cell(v) for key, v in value.items() if not key.endswith(("_n", "_tokens"))}
+            print(f"[learning] iteration {k} {name} ({time.perf_counter() - start:.1f} s): "
+                  + ", ".join(f"{key} {v}" for key, v in list(shown.items())[:8]), flush=True)
+
+
+def run(args, cfg, out: Path, header) -> int:
+    """`sage run` of N iterations (resuming the run), measuring each iteration right after its validation: the
+    flow's `_validate` is wrapped for the time of the run (bench only), so the real flow decides everything."""
+    from sage.flows import evolve
+    from sage.flows.api_server import prefect_api
+    from sage.flows.progress import LINES, Display
+    from sage.flows.session import Session
+    from sage.flows.terminal import err, quiet_prefect_tracebacks
+    from sage.warehouse.validate_queries import validation_history
+
+    directory = str(out.resolve())
+    with Session(directory) as first:
+        run_id = first.create_run(cfg)
+    cache, state = Cache(out / "measures.json", run_id), {}
+    print(f"[learning] run {run_id}: {args.iterations} iteration(s) in {out}", flush=True)
+    inner = evolve._validate
+
+    def validate_then_measure(directory, wh, run_id, iteration, patience):
+        decision = inner(directory, wh, run_id, iteration, patience)
+        measure(s, cache, args, run_id, iteration, state)
+        write_outputs(out, cache, header)
+        return decision
+
+    evolve._validate = validate_then_measure
+    try:
+        with prefect_api(), Display(err, LINES, run_id=run_id, iterations=args.iterations) as shown, \
+                Session(directory, display=shown) as s:
+            quiet_prefect_tracebacks()
+            evolve.evolve_flow(directory, run_id, args.iterations)
+            last = max((r["iteration"] for r in validation_history(s.warehouse, run_id)), default=-1)
+    finally:
+        evolve._validate = inner
+    if last < args.iterations:
+        print(f"[learning] the run stopped early after iteration {last} (validate.patience): measured 0..{last}")
+    return last
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iterations", "-n", type=int, default=10)
+    ap.add_argument("--config", "-c", default="cpu", help="profile name or YAML path (default cpu)")
+    ap.add_argument("--model", choices=["config", "tiny"], default="config",
+                    help="tiny: the tiny random test model with small sizes (smoke test)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="section.field=value")
+    ap.add_argument("--out", default=None, help="output folder and run dir (default sage-runs/learning/<run id>)")
+    ap.add_argument("--kl-sequences", type=int, default=40)
+    ap.add_argument("--extremes", type=int, default=8, help="top and bottom rollouts by advantage")
+    ap.add_argument("--format-prompts", type=int, default=8, help="unconstrained prompts per prompt kind")
+    args = ap.parse_args()
+    start = time.perf_counter()
+    cfg, out = build_config(args)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def spent() -> dict:
+        cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                  for f in ("ru_utime", "ru_stime"))
+        return {"command": shlex.join(sys.argv[1:]), "wall_s": round(time.perf_counter() - start, 1),
+                "cpu_s": round(cpu, 1)}
+
+    def header(cache: Cache) -> list[str]:
+        v, now = cfg.validate, spent()
+        runs = cache.data.get("invocations", []) + [now]
+        return [f"# Does the loop teach the model? ({cfg.model.name})", "",
+                f"- command: `.venv/bin/python -m bench.learning {now['command']}`",
+                f"- config: {args.config}, --model {args.model}, {' '.join(args.overrides) or 'no --set'}; validation "
+                f"{v.n_math} math + {v.n_code} code, every {v.every}, patience {v.patience}; seed {cfg.run.seed}; "
+                f"N = {args.iterations}",
+                f"- time: wall {sum(r['wall_s'] for r in runs):.0f} s, CPU {sum(r['cpu_s'] for r in runs):.0f} s "
+                f"(process + children) over {len(runs)} invocation(s), this one wall {now['wall_s']:.0f} s, CPU "
+                f"{now['cpu_s']:.0f} s; each iteration's seconds are in the table (`*_seconds`)"]
+
+    done = run(args, cfg, out, header)
+    cache = Cache(out / "measures.json", json.loads((out / "measures.json").read_text())["run_id"])
+    write_outputs(out, cache, header)  # again, now that the children's CPU time is counted
+    cache.log(spent())
+    print(f"[learning] iterations 0..{done}: {out / 'learning.md'}")
+    print((out / "learning.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""bench/learning.py: its statistics on known values, and a two-iteration run on the tiny model that a second
+invocation resumes without recomputing anything."""
+
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.learning import mcnemar_exact, wilson
+from sage.warehouse import Warehouse
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson(50, 100)
+    assert (round(lo, 4), round(hi, 4)) == (0.4038, 0.5962)
+    lo, hi = wilson(0, 8)  # the upper bound at k = 0 is z^2 / (n + z^2)
+    assert lo == 0.0 and hi == pytest.approx(1.959963984540054 ** 2 / (8 + 1.959963984540054 ** 2))
+    assert wilson(10, 10)[1] == pytest.approx(1.0) and wilson(0, 0) == (0.0, 1.0)
+
+
+def test_exact_mcnemar_known_values():
+    assert mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(0, 5) == pytest.approx(2 / 32)
+    assert mcnemar_exact(9, 1) == pytest.approx(2 * 11 / 1024)
+    assert mcnemar_exact(3, 3) == 1.0
+
+
+def test_exact_mcnemar_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for b, c in [(0, 1), (2, 7), (12, 5), (20, 20), (1, 30), (40, 25)]:
+        assert mcnemar_exact(b, c) == pytest.approx(stats.binomtest(b, b + c, 0.5).pvalue, rel=1e-12)
+
+
+def _bench(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench.learning", "--model", "tiny", "--iterations", "2",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def _counts(out: Path) -> tuple[int, int]:
+    with Warehouse.open(out / "warehouse.duckdb", read_only=True) as wh:
+        return wh.count("rollouts"), wh.scalar("SELECT count(*) FROM rollouts WHERE purpose = 'validate'")
+
+
+def test_two_iterations_on_the_tiny_model_then_a_resume_that_recomputes_nothing(prefect_api, tmp_path):
+    out = tmp_path / "learning"
+    first = _bench(out)
+    assert first.returncode == 0, first.stderr[-3000:]
+    with (out / "learning.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["iteration"] for r in rows] == ["0", "1", "2"]
+    expected = {"val_pass1", "val_ci_lo", "val_ci_hi", "mcnemar_b", "mcnemar_c", "mcnemar_p", "admission_rate",
+                "plan_pass_rate", "kl_mean", "lp_top_change", "lp_bottom_change", "sage_seconds", "kl_seconds",
+                *(f"{role}_{m}" for role in ("challenger", "planner", "critic", "solver")
+                  for m in ("nonzero_adv", "mean_abs_adv", "reward_mean", "reward_std")),
+                *(f"format_{role}_rate" for role in ("challenger", "planner", "critic", "solver"))}
+    assert expected <= set(rows[0])
+    assert rows[0]["kl_mean"] == "0.0" and rows[0]["mcnemar_p"] == "1.0" and rows[0]["lp_top_change"] == ""
+    assert all(0 <= float(r["val_ci_lo"]) <= float(r["val_pass1"]) <= float(r["val_ci_hi"]) <= 1 for r in rows)
+    assert all(float(r["kl_mean"]) >= 0 and int(r["solver_rollouts"]) > 0 for r in rows[1:])
+    assert int(rows[1]["val_n"]) == 8  # the tiny profile's 4 + 4 validation problems, every iteration
+    for name in ("learning.md", "pass1.png", "nonzero_advantage.png", "kl.png", "format.png"):
+        assert (out / name).stat().st_size > 0
+    assert "| val_pass1 |" in (out / "learning.md").read_text()
+
+    cache, counts = (out / "measures.json").read_text(), _counts(out)
+    second = _bench(out)
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = json.loads((out / "measures.json").read_text())
+    assert again["iterations"] == json.loads(cache)["iterations"]  # every measure came from the cache
+    assert len(again["invocations"]) == 2 and "over 2 invocation(s)" in (out / "learning.md").read_text()
+    assert _counts(out) == counts  # no stage generated anything
+    assert not re.search(r"\[learning\] iteration \d+ \w+ \(", second.stdout)  # no measure line
+    assert json.loads(cache)["run_id"] in first.stdout
