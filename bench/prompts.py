@@ -36,7 +36,7 @@ from sage.engines.text import tags  # noqa: E402
 from sage.engines.text.answers import last_boxed  # noqa: E402
 from sage.engines.llm.base import GenRequest  # noqa: E402
 from sage.stages.prompts import TEMPLATE_VERSION, render as current_render  # noqa: E402
-from sage.stages.solve import _fields as solver_fields  # noqa: E402
+from sage.stages.rollouts import question_fields as solver_fields  # noqa: E402
 
 Render = Callable[..., list[dict]]
 GROUPS = ("solver math", "solver code", "challenger math", "challenger code", "planner", "critic")
