@@ -37,7 +37,6 @@ from pathlib import Path
 
 from bench.learning_report import ROLES, Cache, cell, write_outputs
 
-REASONS = ("low_quality", "invalid_verifier", "duplicate", "near_duplicate", "contaminated", "unparseable")
 Z95 = 1.959963984540054
 TINY = ["seeds.n_math=12", "seeds.n_code=4", "validate.n_math=4", "validate.n_code=4", "iteration.n_challenge=4",
         "iteration.n_plan=4", "iteration.n_probe=2", "iteration.n_solve=2", "roles.challenger.max_new_tokens=96",
@@ -86,6 +85,8 @@ def validation(wh, run_id: str, k: int) -> dict:
 
 
 def signal(wh, run_id: str, k: int) -> dict:
+    from sage.flows.report import REJECTION_REASONS
+
     roles = {r["role"]: r for r in wh.rows("""
         WITH cur AS (SELECT * FROM scores WHERE run_id = ? AND iteration = ?
                      QUALIFY reward_version = max(reward_version) OVER ())
@@ -105,7 +106,7 @@ def signal(wh, run_id: str, k: int) -> dict:
     generated = sum(reasons.values())
     out.update({"generated": generated, "admitted": reasons.get("admitted", 0),
                 "admission_rate": reasons.get("admitted", 0) / generated if generated else None,
-                **{f"rej_{r}": reasons.get(r, 0) for r in REASONS}})
+                **{f"rej_{r}": reasons.get(r, 0) for r in REJECTION_REASONS}})
     plans = wh.rows("SELECT count(*) AS n, avg(passed::INT) AS rate FROM plans WHERE run_id = ? AND iteration = ?",
                     [run_id, k])[0]
     out.update({"plans": plans["n"], "plan_pass_rate": plans["rate"]})

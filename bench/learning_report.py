@@ -81,19 +81,11 @@ def write_outputs(out: Path, cache: Cache, header) -> None:
 
 
 def plot(out: Path, rows: list[dict]) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    from sage.flows.report import iteration_figure
 
     def figure(name: str, title: str, series: dict[str, str], band: tuple[str, str] | None = None,
                share: bool = True) -> None:
-        fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
-        ax.set_title(title)
-        ax.set_xlabel("iteration")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
+        fig, ax = iteration_figure(title)
         if share:  # a share of rollouts or outputs: the whole range, so iterations compare at a glance
             ax.set_ylim(-0.02, 1.02)
         ax.set_xlim(-0.3, max(r["iteration"] for r in rows) + 0.3)

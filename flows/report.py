@@ -35,7 +35,8 @@ Tables = dict[str, list[dict]]
 REJECTION_REASONS = ("low_quality", "invalid_verifier", "duplicate", "near_duplicate", "contaminated", "unparseable")
 
 
-def _figure(title: str) -> tuple[Figure, object]:
+def iteration_figure(title: str) -> tuple[Figure, object]:
+    """A 7 x 4 inch figure with one axis over iterations (integer ticks), as every curve of the report has."""
     fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -60,7 +61,7 @@ def plot_pool_size(t: Tables) -> Figure | None:
     rows = t["curriculum_drift"]
     if not _has(rows, "pool_size"):
         return None
-    fig, ax = _figure("Pool size (seeds + admitted questions)")
+    fig, ax = iteration_figure("Pool size (seeds + admitted questions)")
     ax.plot(_column(rows, "iteration"), _column(rows, "pool_size"), marker="o")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("questions")
@@ -71,7 +72,7 @@ def plot_admission(t: Tables) -> Figure | None:
     rows = t["curriculum_drift"]
     if not any((r.get("generated") or 0) > 0 for r in rows):
         return None
-    fig, ax = _figure("Generated questions: admitted vs rejected by reason")
+    fig, ax = iteration_figure("Generated questions: admitted vs rejected by reason")
     its = _column(rows, "iteration")
     bottom = [0] * len(rows)
     parts = [("admitted", [r.get("admitted") or 0 for r in rows])]
@@ -94,7 +95,7 @@ def plot_quality(t: Tables) -> Figure | None:
     rows = t["curriculum_drift"]
     if not _has(rows, "mean_s_q", "mean_difficulty"):
         return None
-    fig, ax = _figure("Generated questions: mean quality s_q and difficulty")
+    fig, ax = iteration_figure("Generated questions: mean quality s_q and difficulty")
     its = _column(rows, "iteration")
     for name, label in (("mean_s_q", "mean s_q (Critic, 0-1)"), ("mean_difficulty", "mean difficulty (1 - probe s_gt)")):
         if _has(rows, name):
@@ -108,7 +109,7 @@ def plot_role_rewards(t: Tables) -> Figure | None:
     rows = t["role_rewards"]
     if not _has(rows, "mean_reward"):
         return None
-    fig, ax = _figure("Mean reward per role")
+    fig, ax = iteration_figure("Mean reward per role")
     for role in sorted({r["role"] for r in rows}):
         mine = [r for r in rows if r["role"] == role]
         ax.plot(_column(mine, "iteration"), _column(mine, "mean_reward"), marker="o", label=role)
@@ -121,7 +122,7 @@ def plot_gate(t: Tables) -> Figure | None:
     rows = t["gate_stats"]
     if not _has(rows, "pass_rate"):
         return None
-    fig, ax = _figure("Plan gate: share of plans shown to the Solver (s_p >= beta)")
+    fig, ax = iteration_figure("Plan gate: share of plans shown to the Solver (s_p >= beta)")
     ax.plot(_column(rows, "iteration"), _column(rows, "pass_rate"), marker="o", label="pass rate")
     for r in rows:
         ax.annotate(f"{r['passed']}/{r['plans']}", (r["iteration"], r["pass_rate"]), textcoords="offset points",
@@ -135,7 +136,7 @@ def plot_validation(t: Tables) -> Figure | None:
     rows = t["validation_curve"]
     if not _has(rows, "val_accuracy"):
         return None
-    fig, ax = _figure("Validation accuracy (greedy pass@1)")
+    fig, ax = iteration_figure("Validation accuracy (greedy pass@1)")
     its = _column(rows, "iteration")
     for name, label, style in (("val_accuracy", "all", "-"), ("val_math", "math", "--"), ("val_code", "code", ":")):
         if _has(rows, name):
