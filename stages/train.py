@@ -172,10 +172,10 @@ def run(ctx: StageContext) -> StageReport:
     model_path = str(resolve_model(ctx.cfg.model.name, ctx.cfg.model.cache_dir))
     clear_train_steps(ctx.wh, ctx.run_id, ctx.iteration)  # an interrupted attempt's steps: this one replaces them
     on_step = _StepWriter(ctx)
+    ctx.engines.release("llm")  # the generation model: rebuilt on next use, never held beside the trained copy
     if ctx.cfg.train.isolate or ctx.cfg.train.accelerate_config:
         metrics = _train_isolated(ctx, model_path, rows, out, on_step)
     else:
-        ctx.engines.release("llm")  # the generation model: rebuilt on next use, never held beside the trained copy
         metrics = train_step(model_path, ctx.adapter, str(out), rows, ctx.cfg.train,
                              seed=ctx.cfg.run.seed + ctx.iteration, dtype=ctx.cfg.model.dtype, on_step=on_step)
     # Per-update logs and the per-process row split stay in the adapter's metrics file, out of the warehouse.
