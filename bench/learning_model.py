@@ -32,7 +32,7 @@ class Scorer:
         self.model, self.adapter = self.base, None
 
     def use(self, adapter: str | None) -> None:
-        from sage.engines.train.step import quiet_v6
+        from sage.engines.llm.models import quiet_v6
 
         if adapter == self.adapter:
             return

@@ -14,7 +14,6 @@ stage does. On a machine this small the goal is that Ray costs little, not that 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys

@@ -15,7 +15,6 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
-import time
 
 LOOP = """
 import time, torch

@@ -36,7 +36,8 @@ if str(ROOT) not in sys.path:
 
 from sage.configs.schema import TrainConfig  # noqa: E402
 from sage.engines.train.rows import TrainRow  # noqa: E402
-from sage.engines.train.step import load_policy, quiet_v6, resolve_device, train_model  # noqa: E402
+from sage.engines.llm.models import quiet_v6  # noqa: E402
+from sage.engines.train.step import load_policy, resolve_device, train_model  # noqa: E402
 
 
 def make_rows(n: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0,

@@ -37,7 +37,7 @@ import torch
 from sage.configs.schema import ModelConfig
 from sage.engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
 from sage.engines.llm.hf_fast import FusedDecoder, module_layer
-from sage.engines.llm.models import resolve_dtype, resolve_model
+from sage.engines.llm.models import quiet_v6, resolve_dtype, resolve_model
 from sage.engines.llm.sampling import argmax, draw, log_normalizer, uniform
 
 FAST_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
@@ -156,7 +156,8 @@ class HFLLM:
         if path is not None:
             from peft import PeftModel
 
-            self._peft = PeftModel.from_pretrained(self.base, str(path), is_trainable=False).eval()
+            with quiet_v6():
+                self._peft = PeftModel.from_pretrained(self.base, str(path), is_trainable=False).eval()
             self.adapter = str(path)
         if self._fused is not None:
             self._fused_ok = self._fused.set_lora()

@@ -13,10 +13,12 @@ dtype to load it in (`resolve_dtype`, one policy for generation and training).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 # name -> (pip package holding the GGUF, file inside the package, converted directory name)
@@ -139,3 +141,12 @@ def resolve_dtype(name: str, device):
     if name not in DTYPE_NAMES:
         raise ValueError(f"dtype {name!r}: use auto, float32 (fp32), bfloat16 (bf16) or float16 (fp16)")
     return getattr(torch, DTYPE_NAMES[name])
+
+
+@contextlib.contextmanager
+def quiet_v6():
+    """Silence transformers 5's "will be removed in v6" FutureWarnings: peft 0.21 and TRL 1.16 still use the
+    old names (gradient_checkpointing and others), which is not the user's concern."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*will be removed in v6.*", category=FutureWarning)
+        yield

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from sage.engines.train.step import quiet_v6
+from sage.engines.llm.models import quiet_v6
 
 
 def merge_adapter(base_path: str, adapter: str | None, out: str | os.PathLike) -> None:

@@ -26,7 +26,6 @@ each process trained on (`rows_by_rank`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sage.configs.schema import TrainConfig
-from sage.engines.llm.models import resolve_dtype
+from sage.engines.llm.models import quiet_v6, resolve_dtype
 from sage.engines.train.rows import TrainRow, check_rows
 from sage.engines.train.trl_trainer import build_trainer
 
@@ -63,15 +62,6 @@ def _role_means(rows: list[TrainRow]) -> dict[str, float]:
     for r in rows:
         sums.setdefault(r.role, []).append(float(r.advantage))
     return {role: sum(v) / len(v) for role, v in sorted(sums.items())}
-
-
-@contextlib.contextmanager
-def quiet_v6():
-    """Silence transformers 5's "will be removed in v6" FutureWarnings: peft 0.21 and TRL 1.16 still use the
-    old names (gradient_checkpointing and others), which is not the user's concern."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*will be removed in v6.*", category=FutureWarning)
-        yield
 
 
 def resolve_device(device: str | None) -> str:

@@ -72,6 +72,7 @@ def test_a_signal_stops_the_run_in_seconds_and_it_resumes(tiny_model, tmp_path, 
 
     p, lines = _start(tiny_model, tmp_path)  # the same command resumes and finishes
     assert p.wait(600) == 0, "".join(lines)[-3000:]
+    assert "Warning" not in "".join(lines), "".join(lines)[-3000:]  # e.g. transformers' deprecations via PEFT
     with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
         assert wh.scalar("SELECT status FROM runs WHERE run_id = 'stop'") == "done"
         assert {r["status"] for r in wh.rows("SELECT status FROM stage_runs WHERE run_id = 'stop'")} == {"done"}
