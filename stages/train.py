@@ -151,7 +151,7 @@ def _train_isolated(ctx: StageContext, model_path: str, rows, out: Path, on_step
 
 
 def run(ctx: StageContext) -> StageReport:
-    from sage.engines.llm.models import resolve_model
+    from sage.engines.llm.models import resolve_model, trim_heap
     from sage.engines.train.rows import TrainRow
     from sage.engines.train.step import train_step
 
@@ -178,6 +178,7 @@ def run(ctx: StageContext) -> StageReport:
     else:
         metrics = train_step(model_path, ctx.adapter, str(out), rows, ctx.cfg.train,
                              seed=ctx.cfg.run.seed + ctx.iteration, dtype=ctx.cfg.model.dtype, on_step=on_step)
+        trim_heap()  # what training freed goes back to the system before validation loads the model again
     # Per-update logs and the per-process row split stay in the adapter's metrics file, out of the warehouse.
     metrics.pop("steps", None)
     metrics.pop("rows_by_rank", None)

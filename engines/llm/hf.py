@@ -37,22 +37,10 @@ import torch
 from sage.configs.schema import ModelConfig
 from sage.engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
 from sage.engines.llm.hf_fast import FusedDecoder, module_layer
-from sage.engines.llm.models import quiet_v6, resolve_dtype, resolve_model
+from sage.engines.llm.models import quiet_v6, resolve_dtype, resolve_model, trim_heap
 from sage.engines.llm.sampling import argmax, draw, log_normalizer, uniform
 
 FAST_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
-
-
-def _trim_heap() -> None:
-    """Hand the C heap's free pages back to the system (glibc `malloc_trim`): freed tensors below the mmap
-    threshold otherwise stay resident after the model is dropped. A no-op where glibc is absent."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 @dataclass
@@ -165,7 +153,7 @@ class HFLLM:
     def close(self) -> None:
         self._peft = self.base = self._fused = None
         gc.collect()
-        _trim_heap()
+        trim_heap()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

