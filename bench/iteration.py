@@ -100,6 +100,7 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
 
+    import sage.engines.llm as llm_package
     from sage.configs import load_config
     from sage.engines.llm import load_llm
     from sage.engines.verify.mathcheck import MathChecker
@@ -120,8 +121,14 @@ def main() -> None:
         cfg = load_config("cpu", overrides + args.overrides)
         totals: dict[str, float] = {}
         start = time.perf_counter()
-        engines = {"llm": Timed(load_llm(cfg.model), "generation", ("generate",), totals)}
+        built = [Timed(load_llm(cfg.model), "generation", ("generate",), totals)]
         load_s = time.perf_counter() - start
+        # The session's engines build the generation backend, as in `sage run`, so the train stage can release
+        # it: the factory is patched (bench only) to hand out the one loaded above, then timed new ones
+        # (reloading after training is glue).
+        llm_package.load_llm = lambda model_cfg: built.pop() if built else \
+            Timed(load_llm(model_cfg), "generation", ("generate",), totals)
+        engines = {}
         engines["sandbox"] = Timed(Sandbox(cfg.sandbox), "sandbox", ("execute",), totals)
         engines["mathcheck"] = Timed(MathChecker(cfg.mathcheck), "math checks", ("check_many",), totals)
         with Session(cfg.run.dir, engines=engines) as s:
