@@ -223,6 +223,7 @@ def run(args, cfg, out: Path, header) -> int:
     from sage.flows import evolve
     from sage.flows.api_server import prefect_api
     from sage.flows.progress import LINES, Display
+    from sage.flows.record import ended, stopped_by_signals
     from sage.flows.session import Session
     from sage.flows.terminal import err, quiet_prefect_tracebacks
     from sage.warehouse.validate_queries import validation_history
@@ -242,11 +243,19 @@ def run(args, cfg, out: Path, header) -> int:
 
     evolve._validate = validate_then_measure
     try:
-        with prefect_api(), Display(err, LINES, run_id=run_id, iterations=args.iterations) as shown, \
-                Session(directory, display=shown) as s:
-            quiet_prefect_tracebacks()
-            evolve.evolve_flow(directory, run_id, args.iterations)
-            last = max((r["iteration"] for r in validation_history(s.warehouse, run_id)), default=-1)
+        with stopped_by_signals():  # as `sage run`: Ctrl-C or SIGTERM stops within seconds, resumable
+            try:
+                with prefect_api(), Display(err, LINES, run_id=run_id, iterations=args.iterations) as shown, \
+                        Session(directory, display=shown) as s:
+                    quiet_prefect_tracebacks()
+                    evolve.evolve_flow(directory, run_id, args.iterations)
+                    last = max((r["iteration"] for r in validation_history(s.warehouse, run_id)), default=-1)
+            except BaseException as e:
+                if ended(e) != "interrupted":
+                    raise
+                print("[learning] interrupted: what was measured is kept; rerun the same command to continue",
+                      flush=True)
+                raise SystemExit(130) from None
     finally:
         evolve._validate = inner
     if last < args.iterations:

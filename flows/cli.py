@@ -185,27 +185,21 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None, display=No
     says how to resume and exits 130 or 143."""
     from sage.flows.api_server import prefect_api
     from sage.flows.progress import Display
-    from sage.flows.record import Interrupted, ended, on_signal, quiet_swallowed
+    from sage.flows.record import Interrupted, ended, stopped_by_signals
     from sage.flows.session import Session
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    on_signal.armed, hook = True, sys.unraisablehook
-    sys.unraisablehook = quiet_swallowed(hook)
-    try:
-        with prefect_api(), display or Display(err) as shown, Session(directory, display=shown, engines=engines):
-            quiet_prefect_tracebacks()
-            return fn(*args)
-    except BaseException as e:
-        if ended(e) != "interrupted":
-            raise
-        signum = Interrupted.received or getattr(e, "signal", signal.SIGINT)
-        err.print(f"interrupted ({signal.Signals(signum).name}): committed work is kept, the batch in flight was "
-                  f"dropped; resume with: {' '.join(['sage', *sys.argv[1:]])}", highlight=False, soft_wrap=True)
-        raise typer.Exit(128 + signum) from None
-    finally:
-        Interrupted.received, on_signal.armed, sys.unraisablehook = None, False, hook
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with stopped_by_signals():
+        try:
+            with prefect_api(), display or Display(err) as shown, Session(directory, display=shown, engines=engines):
+                quiet_prefect_tracebacks()
+                return fn(*args)
+        except BaseException as e:
+            if ended(e) != "interrupted":
+                raise
+            signum = Interrupted.received or getattr(e, "signal", signal.SIGINT)
+            err.print(f"interrupted ({signal.Signals(signum).name}): committed work is kept, the batch in flight was "
+                      f"dropped; resume with: {' '.join(['sage', *sys.argv[1:]])}", highlight=False, soft_wrap=True)
+            raise typer.Exit(128 + signum) from None
 
 
 @app.command()

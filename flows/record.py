@@ -7,10 +7,12 @@ for the iteration is removed first and written anew, and the stages after it bec
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 import traceback
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.errors import is_interrupt
@@ -60,6 +62,22 @@ def quiet_swallowed(hook):
         if not isinstance(u.exc_value, Interrupted):
             hook(u)
     return unraisable
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """For the time of the block, SIGINT and SIGTERM raise `Interrupted` (recorded, put back inside every flow,
+    seen at the next batch, silent when a finaliser swallows it); the previous handlers come back after it.
+    What a command that runs flows wraps them in (`sage run`, the benchmarks)."""
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    on_signal.armed, hook = True, sys.unraisablehook
+    sys.unraisablehook = quiet_swallowed(hook)
+    try:
+        yield
+    finally:
+        Interrupted.received, on_signal.armed, sys.unraisablehook = None, False, hook
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def stop_if_interrupted() -> None:

@@ -135,12 +135,31 @@ class _HideExpectedTracebacks(logging.Filter):
         return True
 
 
+class _HideSignalCrashes(logging.Filter):
+    """Once a signal stopped the command, Prefect reports each run it cut short as an error ("Crash detected!
+    Execution was aborted by an interrupt signal", or, when the signal landed inside a DuckDB query, "Query
+    interrupted" with a traceback); the command says it in one line, so the terminal drops Prefect's errors."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from sage.flows.record import Interrupted
+
+        if not record.name.startswith("prefect") or record.levelno < logging.ERROR:
+            return True
+        text = record.getMessage()
+        return not (Interrupted.received is not None or "Execution was aborted by an interrupt signal" in text
+                    or "Execution was aborted by a termination signal" in text)
+
+
 def quiet_prefect_tracebacks() -> None:
     """Prefect logs a failed flow's traceback; for an expected failure the command prints its sentence instead
-    (unless --verbose). Call after Prefect is imported (it configures its handlers then)."""
+    (unless --verbose), and a stop by a signal is its one line. Only the terminal's handlers (the root logger's)
+    drop those crash lines: the Prefect API still gets every record. Call after Prefect is imported (it configures its handlers then)."""
     if verbose():
         return
     for name in ("prefect", "prefect.flow_runs", "prefect.task_runs"):
         for handler in logging.getLogger(name).handlers:
             if not any(isinstance(f, _HideExpectedTracebacks) for f in handler.filters):
                 handler.addFilter(_HideExpectedTracebacks())
+    for handler in logging.getLogger().handlers:  # the console handlers (Prefect's, or the live display's)
+        if not any(isinstance(f, _HideSignalCrashes) for f in handler.filters):
+            handler.addFilter(_HideSignalCrashes())

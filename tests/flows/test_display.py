@@ -151,3 +151,37 @@ def test_training_bar_counts_optimizer_steps_and_shows_the_loss():
             raise KeyboardInterrupt
     line = next(x for x in screen(out.getvalue()) if x.startswith("✗ iteration 1 train"))
     assert "2/3 steps" in line and "loss 0.2500" in line and "loss 0.75" not in line and "rows" not in line
+
+
+def test_after_a_signal_the_terminal_shows_none_of_prefects_crash_reports(monkeypatch):
+    """Prefect logs every run a signal cut short as an error (a crash, or a DuckDB "Query interrupted" with its
+    traceback); the terminal's handlers drop those once a signal arrived, and keep everything else."""
+    import logging
+
+    from sage.flows import terminal
+    from sage.flows.record import Interrupted
+
+    seen = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    handler, root = Collect(), logging.getLogger()
+    root.addHandler(handler)
+    monkeypatch.setattr(terminal, "verbose", lambda: False)
+    try:
+        terminal.quiet_prefect_tracebacks()
+        log = logging.getLogger("prefect.task_runs")
+        log.propagate, log.level = True, logging.INFO
+        log.error("Crash detected! Execution was aborted by an interrupt signal.")
+        log.error("Task run encountered an exception RuntimeError: Query interrupted")
+        Interrupted.received = 2
+        log.error("Task run encountered an exception RuntimeError: Query interrupted")
+        log.info("Finished in state Completed()")
+        logging.getLogger("sage").error("a failure of our own")
+    finally:
+        Interrupted.received = None
+        root.removeHandler(handler)
+    assert seen == ["Task run encountered an exception RuntimeError: Query interrupted",
+                    "Finished in state Completed()", "a failure of our own"]
