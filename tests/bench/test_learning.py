@@ -47,7 +47,9 @@ def _counts(out: Path) -> tuple[int, int]:
         return wh.count("rollouts"), wh.scalar("SELECT count(*) FROM rollouts WHERE purpose = 'validate'")
 
 
-def test_two_iterations_on_the_tiny_model_then_a_resume_that_recomputes_nothing(prefect_api, tmp_path):
+def test_two_iterations_on_the_tiny_model_then_a_resume_that_recomputes_nothing(tmp_path):
+    # Its own private Prefect server, as a user gets: the session-wide test server is a child of this process,
+    # and the sandbox tests (later in the order) count stray children.
     out = tmp_path / "learning"
     first = _bench(out)
     assert first.returncode == 0, first.stderr[-3000:]
