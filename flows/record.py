@@ -52,7 +52,7 @@ def handle_signals() -> None:
                 signal.signal(sig, on_signal)
 
 
-on_signal.armed = False  # set by the command while it runs flows (flows/cli.py)
+on_signal.armed = False  # True inside `stopped_by_signals`
 
 
 def quiet_swallowed(hook):
