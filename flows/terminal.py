@@ -153,7 +153,8 @@ class _HideSignalCrashes(logging.Filter):
 def quiet_prefect_tracebacks() -> None:
     """Prefect logs a failed flow's traceback; for an expected failure the command prints its sentence instead
     (unless --verbose), and a stop by a signal is its one line. Only the terminal's handlers (the root logger's)
-    drop those crash lines: the Prefect API still gets every record. Call after Prefect is imported (it configures its handlers then)."""
+    drop those crash lines: the Prefect API still gets every record. Call after Prefect is imported (it
+    configures its handlers then)."""
     if verbose():
         return
     for name in ("prefect", "prefect.flow_runs", "prefect.task_runs"):
