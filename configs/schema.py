@@ -8,7 +8,7 @@ overrides one field. The resolved config is stored with the run, so a run can al
 from __future__ import annotations
 
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -180,6 +180,11 @@ class SeedsConfig(_Section):
                         "Parquet path, or a Hugging Face dataset name.")
     n_math: int = Field(250, ge=0, description="Default seed set: math questions.")
     n_code: int = Field(250, ge=0, description="Default seed set: code questions.")
+    math_generators: dict[str, dict[str, Any]] | None = Field(
+        None, description="Default seed set: the reasoning-gym math generators, each with its config overrides "
+        "(e.g. `{basic_arithmetic: {max_terms: 2, max_digits: 2}}`); the math questions, seed and validation alike, "
+        "are split evenly among them. None: gsm_symbolic, basic_arithmetic, simple_equations, "
+        "fraction_simplification, gcd and lcm as reasoning-gym configures them.")
     seed: int = Field(0, description="Seed of the procedural generators.")
     skip_bad: bool = Field(False, description="Load a user's seed file even when some of its code problems "
                            "cannot be used (the reference solution fails, hangs, lacks its entry point or is "

@@ -15,6 +15,8 @@ rest and reports them; nothing is written when it fails.
 
 from __future__ import annotations
 
+import json
+
 from sage.configs.names import Stage
 from sage.engines.data.files import file_digest
 from sage.engines.data.seeds import (CODEIO_INPUTS_PER_TASK, INPUTS_ENTRY, SeedFileError, SeedItem, default_code,
@@ -29,8 +31,10 @@ STAGE = Stage.SEED
 def seeds_key(ctx: StageContext) -> str:
     """What the loaded seeds follow from, the content of a user's file included: an edited file loads again."""
     s, v = ctx.cfg.seeds, ctx.cfg.validate
-    return "seeds:" + content_id(s.source, file_digest(s.source), s.n_math, s.n_code, s.seed, v.n_math, v.n_code,
-                                 s.skip_bad, length=12)
+    key = [s.source, file_digest(s.source), s.n_math, s.n_code, s.seed, v.n_math, v.n_code, s.skip_bad]
+    if s.math_generators is not None:  # unset keeps the key of seeds loaded before the field existed
+        key.append(json.dumps(s.math_generators, sort_keys=True))
+    return "seeds:" + content_id(*key, length=12)
 
 
 def question_id(item: SeedItem) -> str:
@@ -42,7 +46,8 @@ def _gather(ctx: StageContext) -> list[SeedItem]:
     s, v = ctx.cfg.seeds, ctx.cfg.validate
     if s.source != "default":
         return load_source(s.source)
-    items = default_math(s.n_math, s.seed, "seed") + default_math(v.n_math, s.seed, "validation")
+    items = (default_math(s.n_math, s.seed, "seed", s.math_generators)
+             + default_math(v.n_math, s.seed, "validation", s.math_generators))
     # Twice the candidates: tasks whose generator or solution fails in the sandbox are dropped.
     for n, split in ((s.n_code, "seed"), (v.n_code, "validation")):
         candidates = default_code(2 * n, s.seed, split)

@@ -59,14 +59,27 @@ class SeedItem:
 
 # -- default set ---------------------------------------------------------------------------------------
 
-def default_math(n: int, seed: int, split: str) -> list[SeedItem]:
+def default_math(n: int, seed: int, split: str,
+                 generators: dict[str, dict[str, Any]] | None = None) -> list[SeedItem]:
+    """`n` procedural problems split evenly among reasoning-gym `generators` (name -> that generator's config
+    overrides; default: `MATH_GENERATORS` as reasoning-gym configures them). Seed and validation splits use
+    disjoint generator seeds. A name reasoning-gym does not know, or an override its config does not take,
+    raises ValueError naming it."""
     import reasoning_gym
+    from reasoning_gym.factory import DATASETS
 
+    generators = {name: {} for name in MATH_GENERATORS} if generators is None else generators
     items: list[SeedItem] = []
-    per = -(-n // len(MATH_GENERATORS)) if n else 0
+    per = -(-n // len(generators)) if n and generators else 0
     offset = 0 if split == "seed" else 1_000_003  # disjoint generator seeds for validation
-    for k, name in enumerate(MATH_GENERATORS):
-        ds = reasoning_gym.create_dataset(name, size=per, seed=seed + offset + k)
+    for k, (name, overrides) in enumerate(generators.items()):
+        if name not in DATASETS:
+            raise ValueError(f"seeds.math_generators: reasoning-gym has no generator {name!r}; "
+                             f"some it has: {', '.join(MATH_GENERATORS)}")
+        try:
+            ds = reasoning_gym.create_dataset(name, size=per, seed=seed + offset + k, **overrides)
+        except (TypeError, AssertionError, ValueError) as e:
+            raise ValueError(f"seeds.math_generators.{name}: reasoning-gym refused {overrides}: {e}") from None
         for i in range(per):
             it = ds[i]
             items.append(SeedItem("math", it["question"].strip(), {"answer": str(it["answer"]).strip()},

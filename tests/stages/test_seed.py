@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -162,3 +163,24 @@ def test_an_edited_seed_file_loads_its_new_rows(tmp_path):
     assert r.returncode == 0 and "1 new question(s) of 2 loaded" in r.stdout, r.stdout + r.stderr
     with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
         assert sorted(r["text"] for r in wh.rows("SELECT text FROM questions")) == ["What is 2+3?", "What is 4+4?"]
+
+
+def test_math_generators_with_overrides():
+    gens = {"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+"],
+                                 "allow_parentheses": False, "allow_negation": False}, "gcd": {"max_value": 20}}
+    items = default_math(20, 0, "seed", gens) + default_math(20, 0, "validation", gens)
+    assert {i.source for i in items} == {"reasoning_gym:basic_arithmetic", "reasoning_gym:gcd"}
+    for i in items:
+        if i.source.endswith("basic_arithmetic"):
+            a, b = re.findall(r"\d+", i.question)[:2]
+            assert int(i.verifier["answer"]) == int(a) + int(b) and max(int(a), int(b)) <= 10  # reasoning-gym draws 1-digit terms up to 10
+        else:
+            assert int(i.verifier["answer"]) <= 20
+    assert [i.question for i in default_math(20, 0, "seed", gens)] == [i.question for i in items[:20]]
+
+
+def test_math_generators_name_what_is_wrong():
+    with pytest.raises(ValueError, match="no generator 'basic_arithmetics'"):
+        default_math(4, 0, "seed", {"basic_arithmetics": {}})
+    with pytest.raises(ValueError, match=r"seeds.math_generators.gcd: reasoning-gym refused"):
+        default_math(4, 0, "seed", {"gcd": {"max_digits": 3}})
