@@ -46,13 +46,29 @@ def _gather(ctx: StageContext) -> list[SeedItem]:
     s, v = ctx.cfg.seeds, ctx.cfg.validate
     if s.source != "default":
         return load_source(s.source)
-    items = (default_math(s.n_math, s.seed, "seed", s.math_generators)
-             + default_math(v.n_math, s.seed, "validation", s.math_generators))
+    seeds = default_math(s.n_math, s.seed, "seed", s.math_generators)
+    items = seeds + held_out_math(ctx, {norm_hash(i.question) for i in seeds})
     # Twice the candidates: tasks whose generator or solution fails in the sandbox are dropped.
     for n, split in ((s.n_code, "seed"), (v.n_code, "validation")):
         candidates = default_code(2 * n, s.seed, split)
         items += _complete_code(ctx, candidates)[0][:n]
     return items
+
+
+def held_out_math(ctx: StageContext, seen: set[str]) -> list[SeedItem]:
+    """`validate.n_math` validation problems, none the same text as a seed problem or as each other: small
+    generator spaces (one-digit sums) repeat questions, and a validation question that is also a seed would be
+    trained on. Draws more from the generators while short (the first draw stands when nothing repeats)."""
+    s, n = ctx.cfg.seeds, ctx.cfg.validate.n_math
+    out: list[SeedItem] = []
+    for size in (n, 2 * n, 4 * n, 8 * n):
+        for item in default_math(size, s.seed, "validation", s.math_generators):
+            if len(out) < n and (h := norm_hash(item.question)) not in seen:
+                seen.add(h)
+                out.append(item)
+        if len(out) == n:
+            break
+    return out
 
 
 def _complete_code(ctx: StageContext, items: list[SeedItem]) -> tuple[list[SeedItem], list[tuple[SeedItem, str]]]:

@@ -184,3 +184,24 @@ def test_math_generators_name_what_is_wrong():
         default_math(4, 0, "seed", {"basic_arithmetics": {}})
     with pytest.raises(ValueError, match=r"seeds.math_generators.gcd: reasoning-gym refused"):
         default_math(4, 0, "seed", {"gcd": {"max_digits": 3}})
+
+
+def test_validation_math_never_repeats_a_seed_or_itself():
+    from types import SimpleNamespace
+
+    from sage.stages.seed import held_out_math
+    from sage.warehouse import norm_hash
+
+    tiny = {"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+"],
+                                 "allow_parentheses": False, "allow_negation": False}}  # 121 distinct sums
+    cfg = SimpleNamespace(seeds=SimpleNamespace(seed=0, math_generators=tiny), validate=SimpleNamespace(n_math=40))
+    seeds = default_math(60, 0, "seed", tiny)
+    seen = {norm_hash(i.question) for i in seeds}
+    assert len(seen) < 60  # the space is small enough that draws repeat
+    val = held_out_math(SimpleNamespace(cfg=cfg), set(seen))
+    hashes = [norm_hash(i.question) for i in val]
+    assert len(val) == 40 and len(set(hashes)) == 40 and not set(hashes) & seen
+    # with nothing to avoid, the default set is the plain first draw, as before
+    cfg.seeds.math_generators = None
+    assert [i.question for i in held_out_math(SimpleNamespace(cfg=cfg), set())] == \
+        [i.question for i in default_math(40, 0, "validation")]
