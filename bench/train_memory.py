@@ -1,0 +1,88 @@
+"""Where training's resident memory goes, on the rows a real iteration stored: RSS sampled every 10 ms while
+one training pass runs in this (fresh) process, printed after each optimizer update.
+
+    .venv/bin/python -m bench.train_memory RUN_DIR [--iteration 1] [--same N] [--trim] [--set section.field=value]
+
+RUN_DIR is a `sage run` project directory (its warehouse holds the iteration's scored rollouts). `--same N`
+trains the first 8 rows N times instead (the same row lengths every update), `--trim` returns freed heap
+to the system after each update (`trim_heap`) and prints the RSS before and after; `--set` overrides the
+`cpu.yaml` fields that shape training (e.g. `train.gradient_checkpointing=true`). Environment variables such as
+`MALLOC_MMAP_THRESHOLD_` or `ONEDNN_PRIMITIVE_CACHE_CAPACITY` apply as usual. Prints the peak per phase
+(imports, model load, training) in MB and the training seconds; never run as a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import re
+import threading
+import time
+
+
+def rss_mb() -> int:
+    return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) // 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--iteration", type=int, default=1)
+    ap.add_argument("--same", type=int, default=0, help="train the first 8 rows this many times instead")
+    ap.add_argument("--trim", action="store_true", help="trim the heap after each update")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    args = ap.parse_args()
+
+    phase, peaks = ["imports"], {}
+
+    def watch():
+        while True:
+            peaks[phase[0]] = max(peaks.get(phase[0], 0), rss_mb())
+            time.sleep(0.01)
+
+    threading.Thread(target=watch, daemon=True).start()
+    import torch
+
+    from sage.configs import load_config
+    from sage.engines.llm.models import resolve_dtype, resolve_model, trim_heap
+    from sage.engines.train import step
+    from sage.engines.train.rows import TrainRow
+    from sage.stages.score import REWARD_VERSION
+    from sage.stages.train import sampling_temperature
+    from sage.warehouse import Warehouse
+    from sage.warehouse.queries import training_rows
+
+    cfg = load_config("cpu", args.overrides)
+    wh = Warehouse(f"{args.run_dir}/warehouse.duckdb", read_only=True)
+    run_id = wh.rows("SELECT run_id FROM runs ORDER BY created_at LIMIT 1")[0]["run_id"]
+    rows = [TrainRow(prompt_ids=list(r["prompt_ids"]), completion_ids=list(r["completion_ids"]),
+                     advantage=float(r["advantage"]), logprobs=None if r["logprobs"] is None else list(r["logprobs"]),
+                     role=r["role"], temperature=sampling_temperature(cfg, r["role"]))
+            for r in training_rows(wh, run_id, args.iteration, REWARD_VERSION)]
+    if args.same:
+        rows = rows[:8] * args.same
+    print(f"{len(rows)} rows, longest {max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)} tokens")
+
+    phase[0] = "load"
+    model_path = str(resolve_model(cfg.model.name, cfg.model.cache_dir))
+    model = step.load_policy(model_path, None, cfg.train, seed=0, dtype=resolve_dtype(cfg.model.dtype, "cpu"))
+    time.sleep(0.05)
+    phase[0] = "train"
+
+    def on_step(record):
+        line = f"update {record.get('step')}: rss {rss_mb()} MB, peak so far {peaks.get('train')} MB"
+        if args.trim:
+            gc.collect()
+            trim_heap()
+            held = sum(o.numel() * o.element_size() for o in gc.get_objects() if torch.is_tensor(o)) >> 20
+            line += f"; trimmed to {rss_mb()} MB (tensors Python holds: {held} MB)"
+        print(line, flush=True)
+
+    start = time.perf_counter()
+    step._train(model, model_path, rows, cfg.train, seed=0, device="cpu", optimizer_state=None, on_step=on_step)
+    time.sleep(0.05)
+    print(f"training {time.perf_counter() - start:.1f} s; peak MB by phase: {peaks}")
+
+
+if __name__ == "__main__":
+    main()
