@@ -38,10 +38,6 @@ from pathlib import Path
 from bench.learning_report import ROLES, Cache, cell, write_outputs
 
 Z95 = 1.959963984540054
-TINY = ["seeds.n_math=12", "seeds.n_code=4", "validate.n_math=4", "validate.n_code=4", "iteration.n_challenge=4",
-        "iteration.n_plan=4", "iteration.n_probe=2", "iteration.n_solve=2", "roles.challenger.max_new_tokens=96",
-        "roles.planner.max_new_tokens=48", "roles.critic.max_new_tokens=32", "roles.solver.max_new_tokens=64",
-        "train.lora_rank=4", "train.lora_alpha=8", "validate.max_new_tokens=64"]
 
 
 # -- statistics ----------------------------------------------------------------------------------------------
@@ -158,13 +154,13 @@ def seed_questions(wh, seed: int) -> dict[str, list[dict]]:
 def build_config(args) -> tuple[object, Path]:
     """The config (with the bench's validation settings) and the output folder, which is also the run's dir."""
     from sage.configs import config_hash, load_config
-    from tests.tiny import build_tiny_model
+    from tests.tiny import TINY_RUN, build_tiny_model
 
     root = Path(args.out) if args.out else Path("sage-runs/learning")
     overrides = ["validate.n_math=50", "validate.n_code=50", "validate.every=1",
                  f"validate.patience={args.iterations + 1}"]
     if args.model == "tiny":
-        overrides += TINY + [f"model.name={build_tiny_model(root / 'tiny-model').resolve()}",
+        overrides += TINY_RUN + [f"model.name={build_tiny_model(root / 'tiny-model').resolve()}",
                              f"model.cache_dir={(root / 'models').resolve()}"]
     cfg = load_config(args.config, overrides + args.overrides)
     out = root if args.out else root / f"run-{config_hash(cfg)[:8]}"

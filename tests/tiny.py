@@ -30,6 +30,14 @@ _CORPUS = [
 ]
 
 
+# `--set` overrides that size a `sage run` of `cpu.yaml` for the tiny model: a few rows per stage, short
+# outputs, a rank-4 LoRA. Used by the flow tests and `bench.learning --model tiny`; later overrides win.
+TINY_RUN = ["seeds.n_math=12", "seeds.n_code=4", "validate.n_math=4", "validate.n_code=4", "iteration.n_challenge=4",
+            "iteration.n_plan=4", "iteration.n_probe=2", "iteration.n_solve=2", "roles.challenger.max_new_tokens=96",
+            "roles.planner.max_new_tokens=48", "roles.critic.max_new_tokens=32", "roles.solver.max_new_tokens=64",
+            "train.lora_rank=4", "train.lora_alpha=8", "validate.max_new_tokens=64"]
+
+
 def build_tokenizer(vocab_size: int = 384):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

@@ -10,12 +10,9 @@ import time
 import pytest
 
 from sage.warehouse import Warehouse
+from tests.tiny import TINY_RUN
 
-SMALL = ["seeds.n_math=12", "seeds.n_code=4", "validate.n_math=2", "validate.n_code=2",
-         "iteration.n_challenge=4", "iteration.n_plan=4", "iteration.n_probe=2", "iteration.n_solve=2",
-         "roles.challenger.max_new_tokens=96", "roles.planner.max_new_tokens=48",
-         "roles.critic.max_new_tokens=32", "roles.solver.max_new_tokens=64", "train.lora_rank=4",
-         "train.lora_alpha=8", "train.minibatch_size=4", "validate.max_new_tokens=64"]
+SMALL = [*TINY_RUN, "validate.n_math=2", "validate.n_code=2", "train.minibatch_size=4"]
 
 
 def sage_run(tiny_model, directory, *extra, iterations=1, **kw):
