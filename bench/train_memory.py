@@ -5,7 +5,8 @@ one training pass runs in this (fresh) process, printed after each optimizer upd
 
 RUN_DIR is a `sage run` project directory (its warehouse holds the iteration's scored rollouts). `--same N`
 trains the first 8 rows N times instead (the same row lengths every update), `--trim` returns freed heap
-to the system after each update (`trim_heap`) and prints the RSS before and after; `--set` overrides the
+to the system after each update (`trim_heap`) and prints the RSS after it, the tensors Python holds and
+glibc's account of allocated and free heap memory; `--set` overrides the
 `cpu.yaml` fields that shape training (e.g. `train.gradient_checkpointing=true`). Environment variables such as
 `MALLOC_MMAP_THRESHOLD_` or `ONEDNN_PRIMITIVE_CACHE_CAPACITY` apply as usual. Prints the peak per phase
 (imports, model load, training) in MB and the training seconds; never run as a test.
@@ -22,6 +23,20 @@ import time
 
 def rss_mb() -> int:
     return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) // 1024
+
+
+def malloc_mb() -> str:
+    """glibc's own account (`mallinfo2`): what is allocated, and what is free but still held by the heap."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    m = libc.mallinfo2()
+    return f"malloc in use {(m.uordblks + m.hblkhd) >> 20} MB, free in the heap {m.fordblks >> 20} MB"
 
 
 def main() -> None:
@@ -75,7 +90,7 @@ def main() -> None:
             gc.collect()
             trim_heap()
             held = sum(o.numel() * o.element_size() for o in gc.get_objects() if torch.is_tensor(o)) >> 20
-            line += f"; trimmed to {rss_mb()} MB (tensors Python holds: {held} MB)"
+            line += f"; trimmed to {rss_mb()} MB (tensors Python holds: {held} MB; {malloc_mb()})"
         print(line, flush=True)
 
     start = time.perf_counter()
