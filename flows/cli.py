@@ -65,13 +65,16 @@ def _config(config: str, overrides: list[str] | None):
 
 def _check_seed_file(cfg) -> None:
     """A user's seed file is read and checked before anything is written, so a bad row (SeedFileError, with
-    file and line) leaves the warehouse as it was. (A missing file is the seed stage's to report: a run whose
-    seeds are loaded never reads it again.)"""
-    from sage.engines.data.seeds import load_file
+    file and line) leaves the warehouse as it was; so are `seeds.math_generators` (ConfigError naming the
+    generator or setting). (A missing file is the seed stage's to report: a run whose seeds are loaded never
+    reads it again.)"""
+    from sage.engines.data.seeds import default_math, load_file
 
     source = Path(cfg.seeds.source)
     if source.is_file():
         load_file(source)
+    if cfg.seeds.source == "default" and cfg.seeds.math_generators is not None:
+        default_math(len(cfg.seeds.math_generators), cfg.seeds.seed, "seed", cfg.seeds.math_generators)
 
 
 def _open(path: Path, read_only: bool = False):

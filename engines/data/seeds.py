@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sage.configs import ConfigError
 from sage.engines.data.files import SUFFIXES, RowFileError, read_records
 
 MATH_GENERATORS = ("gsm_symbolic", "basic_arithmetic", "simple_equations", "fraction_simplification", "gcd", "lcm")
@@ -64,7 +65,7 @@ def default_math(n: int, seed: int, split: str,
     """`n` procedural problems split evenly among reasoning-gym `generators` (name -> that generator's config
     overrides; default: `MATH_GENERATORS` as reasoning-gym configures them). Seed and validation splits use
     disjoint generator seeds. A name reasoning-gym does not know, or an override its config does not take,
-    raises ValueError naming it."""
+    raises ConfigError naming it."""
     import reasoning_gym
     from reasoning_gym.factory import DATASETS
 
@@ -74,12 +75,12 @@ def default_math(n: int, seed: int, split: str,
     offset = 0 if split == "seed" else 1_000_003  # disjoint generator seeds for validation
     for k, (name, overrides) in enumerate(generators.items()):
         if name not in DATASETS:
-            raise ValueError(f"seeds.math_generators: reasoning-gym has no generator {name!r}; "
+            raise ConfigError(f"seeds.math_generators: reasoning-gym has no generator {name!r}; "
                              f"some it has: {', '.join(MATH_GENERATORS)}")
         try:
             ds = reasoning_gym.create_dataset(name, size=per, seed=seed + offset + k, **overrides)
         except (TypeError, AssertionError, ValueError) as e:
-            raise ValueError(f"seeds.math_generators.{name}: reasoning-gym refused {overrides}: {e}") from None
+            raise ConfigError(f"seeds.math_generators.{name}: reasoning-gym refused {overrides}: {e}") from None
         for i in range(per):
             it = ds[i]
             items.append(SeedItem("math", it["question"].strip(), {"answer": str(it["answer"]).strip()},

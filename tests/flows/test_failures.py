@@ -91,6 +91,15 @@ def test_a_bad_seed_file_through_sage_run(project):
     assert digest(project / "warehouse.duckdb") == before
 
 
+@pytest.mark.parametrize("generators, says", [("{gcd: {}, basic_arithmetc: {}}", "no generator 'basic_arithmetc'"),
+                                              ("{gcd: {max_digits: 2}}", "seeds.math_generators.gcd: reasoning-gym "
+                                                                          "refused {'max_digits': 2}")])
+def test_bad_math_generators_through_sage_run(project, generators, says):
+    before = digest(project / "warehouse.duckdb")
+    _assert_sentence(sage(*RUN, "--set", f"run.dir={project}", "--set", f"seeds.math_generators={generators}"), says)
+    assert digest(project / "warehouse.duckdb") == before
+
+
 def _mounted(tmp_path, script: str) -> subprocess.CompletedProcess:
     """Run `script` in a private mount namespace with a small tmpfs at tmp_path/mnt (root only)."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from sage.configs import ConfigError
 from sage.engines.data.seeds import SeedFileError, default_code, default_math, load_file
 from sage.warehouse import Warehouse
 
@@ -180,9 +181,9 @@ def test_math_generators_with_overrides():
 
 
 def test_math_generators_name_what_is_wrong():
-    with pytest.raises(ValueError, match="no generator 'basic_arithmetics'"):
+    with pytest.raises(ConfigError, match="no generator 'basic_arithmetics'"):
         default_math(4, 0, "seed", {"basic_arithmetics": {}})
-    with pytest.raises(ValueError, match=r"seeds.math_generators.gcd: reasoning-gym refused"):
+    with pytest.raises(ConfigError, match=r"seeds.math_generators.gcd: reasoning-gym refused"):
         default_math(4, 0, "seed", {"gcd": {"max_digits": 3}})
 
 
