@@ -161,7 +161,7 @@ def build_config(args) -> tuple[object, Path]:
                  f"validate.patience={args.iterations + 1}"]
     if args.model == "tiny":
         overrides += TINY_RUN + [f"model.name={build_tiny_model(root / 'tiny-model').resolve()}",
-                             f"model.cache_dir={(root / 'models').resolve()}"]
+                                 f"model.cache_dir={(root / 'models').resolve()}"]
     cfg = load_config(args.config, overrides + args.overrides)
     out = root if args.out else root / f"run-{config_hash(cfg)[:8]}"
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"dir": str(out.resolve())})})
