@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import re
-import threading
 import time
 
-
-def rss_mb() -> int:
-    return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) // 1024
+from bench.iteration import PeakMemory
 
 
 def malloc_mb() -> str:
@@ -48,55 +44,46 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
 
-    phase, peaks = ["imports"], {}
+    with PeakMemory(every=0.01) as memory:
+        memory.current = "imports"
+        import torch
 
-    def watch():
-        while True:
-            peaks[phase[0]] = max(peaks.get(phase[0], 0), rss_mb())
-            time.sleep(0.01)
+        from bench.train import _rss_mb
+        from sage.configs import load_config
+        from sage.engines.llm.models import resolve_dtype, resolve_model, trim_heap
+        from sage.engines.train import step
+        from sage.stages.train import stored_rows
+        from sage.warehouse import Warehouse
 
-    threading.Thread(target=watch, daemon=True).start()
-    import torch
+        cfg = load_config("cpu", args.overrides)
+        wh = Warehouse(f"{args.run_dir}/warehouse.duckdb", read_only=True)
+        run_id = wh.rows("SELECT run_id FROM runs ORDER BY created_at LIMIT 1")[0]["run_id"]
+        rows = stored_rows(wh, cfg, run_id, args.iteration)
+        if args.same:
+            rows = rows[:8] * args.same
+        print(f"{len(rows)} rows, longest {max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)} tokens")
 
-    from sage.configs import load_config
-    from sage.engines.llm.models import resolve_dtype, resolve_model, trim_heap
-    from sage.engines.train import step
-    from sage.engines.train.rows import TrainRow
-    from sage.stages.score import REWARD_VERSION
-    from sage.stages.train import sampling_temperature
-    from sage.warehouse import Warehouse
-    from sage.warehouse.queries import training_rows
+        memory.current = "load"
+        model_path = str(resolve_model(cfg.model.name, cfg.model.cache_dir))
+        model = step.load_policy(model_path, None, cfg.train, seed=0, dtype=resolve_dtype(cfg.model.dtype, "cpu"))
+        time.sleep(0.05)
+        memory.current = "train"
 
-    cfg = load_config("cpu", args.overrides)
-    wh = Warehouse(f"{args.run_dir}/warehouse.duckdb", read_only=True)
-    run_id = wh.rows("SELECT run_id FROM runs ORDER BY created_at LIMIT 1")[0]["run_id"]
-    rows = [TrainRow(prompt_ids=list(r["prompt_ids"]), completion_ids=list(r["completion_ids"]),
-                     advantage=float(r["advantage"]), logprobs=None if r["logprobs"] is None else list(r["logprobs"]),
-                     role=r["role"], temperature=sampling_temperature(cfg, r["role"]))
-            for r in training_rows(wh, run_id, args.iteration, REWARD_VERSION)]
-    if args.same:
-        rows = rows[:8] * args.same
-    print(f"{len(rows)} rows, longest {max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)} tokens")
+        def on_step(record):
+            line = (f"update {record.get('step')}: rss {_rss_mb():.0f} MB, "
+                    f"peak so far {memory.peaks.get('train', 0) >> 20} MB")
+            if args.trim:
+                gc.collect()
+                trim_heap()
+                held = sum(o.numel() * o.element_size() for o in gc.get_objects() if torch.is_tensor(o)) >> 20
+                line += f"; trimmed to {_rss_mb():.0f} MB (tensors Python holds: {held} MB; {malloc_mb()})"
+            print(line, flush=True)
 
-    phase[0] = "load"
-    model_path = str(resolve_model(cfg.model.name, cfg.model.cache_dir))
-    model = step.load_policy(model_path, None, cfg.train, seed=0, dtype=resolve_dtype(cfg.model.dtype, "cpu"))
-    time.sleep(0.05)
-    phase[0] = "train"
-
-    def on_step(record):
-        line = f"update {record.get('step')}: rss {rss_mb()} MB, peak so far {peaks.get('train')} MB"
-        if args.trim:
-            gc.collect()
-            trim_heap()
-            held = sum(o.numel() * o.element_size() for o in gc.get_objects() if torch.is_tensor(o)) >> 20
-            line += f"; trimmed to {rss_mb()} MB (tensors Python holds: {held} MB; {malloc_mb()})"
-        print(line, flush=True)
-
-    start = time.perf_counter()
-    step._train(model, model_path, rows, cfg.train, seed=0, device="cpu", optimizer_state=None, on_step=on_step)
-    time.sleep(0.05)
-    print(f"training {time.perf_counter() - start:.1f} s; peak MB by phase: {peaks}")
+        start = time.perf_counter()
+        step._train(model, model_path, rows, cfg.train, seed=0, device="cpu", optimizer_state=None, on_step=on_step)
+        time.sleep(0.05)
+    print(f"training {time.perf_counter() - start:.1f} s; peak MB by phase: "
+          f"{ {phase: peak >> 20 for phase, peak in memory.peaks.items()} }")
 
 
 if __name__ == "__main__":

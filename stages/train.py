@@ -81,6 +81,16 @@ def sampling_temperature(cfg, role: str) -> float:
     return t if t > 0 else 1.0
 
 
+def stored_rows(wh, cfg, run_id: str, iteration: int) -> list:
+    """The iteration's scored rollouts as `TrainRow`s, each at its role's sampling temperature."""
+    from sage.engines.train.rows import TrainRow
+
+    return [TrainRow(prompt_ids=list(r["prompt_ids"]), completion_ids=list(r["completion_ids"]),
+                     advantage=float(r["advantage"]), logprobs=None if r["logprobs"] is None else list(r["logprobs"]),
+                     role=r["role"], temperature=sampling_temperature(cfg, r["role"]))
+            for r in training_rows(wh, run_id, iteration, REWARD_VERSION)]
+
+
 def adapter_dir(ctx: StageContext) -> Path:
     return Path(ctx.cfg.run.dir).expanduser().resolve() / "adapters" / run_dirname(ctx.run_id) / f"iteration-{ctx.iteration}"
 
@@ -152,7 +162,6 @@ def _train_isolated(ctx: StageContext, model_path: str, rows, out: Path, on_step
 
 def run(ctx: StageContext) -> StageReport:
     from sage.engines.llm.models import resolve_model, trim_heap
-    from sage.engines.train.rows import TrainRow
     from sage.engines.train.step import train_step
 
     if not ctx.cfg.train.enabled:
@@ -161,10 +170,7 @@ def run(ctx: StageContext) -> StageReport:
         return StageReport(STAGE, info={"skipped": "checkpoint exists"})
     if ctx.cfg.train.accelerate_config:  # a misspelt name fails here, before any work
         accelerate_config_path(ctx.cfg.train.accelerate_config)
-    stored = training_rows(ctx.wh, ctx.run_id, ctx.iteration, REWARD_VERSION)
-    rows = [TrainRow(prompt_ids=list(r["prompt_ids"]), completion_ids=list(r["completion_ids"]),
-                     advantage=float(r["advantage"]), logprobs=None if r["logprobs"] is None else list(r["logprobs"]),
-                     role=r["role"], temperature=sampling_temperature(ctx.cfg, r["role"])) for r in stored]
+    rows = stored_rows(ctx.wh, ctx.cfg, ctx.run_id, ctx.iteration)
     out = adapter_dir(ctx)
     if out.exists():  # left by a run killed between saving and recording: train again
         shutil.rmtree(out)
