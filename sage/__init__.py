@@ -3,8 +3,8 @@
 The installed package is `sage`; its sub-packages live in the repository's top-level folders, mapped by
 `pyproject.toml` (`package-dir`): `sage.flows` is `flows/`, `sage.stages` is `stages/`, `sage.engines` is
 `engines/`, `sage.warehouse` is `warehouse/`, `sage.configs` is `configs/`. Imports only point down that
-list (DESIGN.md's layers). This folder holds nothing else but the OpenMP settings below, which must be in
-place before torch is first imported.
+list (DESIGN.md's layers). This folder holds nothing else but the process settings below, which must be in
+place before torch or huggingface_hub is first imported.
 """
 
 import os as _os
@@ -17,3 +17,8 @@ import os as _os
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if hasattr(_os, "sched_getaffinity"):
     _os.environ.setdefault("OMP_NUM_THREADS", str(len(_os.sched_getaffinity(0))))
+
+# No usage pings: TRL's trainer sends one to the Hugging Face Hub each time it is built (every iteration's train
+# stage) unless telemetry is off. A training run on a cluster node or a laptop makes no network calls it did
+# not ask for; a user who wants to send them sets HF_HUB_DISABLE_TELEMETRY=0.
+_os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

@@ -1,5 +1,5 @@
 """`import sage` sets a passive OpenMP wait policy and torch's threads to the usable cores, before torch
-starts, and leaves a user's own settings alone."""
+starts, turns off the Hub's usage telemetry, and leaves a user's own settings alone."""
 
 from __future__ import annotations
 
@@ -23,3 +23,18 @@ def test_passive_wait_and_usable_cores_by_default():
 
 def test_the_users_settings_win():
     assert _probe(OMP_WAIT_POLICY="ACTIVE", OMP_NUM_THREADS="1") == ["ACTIVE", "1"]
+
+
+TELEMETRY = ("import sage, huggingface_hub.constants as c, os; "
+             "print(os.environ['HF_HUB_DISABLE_TELEMETRY'], c.HF_HUB_DISABLE_TELEMETRY)")
+
+
+def test_hub_telemetry_off_unless_the_user_turns_it_on():
+    base = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_TELEMETRY"}
+
+    def run(env: dict) -> list[str]:
+        return subprocess.run([sys.executable, "-c", TELEMETRY], env=env, capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    assert run(base) == ["1", "True"]
+    assert run({**base, "HF_HUB_DISABLE_TELEMETRY": "0"}) == ["0", "False"]
