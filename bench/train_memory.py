@@ -22,17 +22,13 @@ from bench.iteration import PeakMemory
 
 
 def malloc_mb() -> str:
-    """glibc's own account (`mallinfo2`): what is allocated, and what is free but still held by the heap."""
-    import ctypes
+    """glibc's own account (`heap_info`): what is allocated, and what is free but still held by the heap."""
+    from sage.engines.llm.models import heap_info
 
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in
-                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = MallInfo2
-    m = libc.mallinfo2()
-    return f"malloc in use {(m.uordblks + m.hblkhd) >> 20} MB, free in the heap {m.fordblks >> 20} MB"
+    heap = heap_info()
+    if heap is None:
+        return "no glibc heap account"
+    return f"malloc in use {heap['in_use'] >> 20} MB, free in the heap {heap['free'] >> 20} MB"
 
 
 def main() -> None:
@@ -47,7 +43,6 @@ def main() -> None:
 
     with PeakMemory(every=0.01) as memory:
         memory.current = "imports"
-        import sage  # noqa: F401  (first: its OpenMP settings must be in place before torch starts)
         import torch
 
         from bench.train import _rss_mb

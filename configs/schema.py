@@ -135,7 +135,7 @@ class TrainConfig(_Section):
         "this many KiB by its own mmap, returned to the system when freed (`mallopt(M_MMAP_THRESHOLD)`, "
         "process-wide). Training on a CPU allocates activations of a new size for every row length, and the heap "
         "otherwise keeps and fragments them: resident memory then grows update by update. null keeps glibc's "
-        "dynamic threshold. cpu.yaml: 256 (README, memory row).")
+        "dynamic threshold. cpu.yaml: 1024 (README, memory row).")
     isolate: bool = Field(False, description="Run training in its own process (Parquet in/out) so generation "
                           "and training never hold GPU memory at once. GPU default: true.")
     accelerate_config: str | None = Field(None, description="Run training under `accelerate launch` (data "

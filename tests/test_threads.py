@@ -10,9 +10,11 @@ import sys
 PROBE = "import os, sage, torch; print(os.environ['OMP_WAIT_POLICY'], torch.get_num_threads())"
 
 
-def _probe(**env: str) -> list[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
-    out = subprocess.run([sys.executable, "-c", PROBE], env={**base, **env}, capture_output=True, text=True,
+def _probe(code: str = PROBE, unset: tuple[str, ...] = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS"),
+           **env: str) -> list[str]:
+    """What `code` prints in a fresh process, with `unset` removed from this environment and `env` added."""
+    base = {k: v for k, v in os.environ.items() if k not in unset}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
                          check=True)
     return out.stdout.split()
 
@@ -30,11 +32,6 @@ TELEMETRY = ("import sage, huggingface_hub.constants as c, os; "
 
 
 def test_hub_telemetry_off_unless_the_user_turns_it_on():
-    base = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_TELEMETRY"}
-
-    def run(env: dict) -> list[str]:
-        return subprocess.run([sys.executable, "-c", TELEMETRY], env=env, capture_output=True, text=True,
-                              check=True).stdout.split()
-
-    assert run(base) == ["1", "True"]
-    assert run({**base, "HF_HUB_DISABLE_TELEMETRY": "0"}) == ["0", "False"]
+    unset = ("HF_HUB_DISABLE_TELEMETRY",)
+    assert _probe(TELEMETRY, unset) == ["1", "True"]
+    assert _probe(TELEMETRY, unset, HF_HUB_DISABLE_TELEMETRY="0") == ["0", "False"]

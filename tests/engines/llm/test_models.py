@@ -103,20 +103,16 @@ def test_resolve_dtype_auto_is_bf16_where_supported_else_fp32(monkeypatch):
 
 HEAP_PROBE = """
 import ctypes, sys
-from sage.engines.llm.models import bound_heap
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+from sage.engines.llm.models import bound_heap, heap_info
 
 libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = MallInfo2
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
 libc.free(libc.malloc(8 << 20))  # freeing an 8 MB mmapped block raises glibc's dynamic threshold past 1 MB
 bound = sys.argv[1] == "bound" and bound_heap(256 << 10)
-before = libc.mallinfo2().hblkhd
+before = heap_info()["mmapped"]
 block = libc.malloc(1 << 20)
-print(bound, libc.mallinfo2().hblkhd - before >= 1 << 20)
+print(bound, heap_info()["mmapped"] - before >= 1 << 20)
 libc.free(block)
 """
 
