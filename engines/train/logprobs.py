@@ -5,10 +5,12 @@ Every role samples at its own temperature (`roles.<role>.temperature`), so one u
 policies are `softmax(logits / T_row)` for different T. TRL's fused LM head divides every logit by one
 temperature fixed when the trainer is built. This head takes a temperature per scored token instead: it
 projects only the completion tokens that exist (no prompt position, no padding; TRL's head on a device without
-Triton projects every position of the batch through the full vocabulary) and calls TRL's chunked log-prob
-kernel (`ChunkedLogProbFunction`, which never materialises the tokens x vocabulary logits) once per distinct
-temperature, with that temperature. The kernel divides the logits themselves by T, so this is exact for every
-head it supports (a bias, a final soft-cap), not an approximation through the hidden states. The entropy,
+Triton projects every position of the batch through the full vocabulary) and scores them once per distinct
+temperature, with that temperature: on GPUs (and for soft-capped heads) through TRL's chunked log-prob kernel
+(`ChunkedLogProbFunction`, which never materialises the tokens x vocabulary logits), elsewhere through
+`token_chunked_logprobs` (the whole vocabulary for a chunk of tokens at a time, in the head's dtype, float32
+logits recomputed in backward instead of kept). Both divide the logits themselves by T, so this is exact for
+every head they support (a bias, a final soft-cap), not an approximation through the hidden states. The entropy,
 which TRL logs but never differentiates here, is computed only when asked for.
 
 The head is a keyword of the causal LM's own `forward` (`completion_head=CompletionHead(...)`), so the call
@@ -68,6 +70,15 @@ def add_completion_head(model) -> None:
     model.forward = types.MethodType(forward, model)
 
 
+def use_trl_kernel(device, softcap) -> bool:
+    """Whether to score through TRL's `ChunkedLogProbFunction` rather than `token_chunked_logprobs`: where it is a
+    fused Triton kernel (GPUs), and for soft-capped heads. Without Triton TRL falls back to torch ops that upcast
+    the head and its gradient GEMM to float32 tile by tile, about 4x slower on a CPU (README, performance)."""
+    from trl.kernels.chunked_logprob import _use_triton
+
+    return softcap is not None or _use_triton(device)
+
+
 def _score(hidden, lm_head, head: CompletionHead, softcap) -> CompletionOutput:
     """Log-probs (and entropies) of `head.targets` given `hidden` [N, H], one kernel call per temperature."""
     import torch
@@ -85,15 +96,97 @@ def _score(hidden, lm_head, head: CompletionHead, softcap) -> CompletionOutput:
     # Connected to the model even when nothing is scored (a micro-batch of padding rows): backward still works.
     log_probs = hidden[:, 0].float() * 0
     entropy = hidden.new_zeros(targets.shape, dtype=torch.float32) if head.entropy else None
+    fused = use_trl_kernel(hidden.device, softcap)
     with maybe_gather_lm_head_ctx(weight, bias):
         for t in torch.unique(temperatures).tolist():
             sel = (temperatures == t).nonzero()[:, 0]
-            lp, ent, *_ = ChunkedLogProbFunction.apply(hidden[sel], weight, bias, targets[sel], float(t),
-                                                       _CHUNKED_LOGPROB_CHUNK_SIZE, softcap, 1.0, outputs)
+            if fused:
+                lp, ent, *_ = ChunkedLogProbFunction.apply(hidden[sel], weight, bias, targets[sel], float(t),
+                                                           _CHUNKED_LOGPROB_CHUNK_SIZE, softcap, 1.0, outputs)
+            else:
+                lp, ent = token_chunked_logprobs(hidden[sel], weight, bias, targets[sel], float(t), head.entropy)
             log_probs = log_probs.index_put((sel,), lp)
             if entropy is not None:
                 entropy = entropy.index_put((sel,), ent)
     return CompletionOutput(log_probs=log_probs, entropy=entropy)
+
+
+#: Elements of one token chunk's float32 logits in `token_chunked_logprobs` (64 MiB): 341 tokens of a
+#: 49k vocabulary, so a CPU micro-batch of one row is one chunk.
+_CHUNK_ELEMENTS = 1 << 24
+
+
+def token_chunked_logprobs(hidden, weight, bias, targets, temperature: float, entropy: bool = False):
+    """`log_softmax(hidden @ weight.T + bias) / temperature)[targets]` [N] in float32, and the entropies [N] (not
+    differentiable) when `entropy`: the whole vocabulary of a chunk of tokens at once, in the head's dtype, the
+    float32 logits never kept: backward recomputes them chunk by chunk (at most `_CHUNK_ELEMENTS` of them)."""
+    lp, ent = _token_chunked_class().apply(hidden, weight, bias, targets, 1.0 / temperature, entropy)
+    return lp, ent
+
+
+_TOKEN_CHUNKED = None
+
+
+def _token_chunked_class():
+    global _TOKEN_CHUNKED
+    if _TOKEN_CHUNKED is not None:
+        return _TOKEN_CHUNKED
+    import torch
+
+    def logits(h, weight, bias, inv_t):
+        z = torch.mm(h.to(weight.dtype), weight.t())
+        if bias is not None:
+            z = z + bias
+        return z.float() * inv_t
+
+    class TokenChunkedLogProbs(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, hidden, weight, bias, targets, inv_t, entropy):
+            ctx.set_materialize_grads(False)
+            chunk = max(1, _CHUNK_ELEMENTS // weight.size(0))
+            log_z = hidden.new_empty(hidden.size(0), dtype=torch.float32)
+            log_probs = torch.empty_like(log_z)
+            ent = torch.empty_like(log_z) if entropy else None
+            for s in range(0, hidden.size(0), chunk):
+                z = logits(hidden[s:s + chunk], weight, bias, inv_t)
+                log_z[s:s + chunk] = z.logsumexp(-1)
+                log_probs[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None])[:, 0] - log_z[s:s + chunk]
+                if ent is not None:
+                    ent[s:s + chunk] = log_z[s:s + chunk] - (z.softmax(-1) * z).sum(-1)
+            ctx.save_for_backward(hidden, weight, bias, targets, log_z)
+            ctx.inv_t, ctx.chunk = inv_t, chunk
+            if ent is not None:
+                ctx.mark_non_differentiable(ent)
+            return log_probs, ent
+
+        @staticmethod
+        def backward(ctx, grad_log_probs, grad_entropy):
+            hidden, weight, bias, targets, log_z = ctx.saved_tensors
+            needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+            if grad_log_probs is None:
+                return None, None, None, None, None, None
+            grad_hidden = torch.empty_like(hidden) if needs_hidden else None
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32) if needs_weight else None
+            grad_bias = torch.zeros(bias.shape, dtype=torch.float32) if needs_bias else None
+            rows = torch.arange(min(ctx.chunk, hidden.size(0)))
+            for s in range(0, hidden.size(0), ctx.chunk):
+                h, g = hidden[s:s + ctx.chunk], grad_log_probs[s:s + ctx.chunk].float()
+                # d log p_target / dz_j = 1[j = target] - p_j, times d z / d logits = 1 / T
+                grad_z = torch.exp(logits(h, weight, bias, ctx.inv_t) - log_z[s:s + ctx.chunk, None])
+                grad_z.mul_(-g[:, None])
+                grad_z[rows[:h.size(0)], targets[s:s + ctx.chunk]] += g
+                grad_z = (grad_z * ctx.inv_t).to(weight.dtype)
+                if grad_hidden is not None:
+                    grad_hidden[s:s + ctx.chunk] = torch.mm(grad_z, weight).to(hidden.dtype)
+                if grad_weight is not None:
+                    grad_weight += torch.mm(grad_z.t(), h.to(weight.dtype)).float()
+                if grad_bias is not None:
+                    grad_bias += grad_z.float().sum(0)
+            return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
+                    None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
+
+    _TOKEN_CHUNKED = TokenChunkedLogProbs
+    return TokenChunkedLogProbs
 
 
 def _contiguous(input_ids, attention_mask, pad_id: int = 0):

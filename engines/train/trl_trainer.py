@@ -32,6 +32,9 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
   instead of TRL's fused head: each row at its own sampling temperature, only the completion tokens that
   exist, the entropy only when TRL asks for it. TRL's own temperature stays 1.0 and its head is never called.
 - `_compute_loss(model, inputs)` drops the padding columns a micro-batch does not use, then calls TRL's.
+- `train()` runs TRL's with two CPU-minded settings for its length: under a bf16 base the float32 LoRA weights
+  compute in bf16 (autocast casts the small weights; PEFT's cast of every input to float32 is switched off;
+  gradients and AdamW stay float32), and on a CPU the model attends through `sage.engines.train.attention`.
 - With `train.loss_weighting` `role_mean`, each row's advantage is scaled so that every role weighs the same in
   the update (`_sage_role_weights`). `create_optimizer` / `create_scheduler` load the state carried from the
   previous iteration, when given.
@@ -135,8 +138,9 @@ def trainer_class():
         """
 
         def __init__(self, *args, rows: list[TrainRow], role_mean: bool = False, optimizer_state: dict | None = None,
-                     **kwargs):
+                     compute_dtype=None, **kwargs):
             self.sage_rows = list(rows)
+            self.sage_compute_dtype = compute_dtype  # bf16 base + float32 LoRA: the adapter computes in bf16 too
             self.sage_role_mean = role_mean
             self.sage_roles = sorted({r.role for r in rows})  # the same on every process: all read all rows
             self.sage_optimizer_state = optimizer_state  # {"optimizer": ..., "scheduler": ...} carried in
@@ -268,6 +272,24 @@ def trainer_class():
                     batch_size=self.args.per_device_train_batch_size)[0]
 
         # -- log-probs and loss ------------------------------------------------------------------------------
+        def train(self, *args, **kwargs):
+            from peft.helpers import disable_input_dtype_casting
+
+            from sage.engines.train.attention import use_cpu_attention
+
+            # Under bf16 autocast PEFT's cast of every LoRA input to the float32 adapter dtype (and autocast's cast
+            # back) is pure copying: with it off, x stays bf16 and autocast casts the small LoRA weights instead.
+            with disable_input_dtype_casting(self.model, active=self.sage_compute_dtype is not None), \
+                    use_cpu_attention(self.model, active=self.accelerator.device.type == "cpu"):
+                return super().train(*args, **kwargs)
+
+        def _sage_autocast(self, device):
+            """The forward's autocast: to the base model's dtype when that is bf16 (the float32 LoRA weights are
+            cast to it, their gradients and AdamW stay float32), else the accelerator's (mixed precision or off)."""
+            if self.sage_compute_dtype is None:
+                return self.accelerator.autocast()
+            return torch.autocast(device_type=device.type, dtype=self.sage_compute_dtype)
+
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                                compute_entropy=False, compute_aux_loss=False, **multimodal):
             """TRL's method, for text rows: each row at its temperature (`sage_temperatures`, set by the caller for
@@ -279,7 +301,7 @@ def trainer_class():
             logps, entropies = [], []
             for start in range(0, input_ids.size(0), batch_size):
                 end = start + batch_size
-                with self.accelerator.autocast():
+                with self._sage_autocast(input_ids.device):
                     lp, ent = completion_logprobs(model, input_ids[start:end], attention_mask[start:end],
                                                   logits_to_keep, temperatures[start:end], entropy=compute_entropy)
                 logps.append(lp)
@@ -318,6 +340,14 @@ def __getattr__(name: str):  # `sage.engines.train.trl_trainer.StoredRowsTrainer
 def _unused_reward(prompts=None, completions=None, **kwargs):
     """TRL requires a reward function; stored rows are already scored, so this is never called."""
     raise RuntimeError("StoredRowsTrainer never scores completions")
+
+
+def adapter_compute_dtype(base_dtype):
+    """The dtype the float32 LoRA weights compute in: bf16 under a bf16 base (autocast; `_sage_autocast`), else
+    None (their own dtype, as PEFT casts the inputs)."""
+    import torch
+
+    return torch.bfloat16 if base_dtype == torch.bfloat16 else None
 
 
 def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str,
@@ -382,7 +412,8 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
     dataset = Dataset.from_dict({"row": list(range(len(rows))) + [-1]})
     trainer = cls(model=model, reward_funcs=_unused_reward, args=args, train_dataset=dataset,
                   processing_class=tokenizer, rows=rows, callbacks=[log.callback()],
-                  role_mean=cfg.loss_weighting == "role_mean", optimizer_state=optimizer_state)
+                  role_mean=cfg.loss_weighting == "role_mean", optimizer_state=optimizer_state,
+                  compute_dtype=adapter_compute_dtype(torch_dtype))
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     log.block_tokens += block_tokens(trainer, rows)

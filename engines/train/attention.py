@@ -1,0 +1,104 @@
+"""Attention for training on a CPU (`use_cpu_attention`): the scores as whole matrices through bf16 matmuls,
+with the probabilities kept once, in the model's dtype, for the backward pass.
+
+Why: on a CPU, torch's `scaled_dot_product_attention` runs its flash kernel, whose backward is tiled for GPUs and
+runs far below the CPU's bf16 matmul rate; transformers' `eager` attention is faster but keeps the float32
+softmax output as well as its bf16 copy for backward (three times the memory of the probabilities alone).
+Here each layer computes `softmax(q k^T * scale + mask)` in float32, keeps the probabilities only in the query's
+dtype (the tensor the value matmul saves anyway), and takes the softmax backward from them; grouped-query heads
+multiply their shared key and value heads directly instead of repeating them. Training rows of a few hundred
+tokens make the score matrices small (9 heads x 810 x 810 for SmolLM2's longest rows).
+
+It is registered with transformers' attention and mask interfaces as `sage_cpu_train` (masks as for `sdpa`:
+none for a causal unpadded batch, a boolean keep-mask otherwise) and set on a model only for the length of a
+training pass on a CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+NAME = "sage_cpu_train"
+_REGISTERED = False
+
+
+def _softmax_class():
+    import torch
+
+    class KeptSoftmax(torch.autograd.Function):
+        """Softmax over the last dimension in float32, returned and saved in the input's dtype."""
+
+        @staticmethod
+        def forward(ctx, scores):
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+            ctx.save_for_backward(probs)
+            return probs
+
+        @staticmethod
+        def backward(ctx, grad):
+            (probs,) = ctx.saved_tensors
+            return torch._softmax_backward_data(grad, probs, -1, grad.dtype)
+
+    return KeptSoftmax
+
+
+_SOFTMAX = None
+
+
+def attention_forward(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
+    """transformers' attention signature: query [B, H, Lq, D], key and value [B, KV, Lk, D] (H a multiple of
+    KV), `attention_mask` None (causal when Lq > 1 and the module is causal), a boolean keep-mask or an additive
+    float mask broadcastable to [B, 1, Lq, Lk]. Returns ([B, Lq, H, D], None)."""
+    import torch
+
+    global _SOFTMAX
+    if _SOFTMAX is None:
+        _SOFTMAX = _softmax_class()
+    b, h, lq, d = query.shape
+    kv, lk = key.size(1), key.size(2)
+    g = h // kv
+    # Heads h = k * g .. k * g + g - 1 share key head k (transformers' repeat_kv): one matmul per key head.
+    q = query.reshape(b, kv, g * lq, d)
+    scores = torch.matmul(q, key.transpose(-1, -2)).mul_(scaling).view(b, kv, g, lq, lk)
+    if attention_mask is None:
+        if lq > 1 and getattr(module, "is_causal", True):
+            keep = torch.ones(lq, lk, dtype=torch.bool, device=query.device).tril(lk - lq)
+            scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+    elif attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask[:, :, None, :, :lk], torch.finfo(scores.dtype).min)
+    else:
+        scores = scores + attention_mask[:, :, None, :, :lk]
+    probs = _SOFTMAX.apply(scores)
+    if dropout and module.training:
+        probs = torch.nn.functional.dropout(probs, p=dropout)
+    out = torch.matmul(probs.view(b, kv, g * lq, lk), value)  # [B, KV, G * Lq, D]
+    return out.view(b, h, lq, d).transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(NAME, attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    _REGISTERED = True
+
+
+@contextlib.contextmanager
+def use_cpu_attention(model, active: bool = True):
+    """Within the block, `model` (a transformers model, or a PEFT model around one) attends with
+    `attention_forward`; its previous attention implementation is restored afterwards."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    previous = base.config._attn_implementation
+    if not active or previous == NAME:
+        yield
+        return
+    _register()
+    base.set_attn_implementation(NAME)
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(previous)
