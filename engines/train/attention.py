@@ -45,6 +45,22 @@ def _softmax_class():
 _SOFTMAX = None
 
 
+_BIAS: dict = {}
+
+
+def _causal_bias(lq: int, lk: int, dtype, device):
+    """[Lq, Lk]: 0 where query i may see key j (j <= i + Lk - Lq), the dtype's minimum elsewhere. Kept for the
+    last shape only: every layer of a forward pass asks for the same one."""
+    import torch
+
+    key = (lq, lk, dtype, device)
+    if key not in _BIAS:
+        _BIAS.clear()
+        keep = torch.ones(lq, lk, dtype=torch.bool, device=device).tril(lk - lq)
+        _BIAS[key] = torch.zeros(lq, lk, dtype=dtype, device=device).masked_fill_(~keep, torch.finfo(dtype).min)
+    return _BIAS[key]
+
+
 def attention_forward(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
     """transformers' attention signature: query [B, H, Lq, D], key and value [B, KV, Lk, D] (H a multiple of
     KV), `attention_mask` None (causal when Lq > 1 and the module is causal), a boolean keep-mask or an additive
@@ -62,8 +78,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling: float,
     scores = torch.matmul(q, key.transpose(-1, -2)).mul_(scaling).view(b, kv, g, lq, lk)
     if attention_mask is None:
         if lq > 1 and getattr(module, "is_causal", True):
-            keep = torch.ones(lq, lk, dtype=torch.bool, device=query.device).tril(lk - lq)
-            scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+            scores.add_(_causal_bias(lq, lk, scores.dtype, scores.device))  # the matmul keeps no output: in place
     elif attention_mask.dtype == torch.bool:
         scores = scores.masked_fill(~attention_mask[:, :, None, :, :lk], torch.finfo(scores.dtype).min)
     else:
