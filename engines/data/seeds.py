@@ -64,8 +64,8 @@ def default_math(n: int, seed: int, split: str,
                  generators: dict[str, dict[str, Any]] | None = None) -> list[SeedItem]:
     """`n` procedural problems split evenly among reasoning-gym `generators` (name -> that generator's config
     overrides; default: `MATH_GENERATORS` as reasoning-gym configures them). Seed and validation splits use
-    disjoint generator seeds. A name reasoning-gym does not know, or an override its config does not take,
-    raises ConfigError naming it."""
+    disjoint generator seeds. A name reasoning-gym does not know, an override its config does not take, or
+    settings it takes but cannot generate a problem with, raise ConfigError naming it."""
     import reasoning_gym
     from reasoning_gym.factory import DATASETS
 
@@ -82,7 +82,11 @@ def default_math(n: int, seed: int, split: str,
         except (TypeError, AssertionError, ValueError) as e:
             raise ConfigError(f"seeds.math_generators.{name}: reasoning-gym refused {overrides}: {e}") from None
         for i in range(per):
-            it = ds[i]
+            try:  # settings reasoning-gym takes but cannot generate with fail only here (e.g. weights of operators)
+                it = ds[i]
+            except Exception as e:  # noqa: BLE001 - the library's error, reported against the user's setting
+                raise ConfigError(f"seeds.math_generators.{name}: reasoning-gym could not generate a problem with "
+                                  f"{overrides}: {type(e).__name__}: {e}") from None
             items.append(SeedItem("math", it["question"].strip(), {"answer": str(it["answer"]).strip()},
                                   f"reasoning_gym:{name}", split))
     random.Random(seed).shuffle(items)

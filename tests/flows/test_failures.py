@@ -93,7 +93,11 @@ def test_a_bad_seed_file_through_sage_run(project):
 
 @pytest.mark.parametrize("generators, says", [("{gcd: {}, basic_arithmetc: {}}", "no generator 'basic_arithmetc'"),
                                               ("{gcd: {max_digits: 2}}", "seeds.math_generators.gcd: reasoning-gym "
-                                                                          "refused {'max_digits': 2}")])
+                                                                          "refused {'max_digits': 2}"),
+                                              # taken by its config, fails drawing a problem (three default weights)
+                                              ("{simple_equations: {operators: ['+']}}",
+                                               "seeds.math_generators.simple_equations: reasoning-gym could not "
+                                               "generate a problem with {'operators': ['+']}: ValueError")])
 def test_bad_math_generators_through_sage_run(project, generators, says):
     before = digest(project / "warehouse.duckdb")
     _assert_sentence(sage(*RUN, "--set", f"run.dir={project}", "--set", f"seeds.math_generators={generators}"), says)
