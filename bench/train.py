@@ -17,7 +17,8 @@ prompt + completion tokens of the rows; time is the training loop only (model lo
 (`VmHWM`: `ru_maxrss` would report this parent's peak, which a child keeps across fork and exec) and its
 resident memory once the model is loaded, before the pass.
 
-`plain_peft_step` is also used by `bench/train_gpu.py`.
+`--head TOKENS` times the LM head alone (log-probs and entropy, forward and backward) through TRL's kernel and
+through ours. `plain_peft_step` is also used by `bench/train_gpu.py`.
 """
 
 from __future__ import annotations
@@ -116,6 +117,26 @@ def plain_peft_step(model, rows: list[TrainRow], cfg: TrainConfig, *, device: st
     tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
     return {"seconds": seconds, "cpu_seconds": cpu_seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "n_updates": len(losses),
             "loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms), "grad_norms": norms}
+
+
+def head_pass(kernel: str, hidden, weight, targets, temperature: float = 0.7) -> tuple[float, float]:
+    """One forward + backward of the LM head alone, as the trainer calls it (log-probs and the entropy TRL logs):
+    `kernel` "trl" (TRL's `ChunkedLogProbFunction`) or "ours" (`token_chunked_logprobs`). (CPU s, grad norm)."""
+    import torch
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    from sage.engines.train.logprobs import token_chunked_logprobs
+
+    h = hidden.detach().clone().requires_grad_()
+    c0 = time.process_time()
+    if kernel == "trl":
+        lp, *_ = ChunkedLogProbFunction.apply(h, weight, None, targets, temperature, _CHUNKED_LOGPROB_CHUNK_SIZE,
+                                              None, 1.0, ("log_probs", "entropy"))
+    else:
+        lp, _ = token_chunked_logprobs(h, weight, None, targets, temperature, entropy=True)
+    (lp * torch.linspace(-1, 1, lp.numel())).sum().backward()
+    return time.process_time() - c0, float(h.grad.float().norm())
 
 
 def trl_row_order(rows: list[TrainRow], seed: int = 0) -> list[TrainRow]:
@@ -217,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peak-rss", action="store_true", help="also measure each loop's peak RSS in a fresh process")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="instead: one pass of our trainer under torch.profiler; print its N costliest operators")
+    ap.add_argument("--head", type=int, default=0, metavar="TOKENS",
+                    help="instead: the LM head alone (forward + backward) on TOKENS tokens, TRL's kernel vs ours")
     ap.add_argument("--only", choices=("plain", "trl"), default=None, help=argparse.SUPPRESS)  # --peak-rss's child
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -235,6 +258,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(lora_rank=a.rank, lora_alpha=2 * a.rank, lr=1e-5, minibatch_size=a.minibatch,
                       grad_accum=a.grad_accum, loss_weighting="token_mean")  # the plain loop's token mean
     rows = make_rows(a.rows, a.prompt_len, a.completion_len, vocab, jitter=a.jitter, prompt_jitter=a.prompt_jitter)
+    if a.head:
+        weight = load_policy(path, None, cfg, seed=0, dtype=dtype).get_output_embeddings().weight.detach()
+        g = torch.Generator().manual_seed(0)
+        hidden = torch.randn(a.head, weight.size(1), generator=g).to(weight.dtype)
+        targets = torch.randint(0, weight.size(0), (a.head,), generator=g)
+        best = {k: min(head_pass(k, hidden, weight, targets) for _ in range(a.repeats)) for k in ("trl", "ours")}
+        print(f"[bench] LM head, {a.head} tokens x {weight.size(0)} words, {str(weight.dtype).removeprefix('torch.')}: "
+              f"TRL {best['trl'][0] * 1e3:.0f} ms, ours {best['ours'][0] * 1e3:.0f} ms (CPU, best of {a.repeats}; "
+              f"{best['trl'][0] / best['ours'][0]:.2f}x), gradient norms {best['trl'][1]:.6g} and {best['ours'][1]:.6g}")
+        return 0
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
 

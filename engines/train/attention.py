@@ -117,3 +117,4 @@ def use_cpu_attention(model, active: bool = True):
         yield
     finally:
         base.set_attn_implementation(previous)
+        _BIAS.clear()

@@ -1,0 +1,61 @@
+"""How much of a training pass is prompt prefix shared by the rows of one optimizer update: the most that
+computing each shared prefix once per update (instead of once per row) could save.
+
+    .venv/bin/python -m bench.prefixes RUN_DIR [--iteration 1] [--set section.field=value]
+
+RUN_DIR is a `sage run` project directory. The rows are the iteration's stored training rows in the order the
+trainer's seeded sampler visits them (`run.seed + iteration`), cut into updates of `train.minibatch_size x
+train.grad_accum` rows; a row's shared tokens are the longest prompt prefix it has in common with an earlier
+row of its update. Prints the prompt share of all tokens, the shared share within updates, and the share if the
+whole iteration were one update. Never run as a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def shared_tokens(prompts: list[list[int]]) -> int:
+    """Tokens of each prompt already in an earlier prompt's prefix, summed."""
+    return sum(max((common_prefix(p, q) for q in prompts[:i]), default=0) for i, p in enumerate(prompts))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--iteration", type=int, default=1)
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    args = ap.parse_args()
+
+    import torch
+
+    from sage.configs import load_config
+    from sage.stages.train import stored_rows
+    from sage.warehouse import Warehouse
+
+    cfg = load_config("cpu", args.overrides)
+    wh = Warehouse(f"{args.run_dir}/warehouse.duckdb", read_only=True)
+    run_id = wh.rows("SELECT run_id FROM runs ORDER BY created_at LIMIT 1")[0]["run_id"]
+    rows = [r for r in stored_rows(wh, cfg, run_id, args.iteration) if r.completion_ids]
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(cfg.run.seed + args.iteration)).tolist()
+    block = cfg.train.minibatch_size * cfg.train.grad_accum
+    tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+    prompt = sum(len(r.prompt_ids) for r in rows)
+    within = sum(shared_tokens([rows[i].prompt_ids for i in order[s:s + block]]) for s in range(0, len(rows), block))
+    whole = shared_tokens([r.prompt_ids for r in rows])
+    print(f"iteration {args.iteration}: {len(rows)} rows, {tokens} tokens, {prompt / tokens:.1%} of them prompt; "
+          f"shared prompt prefix within {block}-row updates {within} tokens ({within / tokens:.1%}); "
+          f"if the iteration were one update {whole / tokens:.1%}")
+
+
+if __name__ == "__main__":
+    main()
