@@ -1,8 +1,8 @@
 """The rows a training step learns from, as stored: `TrainRow`, their Parquet file (`read_rows` /
-`write_rows`, what the train stage hands a training process), their checks, and how many optimizer
-updates they make (`rows_per_update`, `num_updates`).
+`write_rows`, what the train stage hands a training process), their checks, how many optimizer
+updates they make (`rows_per_update`, `num_updates`) and in what order (`block_sampler_class`).
 
-Nothing here imports torch or TRL, so the train stage can plan and write rows without loading either.
+Nothing here imports torch or TRL at module import, so the train stage can plan and write rows without loading either.
 """
 
 from __future__ import annotations
@@ -91,3 +91,37 @@ def write_rows(rows: list[TrainRow], path: str | os.PathLike) -> None:
         "temperature": pa.array([float(r.temperature) for r in rows], type=pa.float64()),
     })
     pq.write_table(table, path)
+
+
+def block_sampler_class():
+    """The torch `Sampler` class of a pass's row order (built on first use: torch is imported only then)."""
+    from torch.utils.data import Sampler
+
+    class BlockRepeatSampler(Sampler):
+        """Rows in a seeded random (or the given) order, in blocks of `block` indices, each block `repeats` times.
+
+        A short last block is filled with `dummy` (an index whose row the trainer masks out entirely).
+        """
+
+        def __init__(self, n_rows: int, block: int, repeats: int, dummy: int, shuffle: bool, seed: int):
+            self.n_rows, self.block, self.repeats, self.dummy = n_rows, block, repeats, dummy
+            self.shuffle, self.seed = shuffle, seed
+
+        def __iter__(self):
+            import torch
+
+            if self.shuffle:
+                g = torch.Generator().manual_seed(self.seed)
+                order = torch.randperm(self.n_rows, generator=g).tolist()
+            else:
+                order = list(range(self.n_rows))
+            for start in range(0, self.n_rows, self.block):
+                chunk = order[start:start + self.block]
+                chunk += [self.dummy] * (self.block - len(chunk))
+                for _ in range(self.repeats):
+                    yield from chunk
+
+        def __len__(self) -> int:
+            return math.ceil(self.n_rows / self.block) * self.block * self.repeats
+
+    return BlockRepeatSampler

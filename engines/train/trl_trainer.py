@@ -1,5 +1,5 @@
-"""The TRL side of a training step: `StoredRowsTrainer`, a small `GRPOTrainer` subclass fed stored rows, its
-block sampler, and `build_trainer`, which configures one pass over the rows.
+"""The TRL side of a training step: `StoredRowsTrainer`, a small `GRPOTrainer` subclass fed stored rows in the
+order of `rows.block_sampler_class`, and `build_trainer`, which configures one pass over the rows.
 
 SAGE scores and normalises advantages itself (TRR++: per role), so TRL must neither generate nor score nor
 re-normalise anything. Nothing here imports TRL, torch or transformers at module import (`from trl import
@@ -50,7 +50,7 @@ import tempfile
 from typing import Callable
 
 from sage.configs.schema import TrainConfig
-from sage.engines.train.rows import TrainRow, role_weights
+from sage.engines.train.rows import TrainRow, block_sampler_class, role_weights
 from sage.engines.train.updates import UpdateLog, block_tokens
 
 #: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
@@ -79,40 +79,7 @@ def _num_generations(generation_batch: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The sampler and the trainer subclass
-
-
-def _block_sampler_class():
-    from torch.utils.data import Sampler
-
-    class BlockRepeatSampler(Sampler):
-        """Rows in a seeded random (or the given) order, in blocks of `block` indices, each block `repeats` times.
-
-        A short last block is filled with `dummy` (an index whose row the trainer masks out entirely).
-        """
-
-        def __init__(self, n_rows: int, block: int, repeats: int, dummy: int, shuffle: bool, seed: int):
-            self.n_rows, self.block, self.repeats, self.dummy = n_rows, block, repeats, dummy
-            self.shuffle, self.seed = shuffle, seed
-
-        def __iter__(self):
-            import torch
-
-            if self.shuffle:
-                g = torch.Generator().manual_seed(self.seed)
-                order = torch.randperm(self.n_rows, generator=g).tolist()
-            else:
-                order = list(range(self.n_rows))
-            for start in range(0, self.n_rows, self.block):
-                chunk = order[start:start + self.block]
-                chunk += [self.dummy] * (self.block - len(chunk))
-                for _ in range(self.repeats):
-                    yield from chunk
-
-        def __len__(self) -> int:
-            return math.ceil(self.n_rows / self.block) * self.block * self.repeats
-
-    return BlockRepeatSampler
+# The trainer subclass
 
 
 _TRAINER_CLASS = None
@@ -129,7 +96,7 @@ def trainer_class():
 
     from sage.engines.train.logprobs import add_completion_head, completion_logprobs
 
-    sampler_cls = _block_sampler_class()
+    sampler_cls = block_sampler_class()
 
     class StoredRowsTrainer(GRPOTrainer):
         """`GRPOTrainer` fed stored rollouts: no generation, no reward functions, no advantage normalisation.

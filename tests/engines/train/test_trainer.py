@@ -208,9 +208,9 @@ def test_every_row_once_and_empty_completions_skipped(tiny_model, monkeypatch):
 
 
 def test_sampler_blocks_padding_and_seed():
-    from sage.engines.train.trl_trainer import _block_sampler_class
+    from sage.engines.train.rows import block_sampler_class
 
-    S = _block_sampler_class()
+    S = block_sampler_class()
     s = S(n_rows=5, block=4, repeats=2, dummy=5, shuffle=False, seed=0)
     assert list(s) == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 5, 5, 4, 5, 5, 5] and len(s) == 16
     a = list(S(n_rows=9, block=3, repeats=1, dummy=9, shuffle=True, seed=7))
