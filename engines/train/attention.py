@@ -4,9 +4,9 @@ with the probabilities kept once, in the model's dtype, for the backward pass.
 Why: on a CPU, torch's `scaled_dot_product_attention` runs its flash kernel, whose backward is tiled for GPUs and
 runs far below the CPU's bf16 matmul rate; transformers' `eager` attention is faster but keeps the float32
 softmax output as well as its bf16 copy for backward (three times the memory of the probabilities alone).
-Here each layer computes `softmax(q k^T * scale + mask)` in float32, keeps the probabilities only in the query's
-dtype (the tensor the value matmul saves anyway), and takes the softmax backward from them; grouped-query heads
-multiply their shared key and value heads directly instead of repeating them. Training rows of a few hundred
+Here each layer computes `softmax(q k^T * scale + mask)` in the query's dtype (the CPU kernel accumulates in
+float32 and rounds once), so the probabilities are kept once, as the tensor the value matmul saves anyway;
+grouped-query heads multiply their shared key and value heads directly instead of repeating them. Training rows of a few hundred
 tokens make the score matrices small (9 heads x 810 x 810 for SmolLM2's longest rows).
 
 It is registered with transformers' attention and mask interfaces as `sage_cpu_train` (masks as for `sdpa`:
@@ -20,29 +20,6 @@ import contextlib
 
 NAME = "sage_cpu_train"
 _REGISTERED = False
-
-
-def _softmax_class():
-    import torch
-
-    class KeptSoftmax(torch.autograd.Function):
-        """Softmax over the last dimension in float32, returned and saved in the input's dtype."""
-
-        @staticmethod
-        def forward(ctx, scores):
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
-            ctx.save_for_backward(probs)
-            return probs
-
-        @staticmethod
-        def backward(ctx, grad):
-            (probs,) = ctx.saved_tensors
-            return torch._softmax_backward_data(grad, probs, -1, grad.dtype)
-
-    return KeptSoftmax
-
-
-_SOFTMAX = None
 
 
 _BIAS: dict = {}
@@ -67,9 +44,6 @@ def attention_forward(module, query, key, value, attention_mask, scaling: float,
     float mask broadcastable to [B, 1, Lq, Lk]. Returns ([B, Lq, H, D], None)."""
     import torch
 
-    global _SOFTMAX
-    if _SOFTMAX is None:
-        _SOFTMAX = _softmax_class()
     b, h, lq, d = query.shape
     kv, lk = key.size(1), key.size(2)
     g = h // kv
@@ -83,7 +57,9 @@ def attention_forward(module, query, key, value, attention_mask, scaling: float,
         scores = scores.masked_fill(~attention_mask[:, :, None, :, :lk], torch.finfo(scores.dtype).min)
     else:
         scores = scores + attention_mask[:, :, None, :, :lk]
-    probs = _SOFTMAX.apply(scores)
+    # In the scores' dtype: the CPU kernel accumulates bf16 in float32 and rounds once (as a float32 softmax cast
+    # to bf16, three times faster), and autograd keeps this output, the tensor the value matmul keeps anyway.
+    probs = torch.softmax(scores, dim=-1)
     if dropout and module.training:
         probs = torch.nn.functional.dropout(probs, p=dropout)
     out = torch.matmul(probs.view(b, kv, g * lq, lk), value)  # [B, KV, G * Lq, D]
