@@ -6,8 +6,8 @@ runs far below the CPU's bf16 matmul rate; transformers' `eager` attention is fa
 softmax output as well as its bf16 copy for backward (three times the memory of the probabilities alone).
 Here each layer computes `softmax(q k^T * scale + mask)` in the query's dtype (the CPU kernel accumulates in
 float32 and rounds once), so the probabilities are kept once, as the tensor the value matmul saves anyway;
-grouped-query heads multiply their shared key and value heads directly instead of repeating them. Training rows of a few hundred
-tokens make the score matrices small (9 heads x 810 x 810 for SmolLM2's longest rows).
+grouped-query heads multiply their shared key and value heads directly instead of repeating them. Training
+rows of a few hundred tokens make the score matrices small (9 heads x 810 x 810 for SmolLM2's longest rows).
 
 It is registered with transformers' attention and mask interfaces as `sage_cpu_train` (masks as for `sdpa`:
 none for a causal unpadded batch, a boolean keep-mask otherwise) and set on a model only for the length of a
@@ -20,9 +20,7 @@ import contextlib
 
 NAME = "sage_cpu_train"
 _REGISTERED = False
-
-
-_BIAS: dict = {}
+_BIAS: dict = {}  # the last shape's causal bias (`_causal_bias`), freed when a training pass ends
 
 
 def _causal_bias(lq: int, lk: int, dtype, device):
@@ -51,10 +49,10 @@ def attention_forward(module, query, key, value, attention_mask, scaling: float,
     q = query.reshape(b, kv, g * lq, d)
     scores = torch.matmul(q, key.transpose(-1, -2)).mul_(scaling).view(b, kv, g, lq, lk)
     if attention_mask is None:
-        if lq > 1 and getattr(module, "is_causal", True):
-            scores.add_(_causal_bias(lq, lk, scores.dtype, scores.device))  # the matmul keeps no output: in place
+        if lq > 1 and getattr(module, "is_causal", True):  # in place: the matmul keeps no output for backward
+            scores.add_(_causal_bias(lq, lk, scores.dtype, scores.device))
     elif attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask[:, :, None, :, :lk], torch.finfo(scores.dtype).min)
+        scores.masked_fill_(~attention_mask[:, :, None, :, :lk], torch.finfo(scores.dtype).min)
     else:
         scores = scores + attention_mask[:, :, None, :, :lk]
     # In the scores' dtype: the CPU kernel accumulates bf16 in float32 and rounds once (as a float32 softmax cast

@@ -117,11 +117,10 @@ _CHUNK_ELEMENTS = 1 << 24
 
 
 def token_chunked_logprobs(hidden, weight, bias, targets, temperature: float, entropy: bool = False):
-    """`log_softmax(hidden @ weight.T + bias) / temperature)[targets]` [N] in float32, and the entropies [N] (not
+    """`log_softmax((hidden @ weight.T + bias) / temperature)[targets]` [N] in float32, and the entropies [N] (not
     differentiable) when `entropy`: the whole vocabulary of a chunk of tokens at once, in the head's dtype, the
     float32 logits never kept: backward recomputes them chunk by chunk (at most `_CHUNK_ELEMENTS` of them)."""
-    lp, ent = _token_chunked_class().apply(hidden, weight, bias, targets, 1.0 / temperature, entropy)
-    return lp, ent
+    return _token_chunked_class().apply(hidden, weight, bias, targets, 1.0 / temperature, entropy)
 
 
 _TOKEN_CHUNKED = None
@@ -149,10 +148,10 @@ def _token_chunked_class():
             ent = torch.empty_like(log_z) if entropy else None
             for s in range(0, hidden.size(0), chunk):
                 z = logits(hidden[s:s + chunk], weight, bias, inv_t)
-                log_z[s:s + chunk] = z.logsumexp(-1)
-                log_probs[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None])[:, 0] - log_z[s:s + chunk]
-                if ent is not None:
-                    ent[s:s + chunk] = log_z[s:s + chunk] - (z.softmax(-1) * z).sum(-1)
+                lz = log_z[s:s + chunk] = z.logsumexp(-1)
+                log_probs[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None])[:, 0] - lz
+                if ent is not None:  # H = log Z - sum_j p_j z_j (softmax's fused kernel beats exp(z - log Z))
+                    ent[s:s + chunk] = lz - (z.softmax(-1) * z).sum(-1)
             ctx.save_for_backward(hidden, weight, bias, targets, log_z)
             ctx.inv_t, ctx.chunk = inv_t, chunk
             if ent is not None:
@@ -166,9 +165,9 @@ def _token_chunked_class():
             if grad_log_probs is None:
                 return None, None, None, None, None, None
             grad_hidden = torch.empty_like(hidden) if needs_hidden else None
-            grad_weight = torch.zeros(weight.shape, dtype=torch.float32) if needs_weight else None
-            grad_bias = torch.zeros(bias.shape, dtype=torch.float32) if needs_bias else None
-            rows = torch.arange(min(ctx.chunk, hidden.size(0)))
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_weight else None
+            grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if needs_bias else None
+            rows = torch.arange(min(ctx.chunk, hidden.size(0)), device=hidden.device)
             for s in range(0, hidden.size(0), ctx.chunk):
                 h, g = hidden[s:s + ctx.chunk], grad_log_probs[s:s + ctx.chunk].float()
                 # d log p_target / dz_j = 1[j = target] - p_j, times d z / d logits = 1 / T
