@@ -36,9 +36,8 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
 
-    import torch
-
     from sage.configs import load_config
+    from sage.engines.train.rows import block_sampler_class
     from sage.stages.train import stored_rows
     from sage.warehouse import Warehouse
 
@@ -46,11 +45,14 @@ def main() -> None:
     wh = Warehouse(f"{args.run_dir}/warehouse.duckdb", read_only=True)
     run_id = wh.rows("SELECT run_id FROM runs ORDER BY created_at LIMIT 1")[0]["run_id"]
     rows = [r for r in stored_rows(wh, cfg, run_id, args.iteration) if r.completion_ids]
-    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(cfg.run.seed + args.iteration)).tolist()
     block = cfg.train.minibatch_size * cfg.train.grad_accum
+    # the trainer's own sampler, seeded as the train stage seeds it; -1 fills a short last block
+    order = list(block_sampler_class()(n_rows=len(rows), block=block, repeats=1, dummy=-1, shuffle=True,
+                                       seed=cfg.run.seed + args.iteration))
     tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
     prompt = sum(len(r.prompt_ids) for r in rows)
-    within = sum(shared_tokens([rows[i].prompt_ids for i in order[s:s + block]]) for s in range(0, len(rows), block))
+    within = sum(shared_tokens([rows[i].prompt_ids for i in order[s:s + block] if i >= 0])
+                 for s in range(0, len(order), block))
     whole = shared_tokens([r.prompt_ids for r in rows])
     print(f"iteration {args.iteration}: {len(rows)} rows, {tokens} tokens, {prompt / tokens:.1%} of them prompt; "
           f"shared prompt prefix within {block}-row updates {within} tokens ({within / tokens:.1%}); "
