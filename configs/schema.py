@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sage.configs.names import Role
+
 
 
 class _Section(BaseModel):
@@ -125,6 +127,10 @@ class TrainConfig(_Section):
         "role's token mean and averages over the roles in the update, so every role weighs the same whatever its "
         "rollout count or completion length; `token_mean` is the plain mean over all completion tokens. "
         "`role_mean` needs loss_type dapo.")
+    roles: list[Role] = Field(
+        default_factory=lambda: list(Role), min_length=1, description="The roles whose rollouts the update trains "
+        "on; the others' rollouts are generated, scored and stored as before, and left out of the update "
+        "(with `role_mean`, the roles listed share it equally). Default: all four, as SAGE.md.")
     minibatch_size: int = Field(8, ge=1, description="Rollouts per forward/backward pass (per device).")
     grad_accum: int = Field(1, ge=1, description="Gradient accumulation steps; the update covers every "
                             "rollout of the iteration once.")
@@ -144,6 +150,12 @@ class TrainConfig(_Section):
                                           "`minibatch_size` is per process, so one update covers minibatch_size x "
                                           "grad_accum x processes rows.")
 
+
+    @model_validator(mode="after")
+    def _roles_once(self) -> "TrainConfig":
+        if len(set(self.roles)) != len(self.roles):
+            raise ValueError(f"train.roles names a role twice: {[str(r) for r in self.roles]}; list each once")
+        return self
 
     @model_validator(mode="after")
     def _role_mean_needs_dapo(self) -> "TrainConfig":

@@ -1,4 +1,5 @@
-"""train: one TRR++ policy-gradient update of the shared LoRA adapter on all roles' rollouts together.
+"""train: one TRR++ policy-gradient update of the shared LoRA adapter on all roles' rollouts together
+(`train.roles` can leave roles out).
 
 Reads: this iteration's scored rollouts (prompt and completion token ids, sampling log-probs, advantage; each
 trained at its role's sampling temperature, `roles.<role>.temperature`) and
@@ -82,13 +83,14 @@ def sampling_temperature(cfg, role: str) -> float:
 
 
 def stored_rows(wh, cfg, run_id: str, iteration: int) -> list:
-    """The iteration's scored rollouts as `TrainRow`s, each at its role's sampling temperature."""
+    """The iteration's scored rollouts of the roles `train.roles` lists, as `TrainRow`s, each at its role's
+    sampling temperature."""
     from sage.engines.train.rows import TrainRow
 
     return [TrainRow(prompt_ids=list(r["prompt_ids"]), completion_ids=list(r["completion_ids"]),
                      advantage=float(r["advantage"]), logprobs=None if r["logprobs"] is None else list(r["logprobs"]),
                      role=r["role"], temperature=sampling_temperature(cfg, r["role"]))
-            for r in training_rows(wh, run_id, iteration, REWARD_VERSION)]
+            for r in training_rows(wh, run_id, iteration, REWARD_VERSION, [str(role) for role in cfg.train.roles])]
 
 
 def adapter_dir(ctx: StageContext) -> Path:

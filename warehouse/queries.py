@@ -299,14 +299,16 @@ def iteration_samples(wh: Warehouse, run_id: str, iteration: int, per_role: int 
 
 # -- training ----------------------------------------------------------------------------------------------
 
-def training_rows(wh: Warehouse, run_id: str, iteration: int, reward_version: int) -> list[dict]:
-    """Every rollout of the iteration scored under `reward_version`, with its token ids, sampling log-probs and
-    TRR++ advantage."""
+def training_rows(wh: Warehouse, run_id: str, iteration: int, reward_version: int,
+                  roles: list[str] | None = None) -> list[dict]:
+    """Every rollout of the iteration scored under `reward_version` (of `roles` only, when given), with its
+    token ids, sampling log-probs and TRR++ advantage."""
     return wh.rows("""
         SELECT r.rollout_id, r.role, r.prompt_ids, r.completion_ids, r.logprobs, s.advantage
         FROM scores s JOIN rollouts r USING (rollout_id)
         WHERE s.run_id = ? AND s.iteration = ? AND s.reward_version = ? AND r.run_id = ? AND r.iteration = ?
-        ORDER BY r.rollout_id""", [run_id, iteration, reward_version, run_id, iteration])
+          AND (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], r.role))
+        ORDER BY r.rollout_id""", [run_id, iteration, reward_version, run_id, iteration, roles, roles])
 
 
 def record_checkpoint(wh: Warehouse, run_id: str, iteration: int, adapter_path: str, metrics: dict) -> None:
