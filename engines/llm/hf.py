@@ -13,6 +13,8 @@ This loop keeps what matters of it and adds what the pipeline needs:
   over the filled part only, the lm_head on the last position only; rows that finished are dropped from
   the batch when a quarter of it is done. Any other architecture runs the model's `forward` with a
   `DynamicCache`, same sampling.
+- An adapter computes in the dtype it trains in (`adapter_compute_dtype`): under a bf16 base in bf16, as the
+  trainer's autocast and vLLM do, so generation samples from the policy the trainer trains.
 - Sampling is per row and independent of the batch: completion j of a request draws, at step t, one
   uniform from a hash of (sample_seed(seed, j), t) and takes the inverse CDF of the (top-p truncated,
   grammar masked, temperature scaled) distribution. That is an exact sample, like Gumbel-max, but needs
@@ -27,6 +29,7 @@ This loop keeps what matters of it and adds what the pipeline needs:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import inspect
@@ -37,7 +40,7 @@ import torch
 from sage.configs.schema import ModelConfig
 from sage.engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
 from sage.engines.llm.hf_fast import FusedDecoder, module_layer
-from sage.engines.llm.models import quiet_v6, resolve_dtype, resolve_model, trim_heap
+from sage.engines.llm.models import adapter_compute_dtype, quiet_v6, resolve_dtype, resolve_model, trim_heap
 from sage.engines.llm.sampling import argmax, draw, log_normalizer, uniform
 
 FAST_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
@@ -284,6 +287,24 @@ class HFLLM:
 
     def _forward(self, ids, positions, keymask, state, start: int, end: int) -> torch.Tensor:
         """Logits (model dtype) of the last position, for `ids` written at cache slots [start, end)."""
+        with self._adapter_autocast():
+            return self._forward_layers(ids, positions, keymask, state, start, end)
+
+    def _adapter_autocast(self):
+        """An adapter computes in `adapter_compute_dtype` of the base, as in training. The fused layers do that
+        themselves; the model's own modules, under a bf16 base, run under the trainer's autocast, with PEFT's
+        cast of every LoRA input to float32 off (`peft.helpers.disable_input_dtype_casting`)."""
+        dtype = adapter_compute_dtype(self.dtype)
+        if self._peft is None or self._fused_ok or dtype is None:
+            return contextlib.nullcontext()
+        from peft.helpers import disable_input_dtype_casting
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autocast(self.device.type, dtype=dtype))
+        stack.enter_context(disable_input_dtype_casting(self._peft))
+        return stack
+
+    def _forward_layers(self, ids, positions, keymask, state, start: int, end: int) -> torch.Tensor:
         if not self.fast:
             out = self.base(input_ids=ids, attention_mask=keymask[:, :end].long(), position_ids=positions,
                             use_cache=True, logits_to_keep=1, **{self._cache_kw: state})

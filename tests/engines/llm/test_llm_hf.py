@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -285,3 +286,32 @@ def test_sampling_helpers_match_their_plain_torch_definitions(vocab):
         ref = torch.searchsorted(cdf, (us * cdf[:, -1]).view(-1, 1), right=True).view(-1).clamp(max=vocab - 1)
         near = (cdf.gather(-1, got.view(-1, 1)).view(-1) - (us * cdf[:, -1])).abs() < 1e-6  # a rounding tie
         assert bool(((got == ref) | near).all())
+
+
+def test_bf16_adapter_computes_in_bf16_on_either_path_as_the_trainer_does(sharp_model, tmp_path):
+    """Under a bf16 base the adapter computes in bf16 (`adapter_compute_dtype`): the fused layers (A appended to
+    the packed decode matmul, the scaling folded into B) give the tokens and log-probs of the model's own
+    modules under the trainer's autocast, and those are not the float32 adapter's."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(7)
+    base = AutoModelForCausalLM.from_pretrained(sharp_model, dtype=torch.float32)
+    get_peft_model(base, LoraConfig(r=4, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+                   ).save_pretrained(tmp_path / "lora")
+    llm = HFLLM(ModelConfig(name=str(sharp_model), dtype="bfloat16"), device="cpu")
+    llm.use_adapter(str(tmp_path / "lora"))
+    assert llm._fused_ok
+    reqs = [GenRequest(_msgs(p), n=2, max_new_tokens=10, temperature=1.0, seed=3) for p in PROMPTS[:3]]
+    reqs.append(GenRequest(_msgs(PROMPTS[4]), max_new_tokens=10, temperature=0))
+    fused = llm.generate(reqs)
+    llm._fused_ok = False
+    try:
+        modules = llm.generate(reqs)
+        llm._adapter_autocast = contextlib.nullcontext  # the modules as PEFT runs them: a float32 adapter
+        float32 = llm.generate(reqs)
+    finally:
+        llm._fused_ok = True
+        del llm._adapter_autocast
+    _assert_same(fused, modules, abs=1e-6)
+    assert _tokens(fused) != _tokens(float32)
