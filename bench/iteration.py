@@ -1,11 +1,13 @@
 """Where an iteration's wall time goes: model calls and the sandbox versus everything else.
 
-    .venv/bin/python -m bench.iteration [--model tiny|smollm2] [--set section.field=value ...]
+    .venv/bin/python -m bench.iteration [--model tiny|smollm2] [--iterations N] [--set section.field=value ...]
 
-Runs one full iteration (seeds, every stage, training) through the real flow, timing each engine call
+Runs full iterations (seeds, every stage, training, validation) through the real flow, timing each engine call
 (generation, code sandbox, math checks, the train stage) with a thin proxy. "Glue" is the rest: Prefect,
-DuckDB, parsing, Python. Prints the split and the glue share of wall time (goal: 5% or less with SmolLM2),
-and each stage's peak resident memory (this process and its children, sampled every 0.2 s).
+DuckDB, parsing, Python. Prints, per iteration, the split and the glue share of wall time (goal: 5% or less
+with SmolLM2), and each stage's peak resident memory (this process and its children, sampled every 0.2 s).
+Iteration 1 generates with the base model, every later one with the adapter the one before trained
+(`--iterations 2` times both).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def _warm_up_prefect() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    ap.add_argument("--iterations", type=int, default=1, help="iterations to run and time, one after another")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
 
@@ -136,16 +139,24 @@ def main() -> None:
             ctx = s.context(run_id, 0)
             run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)  # not timed
             _warm_up_prefect()  # the ephemeral API server starts once per process, not per iteration
-            totals.clear()
             with PeakMemory() as memory:
                 _track_stages(memory)
-                start = time.perf_counter()
-                evolve_flow(str(cfg.run.dir), run_id, 1)
-                wall = time.perf_counter() - start
-            stages = {r["stage"]: r["seconds"] for r in stage_states(s.warehouse, run_id)}
-        totals["training (train stage)"] = stages.get("train", 0.0)
+                for k in range(1, args.iterations + 1):
+                    totals.clear()
+                    memory.peaks = {}
+                    start = time.perf_counter()
+                    evolve_flow(str(cfg.run.dir), run_id, k)  # iterations before k are done: it runs k
+                    wall = time.perf_counter() - start
+                    stages = {r["stage"]: r["seconds"] for r in stage_states(s.warehouse, run_id)
+                              if r["iteration"] == k}
+                    totals["training (train stage)"] = stages.get("train", 0.0)
+                    _report(k, args.model, load_s, totals, wall, stages, dict(memory.peaks))
 
-    print(f"\none iteration, model {args.model} (load {load_s:.1f} s, not counted)")
+
+def _report(k: int, model: str, load_s: float, totals: dict[str, float], wall: float, stages: dict[str, float],
+            peaks: dict[str, int]) -> None:
+    adapter = "the base model" if k == 1 else f"iteration {k - 1}'s adapter"
+    print(f"\niteration {k}, model {model}, generating with {adapter} (load {load_s:.1f} s, not counted)")
     print(f"{'part':<28}{'seconds':>10}{'share':>9}")
     for label, secs in sorted(totals.items(), key=lambda kv: -kv[1]):
         print(f"{label:<28}{secs:>10.2f}{secs / wall:>9.1%}")
@@ -154,9 +165,8 @@ def main() -> None:
     print(f"{'wall':<28}{wall:>10.2f}{1:>9.1%}")
     print("\nper stage (s): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
     print("peak resident memory per stage (GB, with children): "
-          + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in memory.peaks.items()))
-    print(f"peak overall: {max(memory.peaks.values(), default=0) / 2**30:.2f} GB")
-
+          + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in peaks.items()))
+    print(f"peak overall: {max(peaks.values(), default=0) / 2**30:.2f} GB", flush=True)
 
 if __name__ == "__main__":
     main()
