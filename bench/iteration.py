@@ -150,11 +150,14 @@ def main() -> None:
                     stages = {r["stage"]: r["seconds"] for r in stage_states(s.warehouse, run_id)
                               if r["iteration"] == k}
                     totals["training (train stage)"] = stages.get("train", 0.0)
-                    _report(k, args.model, load_s, totals, wall, stages, dict(memory.peaks))
+                    # the rollouts this call generated: iteration k's, and the base model's validation in the first
+                    tokens = s.warehouse.scalar("SELECT sum(completion_tokens) FROM rollouts WHERE run_id = ? AND "
+                                                "iteration BETWEEN ? AND ?", [run_id, 0 if k == 1 else k, k]) or 0
+                    _report(k, args.model, load_s, totals, wall, stages, dict(memory.peaks), tokens)
 
 
 def _report(k: int, model: str, load_s: float, totals: dict[str, float], wall: float, stages: dict[str, float],
-            peaks: dict[str, int]) -> None:
+            peaks: dict[str, int], tokens: int) -> None:
     adapter = "the base model" if k == 1 else f"iteration {k - 1}'s adapter"
     print(f"\niteration {k}, model {model}, generating with {adapter} (load {load_s:.1f} s, not counted)")
     print(f"{'part':<28}{'seconds':>10}{'share':>9}")
@@ -163,6 +166,9 @@ def _report(k: int, model: str, load_s: float, totals: dict[str, float], wall: f
     glue = wall - sum(totals.values())
     print(f"{'glue (Prefect, DuckDB, Python)':<28}{glue:>10.2f}{glue / wall:>9.1%}")
     print(f"{'wall':<28}{wall:>10.2f}{1:>9.1%}")
+    generation = totals.get("generation", 0.0)
+    print(f"generated {tokens:,} completion tokens (validation's included)"
+          + (f", {1000 * generation / tokens:.2f} ms of generation a token" if tokens else ""))
     print("\nper stage (s): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
     print("peak resident memory per stage (GB, with children): "
           + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in peaks.items()))
