@@ -137,11 +137,12 @@ class TrainConfig(_Section):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for memory during training.")
     mmap_threshold_kb: int | None = Field(
-        None, ge=4, le=32768, description="On glibc, from the first training on, serve every allocation of at least "
-        "this many KiB by its own mmap, returned to the system when freed (`mallopt(M_MMAP_THRESHOLD)`, "
-        "process-wide). Training on a CPU allocates activations of a new size for every row length, and the heap "
-        "otherwise keeps and fragments them: resident memory then grows update by update. null keeps glibc's "
-        "dynamic threshold. cpu.yaml: 1024 (README, memory row).")
+        None, ge=4, le=32768, description="On glibc, while training, serve every allocation of at least this many "
+        "KiB by its own mmap, returned to the system when freed (`mallopt(M_MMAP_THRESHOLD)`, process-wide; "
+        "afterwards the threshold goes to 32 MiB, where glibc's dynamic one settles). Training on a CPU allocates "
+        "activations of a new size for every row length, and the heap otherwise keeps and fragments them: "
+        "resident memory then grows update by update. null keeps glibc's dynamic threshold. cpu.yaml: 1024 "
+        "(README, memory row).")
     isolate: bool = Field(False, description="Run training in its own process (Parquet in/out) so generation "
                           "and training never hold GPU memory at once. GPU default: true.")
     accelerate_config: str | None = Field(None, description="Run training under `accelerate launch` (data "

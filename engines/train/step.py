@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sage.configs.schema import TrainConfig
-from sage.engines.llm.models import bound_heap, quiet_v6, resolve_dtype
+from sage.engines.llm.models import bounded_heap, quiet_v6, resolve_dtype
 from sage.engines.train.rows import TrainRow, check_rows
 from sage.engines.train.trl_trainer import build_trainer
 
@@ -248,12 +248,10 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
     }
     if not usable:  # nothing to learn from: the adapter goes on unchanged
         return metrics, None, None
-    if cfg.mmap_threshold_kb is not None:
-        bound_heap(cfg.mmap_threshold_kb << 10)
     if processes > 1 and cfg.loss_type == "bnpo":
         warnings.warn("train.loss_type bnpo divides by the tokens of each process's own micro-batch, so its update "
                       "changes with the number of processes; dapo, grpo and dr_grpo do not", stacklevel=2)
-    with quiet_v6():
+    with quiet_v6(), bounded_heap(None if cfg.mmap_threshold_kb is None else cfg.mmap_threshold_kb << 10):
         trainer, steps = build_trainer(model, tokenizer_path, usable, cfg, seed=seed, device=device,
                                         torch_dtype=torch_dtype,
                                         optimizer_state=optimizer_state, on_step=on_step)

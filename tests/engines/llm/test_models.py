@@ -103,27 +103,36 @@ def test_resolve_dtype_auto_is_bf16_where_supported_else_fp32(monkeypatch):
 
 HEAP_PROBE = """
 import ctypes, sys
-from sage.engines.llm.models import bound_heap, heap_info
+from sage.engines.llm.models import bounded_heap, heap_info
 
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
 libc.free(libc.malloc(8 << 20))  # freeing an 8 MB mmapped block raises glibc's dynamic threshold past 1 MB
-bound = sys.argv[1] == "bound" and bound_heap(256 << 10)
-before = heap_info()["mmapped"]
-block = libc.malloc(1 << 20)
-print(bound, heap_info()["mmapped"] - before >= 1 << 20)
-libc.free(block)
+
+
+def mmapped_1mb():
+    before = heap_info()["mmapped"]
+    block = libc.malloc(1 << 20)
+    mapped = heap_info()["mmapped"] - before >= 1 << 20
+    libc.free(block)
+    return mapped
+
+
+with bounded_heap(256 << 10 if sys.argv[1] == "bound" else None) as bound:
+    inside = mmapped_1mb()
+print(bound, inside, mmapped_1mb())
 """
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc only")
-def test_bound_heap_serves_big_blocks_by_mmap():
-    """After `bound_heap`, a 1 MB block is its own mmap even once glibc's dynamic threshold has risen past it
-    (fresh processes: the setting is process-wide and permanent)."""
-    def probe(mode: str) -> str:
+def test_bounded_heap_serves_big_blocks_by_mmap_while_it_lasts():
+    """Inside `bounded_heap`, a 1 MB block is its own mmap even once glibc's dynamic threshold has risen past it;
+    after it, the heap serves such blocks again, as glibc's settled dynamic threshold does (fresh processes:
+    the setting is process-wide)."""
+    def probe(mode: str) -> list[str]:
         return subprocess.run([sys.executable, "-c", HEAP_PROBE, mode], capture_output=True, text=True,
                               check=True).stdout.split()
 
-    assert probe("bound") == ["True", "True"]
-    assert probe("default") == ["False", "False"]
+    assert probe("bound") == ["True", "True", "False"]
+    assert probe("default") == ["False", "False", "False"]
