@@ -10,7 +10,9 @@ k = 0 (the base model) .. N, where the learning signal goes and how far the poli
   problems, the same problems every iteration, with a 95% Wilson interval and an exact McNemar test against
   the base model on the problems whose outcome changed (b: base right, now wrong; c: the reverse);
 - per role, from `scores`: rollouts, the share with a non-zero TRR++ advantage, mean |advantage|, reward mean
-  and std; the Challenger's admission rate and rejections by reason (`questions`); the plan gate's pass rate;
+  and std; under grammar annealing (`roles.<role>.unconstrained`) how many training samples were drawn
+  without the grammar and the share of them well formed; the Challenger's admission rate and rejections by
+  reason (`questions`); the plan gate's pass rate;
 - how far the policy moved (`bench/learning_model.py`): mean per-token KL(adapter k || base) over the base
   model's own validation answers (full vocabulary, float32), and the mean per-token log-prob change, from the
   policy that sampled them to adapter k, of iteration k's rollouts with the highest and the lowest advantages;
@@ -89,12 +91,18 @@ def signal(wh, run_id: str, k: int) -> dict:
         SELECT role, count(*) AS n, avg(CASE WHEN abs(advantage) > 1e-9 THEN 1.0 ELSE 0.0 END) AS nonzero,
                avg(abs(advantage)) AS abs_adv, avg(reward) AS reward, stddev_pop(reward) AS reward_std
         FROM cur GROUP BY role""", [run_id, k])}
+    # grammar annealing: the training samples drawn without the grammar, and how many of them are well formed
+    free = {r["role"]: r for r in wh.rows("""
+        SELECT role, count(*) AS n, avg(format_reward) AS format FROM rollouts
+        WHERE run_id = ? AND iteration = ? AND constrained = false AND purpose NOT IN ('probe', 'validate')
+        GROUP BY role""", [run_id, k])}
     out = {}
     for role in ROLES:
-        r = roles.get(role, {})
+        r, f = roles.get(role, {}), free.get(role, {})
         out.update({f"{role}_rollouts": r.get("n", 0), f"{role}_nonzero_adv": r.get("nonzero"),
                     f"{role}_mean_abs_adv": r.get("abs_adv"), f"{role}_reward_mean": r.get("reward"),
-                    f"{role}_reward_std": r.get("reward_std")})
+                    f"{role}_reward_std": r.get("reward_std"), f"{role}_annealed": f.get("n", 0),
+                    f"{role}_annealed_format": f.get("format")})
     reasons = {r["reason"]: r["n"] for r in wh.rows("""
         SELECT coalesce(rejection_reason, CASE WHEN admitted THEN 'admitted' ELSE 'undecided' END) AS reason,
                count(*) AS n FROM questions WHERE origin = 'generated' AND run_id = ? AND iteration = ?

@@ -49,6 +49,27 @@ class RoleConfig(_Section):
                                "0 means greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     constrain: bool = Field(False, description="Constrain output to the role's tag regex with xgrammar.")
+    unconstrained: list[float] = Field(
+        [], description="Grammar annealing (with `constrain`): the share of this role's training samples drawn "
+        "without the grammar in iterations 1, 2, ...; the last value holds for later iterations, [] keeps every "
+        "sample constrained. Each sample is picked by a hash of its rollout id, so a re-run picks the same ones; "
+        "probes and validation stay constrained. Unconstrained samples earn their format reward, so the update "
+        "trains the format the grammar otherwise forces (`rollouts.constrained` says which were).")
+
+    @model_validator(mode="after")
+    def _check_unconstrained(self) -> "RoleConfig":
+        if any(not 0 <= v <= 1 for v in self.unconstrained):
+            raise ValueError(f"unconstrained: each share must be within [0, 1] (got {self.unconstrained})")
+        if self.unconstrained and not self.constrain:
+            raise ValueError("unconstrained: grammar annealing needs constrain: true (without it every sample "
+                             "is unconstrained already)")
+        return self
+
+    def unconstrained_share(self, iteration: int) -> float:
+        """The share of training samples drawn without the grammar in `iteration` (1-based)."""
+        if not self.constrain or not self.unconstrained:
+            return 0.0
+        return self.unconstrained[min(max(iteration, 1), len(self.unconstrained)) - 1]
 
 
 class RolesConfig(_Section):

@@ -4,6 +4,9 @@ A *unit* is one prompt for one role about one question (and plan); it yields `n`
 (run, iteration, purpose, question, plan, template version, sample index), and the request seed derives from
 the unit's id, so a re-run regenerates exactly the missing rollouts with the samples they would have had.
 Each batch of `run.batch_rows` units is generated in one engine call and committed in one transaction.
+Grammar annealing (`roles.<role>.unconstrained`): in a training purpose, each sample of a constrained role is
+drawn without the grammar with the iteration's share, picked by a hash of its rollout id; `rollouts.constrained`
+records which were.
 """
 
 from __future__ import annotations
@@ -77,6 +80,21 @@ def parse(role: Role, domain: str, text: str) -> tags.Parsed:
     return tags.parse_solver(text, domain)
 
 
+# Rollouts that train a role; grammar annealing (`roles.<role>.unconstrained`) applies to these only.
+ANNEALED = frozenset({Purpose.CHALLENGE, Purpose.CRITIQUE_QUESTION, Purpose.PLAN, Purpose.CRITIQUE_PLAN,
+                      Purpose.SOLVE})
+
+
+def _free(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool) -> frozenset[int]:
+    """The samples of `unit` drawn without the grammar: sample j when a uniform from a hash of its rollout id
+    (and the run seed) falls below the role's share for this iteration, so a re-run picks the same ones."""
+    share = getattr(ctx.cfg.roles, unit.role).unconstrained_share(ctx.iteration)
+    if greedy or purpose not in ANNEALED or share == 0:
+        return frozenset()
+    return frozenset(j for j in range(unit.n) if seed_from_id(content_id(
+        "unconstrained", ctx.cfg.run.seed, unit.rollout_id(ctx, purpose, j))) < share * 2**31)
+
+
 def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool = False) -> GenRequest:
     role_cfg = getattr(ctx.cfg.roles, unit.role)
     regex = None
@@ -86,7 +104,8 @@ def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool = Fal
     seed = seed_from_id(content_id(ctx.cfg.run.seed, unit.unit_id(ctx, purpose)))
     return GenRequest(messages=prompt(ctx, unit.kind, role_cfg.max_new_tokens, **unit.fields), n=unit.n,
                       max_new_tokens=role_cfg.max_new_tokens, temperature=0.0 if greedy else role_cfg.temperature,
-                      top_p=role_cfg.top_p, seed=seed, regex=regex)
+                      top_p=role_cfg.top_p, seed=seed, regex=regex,
+                      free=_free(ctx, unit, purpose, greedy) if regex else frozenset())
 
 
 def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit],
@@ -117,7 +136,8 @@ def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit
                     prompt_ids=res.prompt_ids, completion_ids=comp.token_ids, logprobs=comp.logprobs,
                     adapter=ctx.adapter, sample_index=j, seed=req.seed, finish_reason=comp.finish_reason,
                     prompt_tokens=len(res.prompt_ids), completion_tokens=len(comp.token_ids),
-                    parsed=p.fields, format_reward=p.format_reward, format_reason=p.reason))
+                    parsed=p.fields, format_reward=p.format_reward, format_reason=p.reason,
+                    constrained=req.regex_for(j) is not None))
                 tokens += len(comp.token_ids)
         written += ctx.wh.insert_batch("rollouts", rows)
         ctx.report(stage, start + len(batch), len(pending), tokens)

@@ -31,14 +31,21 @@ class GenRequest:
     top_p: float = 1.0
     seed: int = 0                 # completion j of this request uses a seed derived from (seed, j)
     regex: str | None = None      # constrain the completion to this regex (xgrammar) when set
+    free: frozenset[int] = frozenset()  # indices of completions sampled without the regex (grammar annealing)
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_new_tokens < 1:
             raise ValueError(f"GenRequest needs n >= 1 and max_new_tokens >= 1 (got n={self.n}, "
                              f"max_new_tokens={self.max_new_tokens})")
+        if any(not 0 <= j < self.n for j in self.free):
+            raise ValueError(f"GenRequest.free holds completion indices 0..{self.n - 1} (got {sorted(self.free)})")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"GenRequest needs temperature >= 0 and 0 < top_p <= 1 (got temperature="
                              f"{self.temperature}, top_p={self.top_p})")
+
+    def regex_for(self, j: int) -> str | None:
+        """The regex completion `j` is constrained to: None when there is none or `j` is in `free`."""
+        return None if j in self.free else self.regex
 
 
 @dataclass

@@ -122,7 +122,7 @@ class HFLLM:
             results.append(GenResult(prompt_text=text, prompt_ids=list(ids), completions=[None] * req.n))
             for j in range(req.n):
                 rows.append(_Row(i, j, list(ids), min(req.max_new_tokens, room), req.temperature, req.top_p,
-                                 sample_seed(req.seed, j), req.regex))
+                                 sample_seed(req.seed, j), req.regex_for(j)))
         left = [req.n for req in requests]
         done, new_tokens = 0, 0
         for batch in self._batches(rows):

@@ -65,10 +65,10 @@ class VLLMLLM:
         from vllm import SamplingParams
 
         extra = {}
-        if req.regex is not None:
+        if req.regex_for(j) is not None:
             from vllm.sampling_params import StructuredOutputsParams
 
-            extra["structured_outputs"] = StructuredOutputsParams(regex=req.regex)
+            extra["structured_outputs"] = StructuredOutputsParams(regex=req.regex_for(j))
         if isinstance(self.engine, _AsyncEngine):
             from vllm.sampling_params import RequestOutputKind
 

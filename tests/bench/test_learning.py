@@ -38,8 +38,10 @@ def test_exact_mcnemar_matches_scipy():
 
 
 def _bench(out: Path) -> subprocess.CompletedProcess:
+    # grammar annealing from the second iteration on: the Solver's training samples all drawn without the grammar
     return subprocess.run([sys.executable, "-m", "bench.learning", "--model", "tiny", "--iterations", "2",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                           "--set", "roles.solver.unconstrained=[0.0, 1.0]", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
 def _counts(out: Path) -> tuple[int, int]:
@@ -66,6 +68,9 @@ def test_two_iterations_on_the_tiny_model_then_a_resume_that_recomputes_nothing(
     assert all(0 <= float(r["val_ci_lo"]) <= float(r["val_pass1"]) <= float(r["val_ci_hi"]) <= 1 for r in rows)
     assert all(float(r["kl_mean"]) >= 0 and int(r["solver_rollouts"]) > 0 for r in rows[1:])
     assert int(rows[1]["val_n"]) == 8  # the tiny profile's 4 + 4 validation problems, every iteration
+    assert [r["solver_annealed"] for r in rows] == ["", "0", "8"]  # iteration 2: 4 planned questions x 2 samples
+    assert rows[1]["solver_annealed_format"] == "" and 0 <= float(rows[2]["solver_annealed_format"]) <= 1
+    assert rows[2]["planner_annealed"] == "0"
     for name in ("learning.md", "pass1.png", "nonzero_advantage.png", "kl.png", "format.png"):
         assert (out / name).stat().st_size > 0
     assert "| val_pass1 |" in (out / "learning.md").read_text()

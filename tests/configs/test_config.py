@@ -44,11 +44,19 @@ def test_set_overrides_one_field_with_yaml_types():
     (["rewards.planner_critic=0.6"], "planner reward weights must sum to 1"),
     (["model.backend=tgi"], "model.backend"),
     (["model.backend=vllm", "model.max_lora_rank=8"], "model.max_lora_rank"),
+    (["roles.solver.unconstrained=[0.5, 1.5]"], "roles.solver: unconstrained"),
+    (["roles.critic.constrain=false", "roles.critic.unconstrained=[0.5]"], "needs constrain: true"),
 ])
 def test_bad_config_names_the_field(overrides, names):
     with pytest.raises(ConfigError) as e:
         load_config("cpu", overrides)
     assert names in str(e.value)
+
+
+def test_grammar_annealing_schedule_holds_its_last_share():
+    roles = load_config("cpu", ["roles.solver.unconstrained=[0.0, 0.25, 0.5]"]).roles
+    assert [roles.solver.unconstrained_share(i) for i in (1, 2, 3, 4, 10)] == [0.0, 0.25, 0.5, 0.5, 0.5]
+    assert roles.planner.unconstrained_share(3) == 0.0   # no schedule: every sample constrained
 
 
 def test_bad_override_syntax_and_profile():

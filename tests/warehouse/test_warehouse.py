@@ -232,7 +232,7 @@ def test_novelty_and_diversity_views(tmp_path):
 
 
 def _as_older_version(path) -> None:
-    """Make the file look written before the last migration: its objects gone, its version unrecorded."""
+    """Make the file look written before the last migration: its objects and columns gone, its version unrecorded."""
     import duckdb
 
     from sage.warehouse.db import migrations
@@ -241,6 +241,16 @@ def _as_older_version(path) -> None:
     with duckdb.connect(str(path)) as con:
         for kind, name in re.findall(r"CREATE (?:OR REPLACE )?(TABLE|VIEW) (\w+)", sql)[::-1]:
             con.execute(f"DROP {kind} {name}")
+        for table, column in re.findall(r"ALTER TABLE (\w+) ADD COLUMN (\w+)", sql):
+            # DuckDB drops no column of an indexed table: the indexes go first and come back after
+            indexes = [q for (q,) in con.execute("SELECT sql FROM duckdb_indexes() WHERE table_name = ?",
+                                                 [table]).fetchall()]
+            for name, in con.execute("SELECT index_name FROM duckdb_indexes() WHERE table_name = ?",
+                                     [table]).fetchall():
+                con.execute(f"DROP INDEX {name}")
+            con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+            for q in indexes:
+                con.execute(q)
         con.execute("DELETE FROM migrations WHERE version = ?", [last])
 
 

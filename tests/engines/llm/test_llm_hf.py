@@ -161,6 +161,17 @@ def test_regex_constrains_every_sample(llm):
     assert not any(re.fullmatch(SCORE_RX, c.text) for c in results[2].completions)
 
 
+def test_free_samples_are_drawn_without_the_regex_as_an_unconstrained_request_draws_them(llm):
+    annealed = GenRequest(_msgs(PROMPTS[0]), n=4, max_new_tokens=8, temperature=1.0, seed=9, regex=SCORE_RX,
+                          free=frozenset({1, 3}))
+    plain = GenRequest(_msgs(PROMPTS[0]), n=4, max_new_tokens=8, temperature=1.0, seed=9)
+    got, ref = (r.completions for r in llm.generate([annealed, plain]))
+    assert all(re.fullmatch(SCORE_RX, got[j].text) for j in (0, 2))
+    assert [got[j].token_ids for j in (1, 3)] == [ref[j].token_ids for j in (1, 3)]
+    with pytest.raises(ValueError, match="free holds completion indices 0..3"):
+        GenRequest(_msgs("x"), n=4, regex=SCORE_RX, free=frozenset({4}))
+
+
 def test_use_adapter_changes_output_and_none_restores_it(llm, sharp_model, tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

@@ -1,0 +1,94 @@
+"""Generation shared by the role stages (`stages/rollouts.py`): grammar annealing, on the real warehouse with the
+ScriptedLLM (which records every request, so the test sees which samples were asked for under the grammar)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sage.configs import config_hash, config_json, load_config
+from sage.configs.names import Purpose, Stage
+from sage.engines.text import tags
+from sage.stages.context import Engines, StageContext
+from sage.stages.rollouts import Unit, generate
+from sage.warehouse import Warehouse
+from tests.flows.scripted_run import OVERRIDES
+from tests.scripted import ScriptedLLM
+
+
+class Recorder(ScriptedLLM):
+    def __init__(self):
+        # a sample under the grammar is well formed, one without it is not (as the bundled model mostly is)
+        super().__init__(lambda req: ["<answer>\\boxed{4}</answer>" if req.regex_for(j) else "four"
+                                      for j in range(req.n)])
+        self.requests = []
+
+    def generate(self, requests, progress=None):
+        self.requests += requests
+        return super().generate(requests, progress)
+
+
+@pytest.fixture
+def make_ctx(tmp_path):
+    opened = []
+
+    def make(*extra: str, iteration: int = 1) -> tuple[StageContext, Recorder]:
+        cfg = load_config("cpu", [f"run.dir={tmp_path}", *OVERRIDES, "roles.solver.constrain=true", *extra])
+        wh = Warehouse.open(tmp_path / f"wh{len(opened)}.duckdb")
+        wh.insert_batch("runs", [dict(run_id="r", config=config_json(cfg), config_hash=config_hash(cfg),
+                                      base_model=cfg.model.name, seed=0)])
+        llm = Recorder()
+        engines = Engines(cfg, llm=llm)
+        opened.extend([wh, engines])
+        return StageContext(cfg=cfg, wh=wh, run_id="r", iteration=iteration, engines=engines), llm
+
+    yield make
+    for x in opened:
+        x.close()
+
+
+def units(n_questions: int = 12, n: int = 8) -> list[Unit]:
+    return [Unit("solver_math", f"q{k}", "math", {"question": f"What is {k}+{k}?"}, n=n) for k in range(n_questions)]
+
+
+def stored(ctx: StageContext, purpose: Purpose) -> list[dict]:
+    return ctx.wh.rows("SELECT question_id, sample_index, constrained, format_reward FROM rollouts "
+                       "WHERE purpose = ? ORDER BY question_id, sample_index", [purpose])
+
+
+def test_without_annealing_every_training_sample_is_constrained(make_ctx):
+    ctx, llm = make_ctx()
+    generate(ctx, Stage.SOLVE, Purpose.SOLVE, units(3, 2))
+    regex = tags.role_regex(tags.role_key("solver", "math"), ctx.cfg.roles.solver.max_new_tokens)
+    assert all(r.regex == regex and not r.free for r in llm.requests)
+    assert [row["constrained"] for row in stored(ctx, Purpose.SOLVE)] == [True] * 6
+
+
+def test_annealing_draws_the_iterations_share_without_the_grammar_and_stores_which(make_ctx):
+    schedule = "roles.solver.unconstrained=[0.0, 0.5, 1.0]"
+    for iteration, low, high in [(1, 0, 0), (2, 30, 66), (3, 96, 96), (7, 96, 96)]:  # the last value holds
+        ctx, llm = make_ctx(schedule, iteration=iteration)
+        generate(ctx, Stage.SOLVE, Purpose.SOLVE, units())
+        rows = stored(ctx, Purpose.SOLVE)
+        free = [r for r in rows if not r["constrained"]]
+        assert low <= len(free) <= high, (iteration, len(free))
+        # what the engine was asked is what the warehouse says, and the format reward is the sample's own
+        asked = {(r.messages[-1]["content"], j) for r in llm.requests for j in r.free}
+        assert len(asked) == len(free)
+        assert all(r["format_reward"] == 0.0 for r in free)
+        assert all(r["format_reward"] == 1.0 for r in rows if r["constrained"])
+
+
+def test_the_same_samples_are_drawn_unconstrained_on_a_rerun(make_ctx):
+    first, _ = make_ctx("roles.solver.unconstrained=[0.5]")
+    generate(first, Stage.SOLVE, Purpose.SOLVE, units())
+    again, _ = make_ctx("roles.solver.unconstrained=[0.5]")
+    generate(again, Stage.SOLVE, Purpose.SOLVE, units())
+    assert stored(first, Purpose.SOLVE) == stored(again, Purpose.SOLVE)
+
+
+@pytest.mark.parametrize("purpose, greedy", [(Purpose.PROBE, False), (Purpose.VALIDATE, True)])
+def test_probes_and_validation_stay_constrained(make_ctx, purpose, greedy):
+    ctx, llm = make_ctx("roles.solver.unconstrained=[1.0]")
+    generate(ctx, Stage.SOLVE, purpose, units(3, 2), greedy=greedy)
+    assert llm.requests and all(r.regex and not r.free for r in llm.requests)
+    assert all(row["constrained"] for row in stored(ctx, purpose))
