@@ -20,9 +20,14 @@ but runs fewer, larger matmuls:
   autocast, and vLLM's LoRA kernels), with the scaling folded into B and, in a decode step, A's rows appended
   to the packed weight so that `x A^T` comes out of the base matmul. Float32 LoRA matmuls there were thin,
   slow and many (two per projection group per layer per token: generation took 1.4x as long as without the
-  adapter, README). Adapters PEFT computes differently (DoRA and other variants, LoRA bias, merged or several
-  active adapters) are not fused: `FusedDecoder.set_lora` returns False and the backend runs the modules
-  themselves (`module_layer`).
+  adapter, README). In a prefill with a bf16 adapter the projection group is one matmul and `(x A^T) B^T` is
+  accumulated into its output (`addmm_`, no separate add over the whole output), instead of the separate
+  matmuls, two LoRA matmuls and an add (`python -m bench.adapter_generation`, README). The base output is
+  then rounded as the fused matmul rounds it, and the LoRA product is added to it unrounded (one rounding
+  where the modules take two): within a bf16 rounding of the modules under the trainer's autocast, not
+  bit-identical to them (without an adapter a prefill stays bit-identical to `generate`). Adapters PEFT
+  computes differently (DoRA and other variants, LoRA bias, merged or several active adapters) are not
+  fused: `FusedDecoder.set_lora` returns False and the backend runs the modules themselves (`module_layer`).
 - transformers' RMSNorm (six ops) becomes `weight * F.rms_norm(x)` where that gives the module's exact
   output; q and k get their rotary embedding in one op sequence.
 """
@@ -168,7 +173,13 @@ class FusedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xa = None  # x A^T, when the packed matmul computed it
-        if x.numel() > FUSE_MAX_ROWS * x.shape[-1]:
+        big = x.numel() > FUSE_MAX_ROWS * x.shape[-1]
+        if big and self.lora is not None and self.lora[2] is None:  # a prefill with a bf16 adapter
+            a, b, _ = self.lora
+            flat = x.reshape(-1, x.shape[-1])
+            y = F.linear(flat, self.weight, self.bias).addmm_(F.linear(flat, a), b.t())
+            return y.view(*x.shape[:-1], self.width)
+        if big:
             biases = self.bias.split(self.sizes) if self.bias is not None else [None] * len(self.sizes)
             y = torch.cat([F.linear(x, w, b) for w, b in zip(self.weight.split(self.sizes), biases)], -1)
         elif self.packed is not None:

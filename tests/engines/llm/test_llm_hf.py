@@ -11,6 +11,7 @@ import torch
 from sage.configs.schema import ModelConfig
 from sage.engines.llm import GenRequest, load_llm
 from sage.engines.llm.hf import HFLLM
+from sage.engines.llm.hf_fast import FUSE_MAX_ROWS
 
 SCORE_RX = r"<score>(10|[1-9])</score>"
 
@@ -302,7 +303,9 @@ def test_sampling_helpers_match_their_plain_torch_definitions(vocab):
 def test_bf16_adapter_computes_in_bf16_on_either_path_as_the_trainer_does(sharp_model, tmp_path):
     """Under a bf16 base the adapter computes in bf16 (`adapter_compute_dtype`): the fused layers (A appended to
     the packed decode matmul, the scaling folded into B) give the tokens and log-probs of the model's own
-    modules under the trainer's autocast, and those are not the float32 adapter's."""
+    modules under the trainer's autocast, and those are not the float32 adapter's. One request at a time, so
+    every prefill is short (at most `FUSE_MAX_ROWS` rows) and runs the same matmuls as a decode step; a long
+    prefill is the next test's."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -315,14 +318,54 @@ def test_bf16_adapter_computes_in_bf16_on_either_path_as_the_trainer_does(sharp_
     assert llm._fused_ok
     reqs = [GenRequest(_msgs(p), n=2, max_new_tokens=10, temperature=1.0, seed=3) for p in PROMPTS[:3]]
     reqs.append(GenRequest(_msgs(PROMPTS[4]), max_new_tokens=10, temperature=0))
-    fused = llm.generate(reqs)
+
+    def generate():
+        out = [llm.generate([r])[0] for r in reqs]
+        assert max(len(r.prompt_ids) * q.n for r, q in zip(out, reqs)) <= FUSE_MAX_ROWS
+        return out
+
+    fused = generate()
     llm._fused_ok = False
     try:
-        modules = llm.generate(reqs)
+        modules = generate()
         llm._adapter_autocast = contextlib.nullcontext  # the modules as PEFT runs them: a float32 adapter
-        float32 = llm.generate(reqs)
+        float32 = generate()
     finally:
         llm._fused_ok = True
         del llm._adapter_autocast
     _assert_same(fused, modules, abs=1e-6)
     assert _tokens(fused) != _tokens(float32)
+
+
+def test_bf16_adapter_in_a_long_prefill_is_within_a_bf16_rounding_of_the_trainers_autocast(sharp_model, tmp_path):
+    """A prefill of more than `FUSE_MAX_ROWS` rows runs each projection group as one matmul with `(x A^T) B^T`
+    accumulated into it: per projection within a bf16 rounding of the modules under the trainer's autocast,
+    and no farther from the exact (float64) result than they are."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(7)
+    base = AutoModelForCausalLM.from_pretrained(sharp_model, dtype=torch.float32)
+    get_peft_model(base, LoraConfig(r=4, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+                   ).save_pretrained(tmp_path / "lora")
+    llm = HFLLM(ModelConfig(name=str(sharp_model), dtype="bfloat16"), device="cpu")
+    llm.use_adapter(str(tmp_path / "lora"))
+    assert llm._fused_ok
+    layer, attn = llm._fused.layers[0], llm.base.model.layers[0].self_attn
+    x = torch.randn(3, 100, attn.q_proj.in_features, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    with torch.no_grad():
+        fused = layer.qkv(x)
+        llm._fused_ok = False  # the modules as the backend runs them when it cannot fuse: the trainer's autocast
+        with llm._adapter_autocast():
+            modules = torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], -1)
+        llm._fused_ok = True
+
+    def exact(m):  # base + B A x * scaling in float64
+        w, a, b = (t.double() for t in (m.base_layer.weight, m.lora_A["default"].weight, m.lora_B["default"].weight))
+        return x.double() @ w.T + (x.double() @ a.T) @ b.T * m.scaling["default"]
+
+    ref = torch.cat([exact(attn.q_proj), exact(attn.k_proj), exact(attn.v_proj)], -1)
+    assert fused.dtype == torch.bfloat16 and fused.shape == modules.shape
+    # a rounding of the output's scale (the modules round the base output before the LoRA term is added)
+    assert (fused.float() - modules.float()).abs().max() <= 2 ** -6 * modules.float().abs().max()
+    assert (fused.double() - ref).abs().mean() <= 1.05 * (modules.double() - ref).abs().mean()
