@@ -19,10 +19,12 @@ class ScriptedLLM:
         self.script = script
         self.adapter: str | None = None
         self.calls: list[int] = []          # batch sizes, to check stages submit whole batches
+        self.requests: list[GenRequest] = []  # every request seen, in order
         self.adapters_used: list[str | None] = []
 
     def generate(self, requests: list[GenRequest], progress=None) -> list[GenResult]:
         self.calls.append(len(requests))
+        self.requests += requests
         self.adapters_used.append(self.adapter)
         out = []
         for req in requests:

@@ -15,28 +15,21 @@ from tests.flows.scripted_run import OVERRIDES
 from tests.scripted import ScriptedLLM
 
 
-class Recorder(ScriptedLLM):
-    def __init__(self):
-        # a sample under the grammar is well formed, one without it is not (as the bundled model mostly is)
-        super().__init__(lambda req: ["<answer>\\boxed{4}</answer>" if req.regex_for(j) else "four"
-                                      for j in range(req.n)])
-        self.requests = []
-
-    def generate(self, requests, progress=None):
-        self.requests += requests
-        return super().generate(requests, progress)
+def script(req):
+    """A sample under the grammar is well formed, one without it is not (as the bundled model's mostly are)."""
+    return ["<answer>\\boxed{4}</answer>" if req.regex_for(j) else "four" for j in range(req.n)]
 
 
 @pytest.fixture
 def make_ctx(tmp_path):
     opened = []
 
-    def make(*extra: str, iteration: int = 1) -> tuple[StageContext, Recorder]:
+    def make(*extra: str, iteration: int = 1) -> tuple[StageContext, ScriptedLLM]:
         cfg = load_config("cpu", [f"run.dir={tmp_path}", *OVERRIDES, "roles.solver.constrain=true", *extra])
         wh = Warehouse.open(tmp_path / f"wh{len(opened)}.duckdb")
         wh.insert_batch("runs", [dict(run_id="r", config=config_json(cfg), config_hash=config_hash(cfg),
                                       base_model=cfg.model.name, seed=0)])
-        llm = Recorder()
+        llm = ScriptedLLM(script)
         engines = Engines(cfg, llm=llm)
         opened.extend([wh, engines])
         return StageContext(cfg=cfg, wh=wh, run_id="r", iteration=iteration, engines=engines), llm

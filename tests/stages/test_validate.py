@@ -48,15 +48,10 @@ def solver(req, adapter) -> str:
 
 
 class Recorder(ScriptedLLM):
-    """ScriptedLLM whose answers depend on the adapter in use, keeping every request it saw."""
+    """ScriptedLLM whose answers depend on the adapter in use."""
 
     def __init__(self):
         super().__init__(lambda req: solver(req, self.adapter))
-        self.requests = []
-
-    def generate(self, requests, progress=None):
-        self.requests += requests
-        return super().generate(requests, progress)
 
 
 @pytest.fixture

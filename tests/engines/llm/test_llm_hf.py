@@ -300,12 +300,8 @@ def test_sampling_helpers_match_their_plain_torch_definitions(vocab):
         assert bool(((got == ref) | near).all())
 
 
-def test_bf16_adapter_computes_in_bf16_on_either_path_as_the_trainer_does(sharp_model, tmp_path):
-    """Under a bf16 base the adapter computes in bf16 (`adapter_compute_dtype`): the fused layers (A appended to
-    the packed decode matmul, the scaling folded into B) give the tokens and log-probs of the model's own
-    modules under the trainer's autocast, and those are not the float32 adapter's. One request at a time, so
-    every prefill is short (at most `FUSE_MAX_ROWS` rows) and runs the same matmuls as a decode step; a long
-    prefill is the next test's."""
+def _bf16_with_adapter(sharp_model, tmp_path) -> HFLLM:
+    """The sharp model in bf16 with a random (non-zero) rank-4 adapter on every linear layer, fused."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -316,6 +312,16 @@ def test_bf16_adapter_computes_in_bf16_on_either_path_as_the_trainer_does(sharp_
     llm = HFLLM(ModelConfig(name=str(sharp_model), dtype="bfloat16"), device="cpu")
     llm.use_adapter(str(tmp_path / "lora"))
     assert llm._fused_ok
+    return llm
+
+
+def test_bf16_adapter_computes_in_bf16_on_either_path_as_the_trainer_does(sharp_model, tmp_path):
+    """Under a bf16 base the adapter computes in bf16 (`adapter_compute_dtype`): the fused layers (A appended to
+    the packed decode matmul, the scaling folded into B) give the tokens and log-probs of the model's own
+    modules under the trainer's autocast, and those are not the float32 adapter's. One request at a time, so
+    every prefill is short (at most `FUSE_MAX_ROWS` rows) and runs the same matmuls as a decode step; a long
+    prefill is the next test's."""
+    llm = _bf16_with_adapter(sharp_model, tmp_path)
     reqs = [GenRequest(_msgs(p), n=2, max_new_tokens=10, temperature=1.0, seed=3) for p in PROMPTS[:3]]
     reqs.append(GenRequest(_msgs(PROMPTS[4]), max_new_tokens=10, temperature=0))
 
@@ -341,16 +347,7 @@ def test_bf16_adapter_in_a_long_prefill_is_within_a_bf16_rounding_of_the_trainer
     """A prefill of more than `FUSE_MAX_ROWS` rows runs each projection group as one matmul with `(x A^T) B^T`
     accumulated into it: per projection within a bf16 rounding of the modules under the trainer's autocast,
     and no farther from the exact (float64) result than they are."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(7)
-    base = AutoModelForCausalLM.from_pretrained(sharp_model, dtype=torch.float32)
-    get_peft_model(base, LoraConfig(r=4, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
-                   ).save_pretrained(tmp_path / "lora")
-    llm = HFLLM(ModelConfig(name=str(sharp_model), dtype="bfloat16"), device="cpu")
-    llm.use_adapter(str(tmp_path / "lora"))
-    assert llm._fused_ok
+    llm = _bf16_with_adapter(sharp_model, tmp_path)
     layer, attn = llm._fused.layers[0], llm.base.model.layers[0].self_attn
     x = torch.randn(3, 100, attn.q_proj.in_features, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     with torch.no_grad():
