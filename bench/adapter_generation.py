@@ -5,13 +5,15 @@
 
 Iterations after the first generate with the previous iteration's adapter, so this is the cost every later
 iteration pays. The model is `cpu.yaml`'s (SmolLM2-135M, bf16 on a CPU with bf16 support); the adapter has its
-shape (rank 16, alpha 32, every linear layer) with random non-zero weights, which cost what trained ones do.
+shape (rank 16, alpha 32, every linear layer) as PEFT initialises it (B = 0): its matmuls cost what a trained
+adapter's do, and the tokens are exactly the base model's, so both runs decode the same sequences.
 The prompts are the pipeline's own (`--kind`: the Solver's by default, its worked example included, as
-validation and the solve stage send them; or the Critic's or the Planner's), sampled at temperature 0.7, so
-prefill and decode both count as they do in a stage. It prints the wall time of the whole generation and of
-the prefill alone (`max_new_tokens` 1), best of `--repeat` interleaved runs in one process (and of `--rounds`
-processes), and the adapter's ratio to the base model. `--revision REV` measures REV's files the same way, in
-alternating processes, to compare a change with the code before it. Never run as a test.
+validation and the solve stage send them; or the Critic's or the Planner's), greedy by default as validation
+decodes (`--temperature` to sample), so prefill and decode both count as they do in a stage. It prints the
+wall time of the whole generation and of the prefill alone (`max_new_tokens` 1), best of `--repeat`
+interleaved runs in one process (and of `--rounds` processes), and the adapter's ratio to the base model.
+`--revision REV` measures REV's files the same way, in alternating processes, to compare a change with the
+code before it. Never run as a test.
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ def child(args) -> dict:
     llm = HFLLM(cfg.model)
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
-        peft = get_peft_model(copy.deepcopy(llm.base), LoraConfig(r=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha,
-                                                   target_modules="all-linear", init_lora_weights=False))
+        # PEFT's initialisation, B = 0: the samples are exactly the base model's, so both runs decode the same
+        # tokens, and the adapter's matmuls cost what a trained adapter's do
+        lora = LoraConfig(r=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha, target_modules="all-linear")
+        peft = get_peft_model(copy.deepcopy(llm.base), lora)
         peft.save_pretrained(tmp)
         del peft
         limit = field_limit(args.kind, llm.tokenizer, cfg.model.max_model_len, args.new_tokens)
@@ -59,11 +63,14 @@ def child(args) -> dict:
 
         def timed(adapter: str | None, new_tokens: int) -> tuple[float, int]:
             llm.use_adapter(adapter)
-            reqs = [GenRequest(p, max_new_tokens=new_tokens, temperature=0.7, seed=k) for k, p in enumerate(prompts)]
+            reqs = [GenRequest(p, max_new_tokens=new_tokens, temperature=args.temperature, seed=k)
+                    for k, p in enumerate(prompts)]
             t = time.perf_counter()
             out = llm.generate(reqs)
+            seconds = time.perf_counter() - t
             res["prompt_tokens"] = sum(len(r.prompt_ids) for r in out)
-            return time.perf_counter() - t, sum(len(c.token_ids) for r in out for c in r.completions)
+            res[f"{'adapter' if adapter else 'base'}_steps"] = max(len(c.token_ids) for r in out for c in r.completions)
+            return seconds, sum(len(c.token_ids) for r in out for c in r.completions)
 
         res = {}
         timed(None, 4), timed(tmp, 4)  # warm-up: kernels, the adapter's first load
@@ -82,6 +89,8 @@ def main() -> None:
     ap.add_argument("--kind", default="solver_math", choices=["solver_math", "critic_question", "planner"],
                     help="the pipeline prompt the requests use")
     ap.add_argument("--repeat", type=int, default=3, help="measurements of each in one process, best kept")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy, as validation (with the adapter's small update mostly the base model's tokens)")
     ap.add_argument("--rounds", type=int, default=1, help="fresh processes of each code, best kept")
     ap.add_argument("--revision", help="git revision to compare with (e.g. the commit before a change)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -98,7 +107,8 @@ def main() -> None:
             for name, tree in trees.items():
                 env = dict(os.environ, **({"PYTHONPATH": f"{tree}:{ROOT}"} if tree else {}))
                 r = subprocess.run([sys.executable, "-m", "bench.adapter_generation", "--child", "--rows",
-                                    str(args.rows), "--new-tokens", str(args.new_tokens), "--kind", args.kind, "--repeat", str(args.repeat)], capture_output=True,
+                                    str(args.rows), "--new-tokens", str(args.new_tokens), "--kind", args.kind, "--repeat", str(args.repeat),
+                                    "--temperature", str(args.temperature)], capture_output=True,
                                    text=True, env=env, cwd=ROOT if tree is None else tmp)
                 if r.returncode != 0:
                     raise SystemExit(f"{name} failed:\n{r.stderr[-3000:]}")
@@ -108,17 +118,25 @@ def main() -> None:
                     if k.endswith("_s"):
                         keep[k] = min(keep[k], v)
     load = os.getloadavg()
-    print(f"{args.rows} rows, {best['now']['prompt_tokens']} prompt tokens, up to {args.new_tokens} new each; "
+    now = best["now"]
+    print(f"{args.rows} rows, {now['prompt_tokens']} prompt tokens, up to {args.new_tokens} new each "
+          f"(completion tokens: base {now['base_total_tokens']}, adapter {now['adapter_total_tokens']}); "
           f"best of {args.repeat} x {args.rounds} (load average {load[0]:.1f} {load[1]:.1f})")
-    print("ms/tok: the prefill per prompt token, the whole generation per completion token")
-    print(f"{'code':>10} {'part':>8} {'base s':>8} {'adapter s':>10} {'ratio':>6} {'base ms/tok':>12} "
-          f"{'adapter ms/tok':>15}")
+    print("ms per: prefill, a prompt token; total, a completion token; decode (total - prefill), a step (the longest "
+          "completion's tokens)")
+    print(f"{'code':>10} {'part':>8} {'base s':>8} {'adapter s':>10} {'ratio':>6} {'base ms per':>12} "
+          f"{'adapter ms per':>15} {'ratio':>6}")
     for name, r in best.items():
-        for part in ("prefill", "total"):
-            b, a = r[f"base_{part}_s"], r[f"adapter_{part}_s"]
-            tb, ta = ((r["prompt_tokens"],) * 2 if part == "prefill"
-                      else (r[f"base_{part}_tokens"], r[f"adapter_{part}_tokens"]))
-            print(f"{name:>10} {part:>8} {b:8.2f} {a:10.2f} {a / b:6.2f}x {1e3 * b / tb:12.2f} {1e3 * a / ta:15.2f}")
+        for part in ("prefill", "total", "decode"):
+            if part == "decode":
+                b, a = (r[f"{k}_total_s"] - r[f"{k}_prefill_s"] for k in ("base", "adapter"))
+                tb, ta = r["base_steps"], r["adapter_steps"]
+            else:
+                b, a = r[f"base_{part}_s"], r[f"adapter_{part}_s"]
+                tb, ta = ((r["prompt_tokens"],) * 2 if part == "prefill"
+                          else (r[f"base_{part}_tokens"], r[f"adapter_{part}_tokens"]))
+            print(f"{name:>10} {part:>8} {b:8.2f} {a:10.2f} {a / b:6.2f}x {1e3 * b / tb:12.2f} {1e3 * a / ta:15.2f} "
+                  f"{(a / ta) / (b / tb):6.2f}x")
 
 
 if __name__ == "__main__":

@@ -159,6 +159,8 @@ class FusedLinear:
         appended = self.lora[0] if self.lora is not None and self.lora[2] is None else None
         if self.packed_rank or appended is not None:  # the packed weight changes only if A rows come or go
             self.packed, self.packed_bias, self.packed_rank = self._packed(appended)
+        # B packed too, for the decode step's `(x A^T) B^T` (plain F.linear reorders its weight on every call)
+        self.packed_b = torch.ops.mkldnn._reorder_linear_weight(self.lora[1], 64) if self.packed_rank else None
 
     def _packed(self, a: torch.Tensor | None):
         """The weight in oneDNN's blocked layout for decode steps, with the rows of the bf16 A `a` appended;
@@ -192,7 +194,9 @@ class FusedLinear:
             return y
         a, b, scale = self.lora
         if scale is None:  # bf16, as under the trainer's autocast: y + (x A^T) (scaling B)^T
-            return y + F.linear(F.linear(x, a) if xa is None else xa, b)
+            if xa is not None:
+                return y + torch.ops.mkldnn._linear_pointwise(xa, self.packed_b, None, "none", [], "")
+            return y + F.linear(F.linear(x, a), b)
         # float32, as PEFT: result + lora_B(lora_A(x.to(A dtype))) * scaling, back to y's dtype
         return (y + F.linear(F.linear(x.to(a.dtype), a), b) * scale).to(y.dtype)
 
