@@ -90,7 +90,7 @@ def main() -> None:
                     help="the pipeline prompt the requests use")
     ap.add_argument("--repeat", type=int, default=3, help="measurements of each in one process, best kept")
     ap.add_argument("--temperature", type=float, default=0.0,
-                    help="0: greedy, as validation (with the adapter's small update mostly the base model's tokens)")
+                    help="0: greedy, as validation decodes; above 0 the stages' sampling")
     ap.add_argument("--rounds", type=int, default=1, help="fresh processes of each code, best kept")
     ap.add_argument("--revision", help="git revision to compare with (e.g. the commit before a change)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -106,10 +106,10 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, tree in trees.items():
                 env = dict(os.environ, **({"PYTHONPATH": f"{tree}:{ROOT}"} if tree else {}))
-                r = subprocess.run([sys.executable, "-m", "bench.adapter_generation", "--child", "--rows",
-                                    str(args.rows), "--new-tokens", str(args.new_tokens), "--kind", args.kind, "--repeat", str(args.repeat),
-                                    "--temperature", str(args.temperature)], capture_output=True,
-                                   text=True, env=env, cwd=ROOT if tree is None else tmp)
+                cmd = [sys.executable, "-m", "bench.adapter_generation", "--child", "--rows", str(args.rows),
+                       "--new-tokens", str(args.new_tokens), "--kind", args.kind, "--repeat", str(args.repeat),
+                       "--temperature", str(args.temperature)]
+                r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT if tree is None else tmp)
                 if r.returncode != 0:
                     raise SystemExit(f"{name} failed:\n{r.stderr[-3000:]}")
                 got = json.loads(r.stdout.strip().splitlines()[-1])

@@ -83,6 +83,7 @@ def validation(wh, run_id: str, k: int) -> dict:
 
 
 def signal(wh, run_id: str, k: int) -> dict:
+    from sage.configs.names import TRAINED_PURPOSES
     from sage.flows.report import REJECTION_REASONS
 
     roles = {r["role"]: r for r in wh.rows("""
@@ -94,8 +95,8 @@ def signal(wh, run_id: str, k: int) -> dict:
     # grammar annealing: the training samples drawn without the grammar, and how many of them are well formed
     free = {r["role"]: r for r in wh.rows("""
         SELECT role, count(*) AS n, avg(format_reward) AS format FROM rollouts
-        WHERE run_id = ? AND iteration = ? AND constrained = false AND purpose NOT IN ('probe', 'validate')
-        GROUP BY role""", [run_id, k])}
+        WHERE run_id = ? AND iteration = ? AND constrained = false AND list_contains(?::VARCHAR[], purpose)
+        GROUP BY role""", [run_id, k, sorted(map(str, TRAINED_PURPOSES))])}
     out = {}
     for role in ROLES:
         r, f = roles.get(role, {}), free.get(role, {})

@@ -34,6 +34,11 @@ class Purpose(StrEnum):
     VALIDATE = "validate"                    # Solver, greedy: a held-out validation answer (not trained on)
 
 
+# The purposes whose rollouts are scored and trained on (probes and validation answers are not).
+TRAINED_PURPOSES = frozenset({Purpose.CHALLENGE, Purpose.CRITIQUE_QUESTION, Purpose.PLAN, Purpose.CRITIQUE_PLAN,
+                              Purpose.SOLVE})
+
+
 class Stage(StrEnum):
     """The stages the flow records in `stage_runs` and `sage stage NAME` re-runs, in SAGE.md's order."""
     SEED = "seed"

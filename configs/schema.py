@@ -67,7 +67,7 @@ class RoleConfig(_Section):
 
     def unconstrained_share(self, iteration: int) -> float:
         """The share of training samples drawn without the grammar in `iteration` (1-based)."""
-        if not self.constrain or not self.unconstrained:
+        if not self.unconstrained:  # (a schedule needs `constrain`: the validator refuses one without)
             return 0.0
         return self.unconstrained[min(max(iteration, 1), len(self.unconstrained)) - 1]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sage.configs.names import Purpose, Role, Stage
+from sage.configs.names import TRAINED_PURPOSES, Purpose, Role, Stage
 from sage.engines.text import tags
 from sage.engines.llm.base import GenRequest
 from sage.stages.context import StageContext
@@ -80,22 +80,18 @@ def parse(role: Role, domain: str, text: str) -> tags.Parsed:
     return tags.parse_solver(text, domain)
 
 
-# Rollouts that train a role; grammar annealing (`roles.<role>.unconstrained`) applies to these only.
-ANNEALED = frozenset({Purpose.CHALLENGE, Purpose.CRITIQUE_QUESTION, Purpose.PLAN, Purpose.CRITIQUE_PLAN,
-                      Purpose.SOLVE})
-
-
-def _free(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool) -> frozenset[int]:
-    """The samples of `unit` drawn without the grammar: sample j when a uniform from a hash of its rollout id
-    (and the run seed) falls below the role's share for this iteration, so a re-run picks the same ones."""
-    share = getattr(ctx.cfg.roles, unit.role).unconstrained_share(ctx.iteration)
-    if greedy or purpose not in ANNEALED or share == 0:
+def _free(ctx: StageContext, role: Role, purpose: Purpose, greedy: bool, rollout_ids: list[str]) -> frozenset[int]:
+    """The samples drawn without the grammar (grammar annealing, training purposes only): sample j when a
+    uniform from a hash of its rollout id (and the run seed) falls below the role's share for this iteration,
+    so a re-run picks the same ones."""
+    share = getattr(ctx.cfg.roles, role).unconstrained_share(ctx.iteration)
+    if greedy or purpose not in TRAINED_PURPOSES or share == 0:
         return frozenset()
-    return frozenset(j for j in range(unit.n) if seed_from_id(content_id(
-        "unconstrained", ctx.cfg.run.seed, unit.rollout_id(ctx, purpose, j))) < share * 2**31)
+    return frozenset(j for j, rid in enumerate(rollout_ids)
+                     if seed_from_id(content_id("unconstrained", ctx.cfg.run.seed, rid)) < share * 2**31)
 
 
-def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool = False) -> GenRequest:
+def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool, rollout_ids: list[str]) -> GenRequest:
     role_cfg = getattr(ctx.cfg.roles, unit.role)
     regex = None
     if role_cfg.constrain:
@@ -105,7 +101,7 @@ def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool = Fal
     return GenRequest(messages=prompt(ctx, unit.kind, role_cfg.max_new_tokens, **unit.fields), n=unit.n,
                       max_new_tokens=role_cfg.max_new_tokens, temperature=0.0 if greedy else role_cfg.temperature,
                       top_p=role_cfg.top_p, seed=seed, regex=regex,
-                      free=_free(ctx, unit, purpose, greedy) if regex else frozenset())
+                      free=_free(ctx, unit.role, purpose, greedy, rollout_ids))
 
 
 def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit],
@@ -119,7 +115,7 @@ def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit
     ctx.report(stage, 0, len(pending), 0)
     for start in range(0, len(pending), step):
         batch = pending[start:start + step]
-        requests = [_request(ctx, u, purpose, greedy) for u in batch]
+        requests = [_request(ctx, u, purpose, greedy, ids[id(u)]) for u in batch]
         results = ctx.llm.generate(requests)
         rows = []
         for unit, req, res in zip(batch, requests, results):

@@ -6,7 +6,7 @@ nothing usable is stored (`Warehouse.records`).
 
 from __future__ import annotations
 
-from sage.configs.names import Purpose
+from sage.configs.names import TRAINED_PURPOSES, Purpose
 from sage.warehouse.db import Warehouse
 
 
@@ -193,9 +193,8 @@ def scoring_inputs(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
         LEFT JOIN questions g ON r.purpose = 'challenge' AND g.rollout_id = r.rollout_id
         LEFT JOIN plans pl ON pl.plan_id = CASE WHEN r.purpose = 'plan' THEN r.rollout_id ELSE r.plan_id END
         LEFT JOIN verdicts v ON v.rollout_id = r.rollout_id
-        WHERE r.run_id = ? AND r.iteration = ?
-          AND r.purpose IN ('challenge', 'critique_question', 'critique_plan', 'plan', 'solve')
-        ORDER BY r.rollout_id""", [run_id, iteration])
+        WHERE r.run_id = ? AND r.iteration = ? AND list_contains(?::VARCHAR[], r.purpose)
+        ORDER BY r.rollout_id""", [run_id, iteration, sorted(map(str, TRAINED_PURPOSES))])
 
 
 # -- runs and iterations ---------------------------------------------------------------------------------------

@@ -64,11 +64,11 @@ class VLLMLLM:
     def _params(self, req: GenRequest, j: int, room: int):
         from vllm import SamplingParams
 
-        extra = {}
-        if req.regex_for(j) is not None:
+        extra, regex = {}, req.regex_for(j)
+        if regex is not None:
             from vllm.sampling_params import StructuredOutputsParams
 
-            extra["structured_outputs"] = StructuredOutputsParams(regex=req.regex_for(j))
+            extra["structured_outputs"] = StructuredOutputsParams(regex=regex)
         if isinstance(self.engine, _AsyncEngine):
             from vllm.sampling_params import RequestOutputKind
 
