@@ -24,6 +24,8 @@ default `sage-runs/learning/<run id>`. Rerunning the same command continues the 
 only the measures missing from `measures.json` (each is deterministic given the seed). Writes `learning.csv`
 (one row per iteration), `learning.md` (the command, config, seed, time, and the table with one column per
 iteration) and PNG curves. `--model tiny` runs it on the tiny random test model in a few minutes.
+`bench/heldout.py` then tests the checkpoints on fresh problems: validation chose the kept one, so its
+validation score is biased upwards.
 """
 
 from __future__ import annotations

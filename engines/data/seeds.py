@@ -52,7 +52,7 @@ class SeedItem:
     question: str
     verifier: dict[str, Any]          # math: {"answer"}; code: {"entry_point", "inputs", "outputs"?}
     source: str
-    split: str = "seed"               # seed | validation
+    split: str = "seed"               # seed | validation | test (bench/heldout.py's fresh test set)
     solution: str | None = None       # code: reference solution (run in the sandbox for outputs)
     input_generator: str | None = field(default=None, repr=False)  # codeio: code that makes the inputs
     where: str | None = field(default=None, repr=False)            # a user's file: PATH:LINE of the row
@@ -60,11 +60,15 @@ class SeedItem:
 
 # -- default set ---------------------------------------------------------------------------------------
 
+#: Added to the generator seeds per split, so the splits draw from disjoint generator seeds.
+SPLIT_OFFSETS = {"seed": 0, "validation": 1_000_003, "test": 2_000_006}
+
+
 def default_math(n: int, seed: int, split: str,
                  generators: dict[str, dict[str, Any]] | None = None) -> list[SeedItem]:
     """`n` procedural problems split evenly among reasoning-gym `generators` (name -> that generator's config
-    overrides; default: `MATH_GENERATORS` as reasoning-gym configures them). Seed and validation splits use
-    disjoint generator seeds. A name reasoning-gym does not know, an override its config does not take, or
+    overrides; default: `MATH_GENERATORS` as reasoning-gym configures them). The seed, validation and test
+    splits use disjoint generator seeds. A name reasoning-gym does not know, an override its config does not take, or
     settings it takes but cannot generate a problem with, raise ConfigError naming it."""
     import reasoning_gym
     from reasoning_gym.factory import DATASETS
@@ -72,7 +76,7 @@ def default_math(n: int, seed: int, split: str,
     generators = {name: {} for name in MATH_GENERATORS} if generators is None else generators
     items: list[SeedItem] = []
     per = -(-n // len(generators)) if n and generators else 0
-    offset = 0 if split == "seed" else 1_000_003  # disjoint generator seeds for validation
+    offset = SPLIT_OFFSETS[split]
     for k, (name, overrides) in enumerate(generators.items()):
         if name not in DATASETS:
             raise ConfigError(f"seeds.math_generators: reasoning-gym has no generator {name!r}; "

@@ -1,8 +1,9 @@
 """bench/learning.py: its statistics on known values, and a two-iteration run on the tiny model that a second
-invocation resumes without recomputing anything."""
+invocation resumes without recomputing anything; bench/heldout.py on that run's checkpoint."""
 
 import csv
 import json
+from collections import Counter
 import re
 import subprocess
 import sys
@@ -49,11 +50,16 @@ def _counts(out: Path) -> tuple[int, int]:
         return wh.count("rollouts"), wh.scalar("SELECT count(*) FROM rollouts WHERE purpose = 'validate'")
 
 
-def test_two_iterations_on_the_tiny_model_then_a_resume_that_recomputes_nothing(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     # Its own private Prefect server, as a user gets: the session-wide test server is a child of this process,
     # and the sandbox tests (later in the order) count stray children.
-    out = tmp_path / "learning"
-    first = _bench(out)
+    out = tmp_path_factory.mktemp("bench") / "learning"
+    return out, _bench(out)
+
+
+def test_two_iterations_on_the_tiny_model_then_a_resume_that_recomputes_nothing(tiny_run):
+    out, first = tiny_run
     assert first.returncode == 0, first.stderr[-3000:]
     with (out / "learning.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -84,3 +90,48 @@ def test_two_iterations_on_the_tiny_model_then_a_resume_that_recomputes_nothing(
     assert _counts(out) == counts  # no stage generated anything
     assert not re.search(r"\[learning\] iteration \d+ \w+ \(", second.stdout)  # no measure line
     assert json.loads(cache)["run_id"] in first.stdout
+
+
+def _heldout(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench.heldout", "--out", str(out), "--n", "12", "--iteration", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def _outcome(wh, iteration: int) -> dict[str, bool]:
+    return {r["question_id"]: r["s_gt"] >= 1.0 for r in wh.rows(
+        "SELECT r.question_id, v.s_gt FROM rollouts r JOIN verdicts v USING (rollout_id) WHERE r.iteration = ? "
+        "AND r.purpose = 'validate'", [iteration])}
+
+
+def test_heldout_answers_fresh_problems_with_base_and_checkpoint_and_leaves_the_run_untouched(tiny_run):
+    out, first = tiny_run
+    assert first.returncode == 0, first.stderr[-3000:]
+    counts = _counts(out)
+    with Warehouse.open(out / "warehouse.duckdb", read_only=True) as wh:
+        seen = {r["text"] for r in wh.rows("SELECT text FROM questions")}
+        adapter = wh.scalar("SELECT adapter_out FROM iterations WHERE iteration = 2")
+    done = _heldout(out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _counts(out) == counts  # the learning run's warehouse is only read
+    with Warehouse.open(out / "heldout-12" / "warehouse.duckdb", read_only=True) as wh:
+        questions = wh.rows("SELECT text, source FROM questions WHERE origin = 'validation'")
+        by_model = {r["iteration"]: r["adapters"] for r in wh.rows(
+            "SELECT iteration, list(DISTINCT adapter) AS adapters FROM rollouts WHERE purpose = 'validate' GROUP BY 1")}
+        base, checkpoint = _outcome(wh, 0), _outcome(wh, 2)
+        answered = wh.count("rollouts")
+    assert len(questions) == 12 and not {q["text"] for q in questions} & seen
+    assert sorted(Counter(q["source"] for q in questions).values()) == [2] * 6  # the default generators, 2 each
+    assert by_model == {0: [None], 2: [adapter]} and len(base) == len(checkpoint) == 12
+    paired = json.loads((out / "heldout-12.json").read_text())["iterations"]["2"]["test"]
+    assert (paired["mcnemar_b"], paired["mcnemar_c"]) == (sum(base[q] and not checkpoint[q] for q in base),
+                                                          sum(checkpoint[q] and not base[q] for q in base))
+    text = (out / "heldout-12.md").read_text()
+    assert f"| test pass@1 [95% Wilson] | {sum(base.values()) / 12:.3f}" in text
+    assert re.search(r"\| iteration \| 0( \(kept\))? \| 2( \(kept\))? \|\n", text)  # the base model, then iteration 2
+
+    again = _heldout(out)  # a rerun answers nothing again and reports the same
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0 answered now" in again.stdout
+    with Warehouse.open(out / "heldout-12" / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.count("rollouts") == answered
+    assert json.loads((out / "heldout-12.json").read_text())["iterations"]["2"]["test"] == paired

@@ -272,7 +272,9 @@ def test_attack(backend, name):
     score, passed = score_outputs([expected], res)
     assert score == 0.0 and passed == [False], (res.status, res.outputs, res.errors)
     assert res.backend == backend
-    assert res.duration_s <= TIMEOUT_S + 0.5, res.duration_s
+    # the kill lands within a second of the timeout; on a loaded 2-core machine scheduling alone has delayed it
+    # by 0.58 s (2.58 s at TIMEOUT_S 2.0 in a full test run)
+    assert res.duration_s <= TIMEOUT_S + 1.0, res.duration_s
     assert psutil.pid_exists(os.getpid())
     assert run["decoy"].poll() is None, "decoy process was killed"
     assert not run["leftover"], f"sandbox processes left behind: {run['leftover']}"

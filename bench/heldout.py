@@ -1,0 +1,185 @@
+"""The checkpoint a learning run keeps, against the base model, on a fresh test set it was never chosen on.
+
+    .venv/bin/python -m bench.heldout --out DIR [--n 300] [--iteration K ... | --all]
+
+`bench/learning.py` picks the best checkpoint on its validation set, so that set's score of the pick is biased
+upwards (the best of N noisy scores) and its McNemar test against the base model is too optimistic. This
+measures the pick again on test problems that took no part in any choice: `--n` math problems of the run's
+own generators (`seeds.math_generators`), as many of each generator as the others (the validation set's
+mix), drawn from generator seeds disjoint from the seed and validation splits (`SPLIT_OFFSETS`), and none
+with the text of a question the run's warehouse holds (seed, validation or generated). The base model and
+the checkpoints asked for (default: the one validation kept, `checkpoints.is_best`; `--all`: every
+trained one) each answer every problem through the real `validate` stage (greedy, the Solver's prompt and
+grammar, the math checker), in a warehouse of its own (`DIR/heldout-<n>/`, the test problems as its
+validation questions), so the run's own warehouse is only read. Math only: the bundled code tasks have no
+third split (their second half is the validation set). Reports, for every checkpoint answered so far, pass@1
+with 95% Wilson intervals, per generator, and the exact McNemar test against the base model on the problems
+whose outcome differs, beside its validation pass@1. Rerunning generates nothing already answered. Writes
+`DIR/heldout-<n>.md` and `DIR/heldout-<n>.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from bench.learning import validation, wilson
+
+
+def test_items(cfg, seen: set[str], n: int) -> list:
+    """`n` test problems, as many per generator (the remainder to the first ones), none whose normalised text
+    is in `seen`. Draws more from the generators while one is short; one whose space is too small is an error
+    that says how many it has."""
+    from sage.engines.data.seeds import MATH_GENERATORS, default_math
+    from sage.warehouse import norm_hash
+
+    generators = cfg.seeds.math_generators or {name: {} for name in MATH_GENERATORS}
+    names = [f"reasoning_gym:{name}" for name in generators]
+    want = {name: n // len(names) + (i < n % len(names)) for i, name in enumerate(names)}
+    for size in (n, 4 * n, 16 * n, 64 * n):
+        picked, hashes = {name: [] for name in names}, set(seen)
+        for item in default_math(size, cfg.seeds.seed, "test", generators):
+            h = norm_hash(item.question)
+            if len(picked[item.source]) < want[item.source] and h not in hashes:
+                hashes.add(h)
+                picked[item.source].append(item)
+        if all(len(picked[name]) == want[name] for name in names):
+            return [item for name in names for item in picked[name]]
+    short = ", ".join(f"{name} {len(picked[name])} of {want[name]}" for name in names if len(picked[name]) < want[name])
+    raise SystemExit(f"the generators have too few problems the run has not seen ({short}); lower --n")
+
+
+def _source_rows(wh, run_id: str, k: int) -> dict[str, tuple[int, int]]:
+    rows = wh.rows("""SELECT q.source, count(*) AS n, sum((v.s_gt >= 1.0)::INT) AS passed FROM rollouts r
+                      JOIN verdicts v USING (rollout_id) JOIN questions q ON q.question_id = r.question_id
+                      WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'validate' GROUP BY ALL""", [run_id, k])
+    return {r["source"]: (int(r["passed"]), int(r["n"])) for r in rows}
+
+
+def _read_run(out: Path) -> dict:
+    """The learning run's id and config, every trained iteration's adapter, the kept checkpoint, every question
+    text the run's warehouse holds, and the validation pass@1 per iteration (what the kept one was chosen on)."""
+    from sage.warehouse import Warehouse
+    from sage.warehouse.runs import load_run_config
+
+    path = out / "warehouse.duckdb"
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist: --out is the folder of a `bench.learning` run")
+    with Warehouse.open(path, read_only=True) as wh:
+        runs = [r["run_id"] for r in wh.rows("SELECT run_id FROM runs ORDER BY run_id")]
+        if len(runs) != 1:
+            raise SystemExit(f"{path} holds {len(runs)} runs ({', '.join(runs)}); a bench.learning folder holds one")
+        run_id = runs[0]
+        return {"run_id": run_id, "cfg": load_run_config(wh, run_id),
+                "adapters": {r["iteration"]: r["adapter_out"] for r in wh.rows(
+                    "SELECT iteration, adapter_out FROM iterations WHERE run_id = ? AND adapter_out IS NOT NULL",
+                    [run_id])},
+                "kept": wh.scalar("SELECT iteration FROM checkpoints WHERE run_id = ? AND is_best", [run_id]),
+                "seen": {r["norm_hash"] for r in wh.rows("SELECT norm_hash FROM questions")},
+                "validation": {r["iteration"]: r["val_accuracy"] for r in wh.rows(
+                    "SELECT iteration, val_accuracy FROM checkpoints WHERE run_id = ?", [run_id])}}
+
+
+def evaluate(out: Path, n: int, iterations: list[int] | None = None, every: bool = False) -> dict:
+    """Answer the test set with the base model and the checkpoints asked for (default: the kept one; `every`:
+    all trained ones), only what is missing, and the results of every checkpoint answered so far."""
+    from sage.flows.session import Session
+    from sage.stages import validate
+    from sage.warehouse import content_id, norm_hash
+    from sage.warehouse.queries import set_iteration_adapter, start_iteration
+    from sage.warehouse.validate_queries import count_validation_questions
+
+    run = _read_run(out)
+    run_id, adapters = run["run_id"], run["adapters"]
+    if every:
+        iterations = sorted(adapters)
+    elif not iterations:
+        if not run["kept"]:
+            kept = "the base model" if run["kept"] == 0 else "not chosen yet"
+            raise SystemExit(f"run {run_id}'s kept checkpoint is {kept}: nothing to compare; "
+                             f"give --iteration K or --all")
+        iterations = [run["kept"]]
+    missing = [k for k in iterations if k not in adapters]
+    if missing:
+        raise SystemExit(f"run {run_id} has no trained adapter for iteration(s) {missing}; it has {sorted(adapters)}")
+    folder = out / f"heldout-{n}"
+    cfg = run["cfg"].model_copy(update={"run": run["cfg"].run.model_copy(update={"dir": str(folder.resolve())}),
+                                        "validate": run["cfg"].validate.model_copy(update={"n_math": n, "n_code": 0})})
+    with Session(folder) as s:
+        wh = s.warehouse
+        s.create_run(cfg, run_id)
+        if not count_validation_questions(wh):  # drawn once: the run may have generated more questions since
+            wh.insert_batch("questions", [
+                dict(question_id=content_id("question", "test", i.domain, i.question, i.source), origin="validation",
+                     domain=i.domain, text=i.question, verifier=i.verifier, source=i.source,
+                     norm_hash=norm_hash(i.question)) for i in test_items(cfg, run["seen"], n)])
+        for k in [0, *iterations]:
+            start_iteration(wh, run_id, k, None)
+            if k:
+                set_iteration_adapter(wh, run_id, k, adapters[k])
+            start = time.perf_counter()
+            done = validate.run(s.context_for(cfg, run_id, k))
+            print(f"[heldout] iteration {k} ({'base model' if k == 0 else adapters[k]}): pass@1 "
+                  f"{done.info['val_accuracy']:.3f} on {done.rows_in} problems, {done.rows_out} answered now, "
+                  f"{time.perf_counter() - start:.1f} s", flush=True)
+        answered = [r["iteration"] for r in wh.rows(
+            "SELECT DISTINCT iteration FROM rollouts WHERE run_id = ? AND purpose = 'validate' ORDER BY 1", [run_id])]
+        return {"run_id": run_id, "kept": run["kept"], "iterations": {
+            k: {"adapter": adapters.get(k), "validation": run["validation"].get(k), "test": validation(wh, run_id, k),
+                "sources": _source_rows(wh, run_id, k)} for k in answered}}
+
+
+def report(result: dict, command: str) -> str:
+    its = result["iterations"]
+    ks = sorted(its)
+
+    def share(passed: int, total: int) -> str:
+        lo, hi = wilson(passed, total)
+        return f"{passed / total:.3f} [{lo:.2f}, {hi:.2f}] ({passed}/{total})" if total else "-"
+
+    def total(k: int) -> tuple[int, int]:
+        return sum(p for p, _ in its[k]["sources"].values()), sum(t for _, t in its[k]["sources"].values())
+
+    def row(name: str, cells: list[str]) -> str:
+        return f"| {name} | " + " | ".join(cells) + " |"
+
+    kept = result["kept"]
+    lines = [f"# Checkpoints against the base model on {total(0)[1]} fresh test problems (run {result['run_id']})",
+             "", f"- command: `.venv/bin/python -m bench.heldout {command}`",
+             f"- the kept checkpoint (chosen on validation): iteration {kept}; adapters: "
+             f"{Path(its[ks[-1]]['adapter']).parent if its[ks[-1]]['adapter'] else '-'}", "",
+             row("iteration", [f"{k}{' (kept)' if k == kept else ''}" for k in ks]), "|---|" + "---:|" * len(ks),
+             row("validation pass@1 (chosen on)", [f"{its[k]['validation']}" for k in ks]),
+             row("test pass@1 [95% Wilson]", [share(*total(k)) for k in ks]),
+             row("vs base on test: gained / lost, exact McNemar p",
+                 ["" if k == 0 else f"{its[k]['test']['mcnemar_c']} / {its[k]['test']['mcnemar_b']}, "
+                                    f"{its[k]['test']['mcnemar_p']:.3g}" for k in ks])]
+    lines += [row(src, [share(*its[k]["sources"].get(src, (0, 0))) for k in ks]) for src in sorted(its[0]["sources"])]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    import shlex
+    import sys
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="the folder of a bench.learning run")
+    ap.add_argument("--n", type=int, default=300, help="test problems (default 300)")
+    ap.add_argument("--iteration", type=int, action="append", default=[],
+                    help="a checkpoint to test (repeatable; default: the one validation kept)")
+    ap.add_argument("--all", action="store_true", help="test every trained checkpoint")
+    args = ap.parse_args()
+    if args.n < 1:
+        ap.error("--n must be at least 1")
+    out = Path(args.out)
+    result = evaluate(out, args.n, args.iteration, args.all)
+    text = report(result, shlex.join(sys.argv[1:]))
+    (out / f"heldout-{args.n}.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / f"heldout-{args.n}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
