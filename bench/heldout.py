@@ -28,7 +28,7 @@ from pathlib import Path
 from bench.learning import validation, wilson
 
 
-def test_items(cfg, seen: set[str], n: int) -> list:
+def fresh_problems(cfg, seen: set[str], n: int) -> list:
     """`n` test problems, as many per generator (the remainder to the first ones), none whose normalised text
     is in `seen`. Draws more from the generators while one is short; one whose space is too small is an error
     that says how many it has."""
@@ -114,7 +114,7 @@ def evaluate(out: Path, n: int, iterations: list[int] | None = None, every: bool
             wh.insert_batch("questions", [
                 dict(question_id=content_id("question", "test", i.domain, i.question, i.source), origin="validation",
                      domain=i.domain, text=i.question, verifier=i.verifier, source=i.source,
-                     norm_hash=norm_hash(i.question)) for i in test_items(cfg, run["seen"], n)])
+                     norm_hash=norm_hash(i.question)) for i in fresh_problems(cfg, run["seen"], n)])
         for k in [0, *iterations]:
             start_iteration(wh, run_id, k, None)
             if k:
