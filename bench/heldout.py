@@ -87,7 +87,7 @@ def evaluate(out: Path, n: int, iterations: list[int] | None = None, every: bool
     all trained ones), only what is missing, and the results of every checkpoint answered so far."""
     from sage.flows.session import Session
     from sage.stages import validate
-    from sage.warehouse import content_id, norm_hash
+    from sage.stages.seed import question_row
     from sage.warehouse.queries import set_iteration_adapter, start_iteration
     from sage.warehouse.validate_queries import count_validation_questions
 
@@ -111,10 +111,7 @@ def evaluate(out: Path, n: int, iterations: list[int] | None = None, every: bool
         wh = s.warehouse
         s.create_run(cfg, run_id)
         if not count_validation_questions(wh):  # drawn once: the run may have generated more questions since
-            wh.insert_batch("questions", [
-                dict(question_id=content_id("question", "test", i.domain, i.question, i.source), origin="validation",
-                     domain=i.domain, text=i.question, verifier=i.verifier, source=i.source,
-                     norm_hash=norm_hash(i.question)) for i in fresh_problems(cfg, run["seen"], n)])
+            wh.insert_batch("questions", [question_row(i) for i in fresh_problems(cfg, run["seen"], n)])
         for k in [0, *iterations]:
             start_iteration(wh, run_id, k, None)
             if k:

@@ -42,6 +42,13 @@ def question_id(item: SeedItem) -> str:
     return content_id("question", origin, item.domain, item.question, item.source)
 
 
+def question_row(item: SeedItem) -> dict:
+    """The `questions` row of a seed item: origin `seed`, else `validation` (held out)."""
+    return dict(question_id=question_id(item), origin="seed" if item.split == "seed" else "validation",
+                domain=item.domain, text=item.question, verifier=item.verifier, source=item.source,
+                norm_hash=norm_hash(item.question))
+
+
 def _gather(ctx: StageContext) -> list[SeedItem]:
     s, v = ctx.cfg.seeds, ctx.cfg.validate
     if s.source != "default":
@@ -113,11 +120,9 @@ def run(ctx: StageContext) -> StageReport:
         if dropped and not ctx.cfg.seeds.skip_bad:
             raise SeedFileError("\n".join([f"{len(dropped)} code problem(s) of {ctx.cfg.seeds.source} cannot be "
                                              f"used (fix them, or load the rest with --skip-bad):"] + [f"  {i.where or i.source}: {why}" for i, why in dropped]))
-    ids = [question_id(i) for i in items]
-    have = existing_ids(ctx.wh, "questions", "question_id", ids)
-    rows = [dict(question_id=qid, origin="seed" if i.split == "seed" else "validation", domain=i.domain,
-                 text=i.question, verifier=i.verifier, source=i.source, norm_hash=norm_hash(i.question))
-            for qid, i in zip(ids, items) if qid not in have]
+    rows = [question_row(i) for i in items]
+    have = existing_ids(ctx.wh, "questions", "question_id", [r["question_id"] for r in rows])
+    rows = [r for r in rows if r["question_id"] not in have]
     added = ctx.wh.insert_batch("questions", rows)
     info = {f"{o}_{d}": sum(1 for i in items if i.split == o and i.domain == d)
             for o in ("seed", "validation") for d in ("math", "code")}
