@@ -7,26 +7,31 @@ RUN_DIR is a `sage run` project directory. The rows are the iteration's stored t
 trainer's seeded sampler visits them (`run.seed + iteration`), cut into updates of `train.minibatch_size x
 train.grad_accum` rows; a row's shared tokens are the longest prompt prefix it has in common with an earlier
 row of its update. Prints the prompt share of all tokens, the shared share within updates, and the share if the
-whole iteration were one update. Never run as a test.
+whole iteration were one update, and what `train.share_prefix` (one prefix run per group of an update's rows,
+`engines/train/prefix.py`) does not recompute. Never run as a test.
 """
 
 from __future__ import annotations
 
 import argparse
 
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+from sage.engines.train.prefix import SharedPrefixes, common_prefix, update_prefixes
 
 
 def shared_tokens(prompts: list[list[int]]) -> int:
     """Tokens of each prompt already in an earlier prompt's prefix, summed."""
     return sum(max((common_prefix(p, q) for q in prompts[:i]), default=0) for i, p in enumerate(prompts))
+
+
+def saved_tokens(prompts: list[list[int]]) -> int:
+    """Prompt tokens `train.share_prefix` does not recompute in one update of these prompts."""
+    shared = SharedPrefixes(update_prefixes(prompts))
+    served: dict = {}
+    for p in prompts:
+        prefix = shared.match(p)
+        if prefix is not None:
+            served[prefix] = served.get(prefix, 0) + 1
+    return sum(len(prefix) * (n - 1) for prefix, n in served.items())
 
 
 def main() -> None:
@@ -54,9 +59,12 @@ def main() -> None:
     within = sum(shared_tokens([rows[i].prompt_ids for i in order[s:s + block] if i >= 0])
                  for s in range(0, len(order), block))
     whole = shared_tokens([r.prompt_ids for r in rows])
+    saved = sum(saved_tokens([rows[i].prompt_ids for i in order[s:s + block] if i >= 0])
+                for s in range(0, len(order), block))
     print(f"iteration {args.iteration}: {len(rows)} rows, {tokens} tokens, {prompt / tokens:.1%} of them prompt; "
           f"shared prompt prefix within {block}-row updates {within} tokens ({within / tokens:.1%}); "
-          f"if the iteration were one update {whole / tokens:.1%}")
+          f"if the iteration were one update {whole / tokens:.1%}; not recomputed by train.share_prefix "
+          f"{saved} ({saved / tokens:.1%})")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,15 @@ prompt + completion tokens of the rows; time is the training loop only (model lo
 (`VmHWM`: `ru_maxrss` would report this parent's peak, which a child keeps across fork and exec) and its
 resident memory once the model is loaded, before the pass.
 
+`--from-run DIR [--iteration K] [--set section.field=value]` trains on the rows a `sage run` project stored for
+iteration K instead of random ones (`--rows N`: the first N of them), in the order the train stage would. With
+`--whole`, each round also runs our trainer with `train.share_prefix` off, so rows that share a prompt prefix
+are run whole: shared prefixes against none, side by side. For example, the Solver-only rows of the learning
+experiment's lever 5 (every row a Solver prompt, eight samples a question):
+
+    .venv/bin/python bench/train.py --dtype bf16 --minibatch 1 --grad-accum 8 --repeats 2 --whole \
+        --from-run /work/learning-run/lever5 --iteration 7 --set 'train.roles=[solver]' --rows 48
+
 `--head TOKENS` times the LM head alone (log-probs and entropy, forward and backward) through TRL's kernel and
 through ours. `plain_peft_step` is also used by `bench/train_gpu.py`.
 """
@@ -55,6 +64,19 @@ def make_rows(n: int, prompt_len: int, completion_len: int, vocab: int, seed: in
                              advantage=rng.choice([-1.0, 1.0]) * rng.uniform(0.2, 1.5),
                              role=("challenger", "planner", "solver", "critic")[i % 4]))
     return rows
+
+
+def run_rows(run_dir: str, iteration: int, overrides: list[str]) -> list[TrainRow]:
+    """The training rows a `sage run` project stored for `iteration` (`cpu` config with `overrides`), with a
+    completion, in the order the train stage reads them."""
+    from sage.configs import load_config
+    from sage.stages.train import stored_rows
+    from sage.warehouse import Warehouse
+
+    cfg = load_config("cpu", overrides)
+    wh = Warehouse(f"{run_dir}/warehouse.duckdb", read_only=True)
+    run_id = wh.rows("SELECT run_id FROM runs ORDER BY created_at LIMIT 1")[0]["run_id"]
+    return [r for r in stored_rows(wh, cfg, run_id, iteration) if r.completion_ids]
 
 
 def _pad_batch(rows: list[TrainRow], pad_id: int, device):
@@ -204,7 +226,8 @@ def _one_pass(loop: str, path: str, rows: list[TrainRow], cfg: TrainConfig, devi
         out = plain_peft_step(model, trl_row_order(rows), cfg, device=device, pad_id=pad_id)
     else:
         t0 = time.perf_counter()
-        out = train_model(model, path, rows, cfg, seed=0, device=device)
+        out = train_model(model, path, rows, cfg.model_copy(update={"share_prefix": loop == "trl"}), seed=0,
+                          device=device)
         out["wall_seconds"] = time.perf_counter() - t0  # with building the trainer (tokenizer, TRL setup)
         out["wall_tokens_per_s"] = out["tokens"] / out["wall_seconds"]
     out["rss_loaded_mb"] = loaded_mb
@@ -240,7 +263,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: one pass of our trainer under torch.profiler; print its N costliest operators")
     ap.add_argument("--head", type=int, default=0, metavar="TOKENS",
                     help="instead: the LM head alone (forward + backward) on TOKENS tokens, TRL's kernel vs ours")
-    ap.add_argument("--only", choices=("plain", "trl"), default=None, help=argparse.SUPPRESS)  # --peak-rss's child
+    ap.add_argument("--from-run", default=None, metavar="DIR", help="train on this sage run's stored rows")
+    ap.add_argument("--iteration", type=int, default=1, help="with --from-run: whose rows")
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    help="with --from-run: config overrides that choose the rows (train.roles, ...)")
+    ap.add_argument("--whole", action="store_true", help="also run ours with train.share_prefix off")
+    ap.add_argument("--only", choices=("plain", "trl", "whole"), default=None,
+                    help=argparse.SUPPRESS)  # --peak-rss's child
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args(argv)
@@ -257,7 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     pad_id = AutoTokenizer.from_pretrained(path).pad_token_id or 0
     cfg = TrainConfig(lora_rank=a.rank, lora_alpha=2 * a.rank, lr=1e-5, minibatch_size=a.minibatch,
                       grad_accum=a.grad_accum, loss_weighting="token_mean")  # the plain loop's token mean
-    rows = make_rows(a.rows, a.prompt_len, a.completion_len, vocab, jitter=a.jitter, prompt_jitter=a.prompt_jitter)
+    if a.from_run:
+        rows = run_rows(a.from_run, a.iteration, a.overrides)[:a.rows or None]
+    else:
+        rows = make_rows(a.rows, a.prompt_len, a.completion_len, vocab, jitter=a.jitter,
+                         prompt_jitter=a.prompt_jitter)
     if a.head:
         weight = load_policy(path, None, cfg, seed=0, dtype=dtype).get_output_embeddings().weight.detach()
         g = torch.Generator().manual_seed(0)
@@ -282,13 +315,20 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.json).write_text(json.dumps(out))
         return 0
     n_tok = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+    shape = (f"stored rows of {a.from_run} iteration {a.iteration}" if a.from_run else
+             f"prompt {a.prompt_len} -{a.prompt_jitter:.0%}, completion {a.completion_len} -{a.jitter:.0%}")
     print(f"[bench] model={label} device={device} dtype={str(dtype).removeprefix('torch.')} "
-          f"threads={torch.get_num_threads()} rows={a.rows} tokens={n_tok} (prompt {a.prompt_len} "
-          f"-{a.prompt_jitter:.0%}, completion {a.completion_len} -{a.jitter:.0%}) minibatch={a.minibatch} "
+          f"threads={torch.get_num_threads()} rows={len(rows)} tokens={n_tok} ({shape}) minibatch={a.minibatch} "
           f"grad_accum={a.grad_accum} lora_r={a.rank}", flush=True)
 
-    plain_runs, trl_runs = [], []
+    plain_runs, trl_runs, whole_runs = [], [], []
     for rep in range(a.repeats):
+        if a.whole:
+            whole = _one_pass("whole", path, rows, cfg, device, dtype, pad_id)
+            whole_runs.append(whole)
+            print(f"[bench] rep {rep} ours, rows whole (share_prefix off): {whole['seconds']:.2f} s "
+                  f"(cpu {whole['cpu_seconds']:.2f} s), {whole['tokens_per_s']:.0f} tok/s, "
+                  f"loss {whole['loss']:.4f}, grad_norm {whole['grad_norm']:.4f}", flush=True)
         plain = _one_pass("plain", path, rows, cfg, device, dtype, pad_id)
         plain_runs.append(plain)
         print(f"[bench] rep {rep} plain PEFT loop: {plain['seconds']:.2f} s (cpu {plain['cpu_seconds']:.2f} s), "
@@ -297,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         ours = _one_pass("trl", path, rows, cfg, device, dtype, pad_id)
         trl_runs.append(ours)
         print(f"[bench] rep {rep} TRL StoredRowsTrainer: {ours['seconds']:.2f} s (cpu {ours['cpu_seconds']:.2f} s), "
-              f"{ours['tokens_per_s']:.0f} tok/s "
+              f"{ours['tokens_per_s']:.0f} tok/s, {ours['prefix_tokens_saved']} prefix tokens shared "
               f"(with trainer setup: {ours['wall_seconds']:.2f} s, {ours['wall_tokens_per_s']:.0f} tok/s), "
               f"loss {ours['loss']:.4f}, grad_norm {ours['grad_norm']:.4f}", flush=True)
     best_plain = max(r["tokens_per_s"] for r in plain_runs)
@@ -314,6 +354,18 @@ def main(argv: list[str] | None = None) -> int:
               "runs": {"plain": plain_runs, "trl": [{k: v for k, v in r.items() if k != "steps"} for r in trl_runs]},
               "goal": 0.9, "ok": ratio >= 0.9,
               "grad_norm_plain": plain_runs[0]["grad_norm"], "grad_norm_trl": trl_runs[0]["grad_norm"]}
+    if whole_runs:
+        best_whole = max(r["tokens_per_s"] for r in whole_runs)
+        cpu_whole = min(r["cpu_seconds"] for r in whole_runs)
+        whole_norms = [s["grad_norm"] for s in whole_runs[0]["steps"]]
+        result.update({"whole_tokens_per_s": best_whole, "whole_cpu_seconds": cpu_whole,
+                       "shared_vs_whole": best_trl / best_whole, "shared_vs_whole_cpu": cpu_whole / cpu_trl,
+                       "prefix_tokens_saved": trl_runs[0]["prefix_tokens_saved"]})
+        result["runs"]["whole"] = [{k: v for k, v in r.items() if k != "steps"} for r in whole_runs]
+        print(f"[bench] shared prefixes vs rows whole: {best_trl:.0f} vs {best_whole:.0f} tok/s "
+              f"({best_trl / best_whole:.2f}x; CPU {cpu_trl:.2f} vs {cpu_whole:.2f} s, {cpu_whole / cpu_trl:.2f}x), "
+              f"{trl_runs[0]['prefix_tokens_saved']} of {n_tok} tokens not recomputed; per-update grad norms "
+              f"whole {[round(x, 4) for x in whole_norms]}")
     trl_norms = [s["grad_norm"] for s in trl_runs[0]["steps"]]
     print(f"[bench] per-update grad norms (same rows per update): plain "
           f"{[round(x, 4) for x in plain_runs[0]['grad_norms']]}, TRL {[round(x, 4) for x in trl_norms]}")
@@ -323,13 +375,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{best_wall:.0f} tok/s, ratio {best_wall / best_plain:.3f}; by CPU time: plain {cpu_plain:.2f} s, "
           f"TRL {cpu_trl:.2f} s, ratio {cpu_plain / cpu_trl:.3f}")
     if a.peak_rss:
-        for loop in ("plain", "trl"):
+        for loop in ("plain", "trl") + (("whole",) if a.whole else ()):
             child = _peak_rss(loop, [x for x in argv if x != "--peak-rss"])
             result[f"{loop}_peak_rss_mb"] = child["peak_rss_mb"]
             result[f"{loop}_rss_loaded_mb"] = child["rss_loaded_mb"]
         print(f"[bench] peak RSS of one pass in a fresh process: plain {result['plain_peak_rss_mb']:.0f} MiB, "
               f"TRL {result['trl_peak_rss_mb']:.0f} MiB (after loading the model: "
-              f"{result['plain_rss_loaded_mb']:.0f} and {result['trl_rss_loaded_mb']:.0f} MiB)")
+              f"{result['plain_rss_loaded_mb']:.0f} and {result['trl_rss_loaded_mb']:.0f} MiB)"
+              + (f"; ours with rows whole {result['whole_peak_rss_mb']:.0f} MiB" if a.whole else ""))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2))
     return 0

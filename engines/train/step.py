@@ -172,7 +172,8 @@ def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConf
 
     Metrics: loss, grad_norm, grad_norm_max, clip_fraction, entropy (means over updates of what TRL logs; None
     when not logged), tokens (prompt + completion tokens of the rows used), completion_tokens, n_rows (used),
-    n_skipped (empty completions), n_updates, seconds (the training loop only, wall clock), cpu_seconds (its
+    n_skipped (empty completions), n_updates, prefix_tokens_saved (prompt tokens not recomputed because rows of an
+    update shared them: `train.share_prefix`), seconds (the training loop only, wall clock), cpu_seconds (its
     process CPU time, all threads), tokens_per_s (tokens / seconds),
     adv_mean_by_role ({role: mean advantage}), used_logprobs (every row had stored sampling log-probs, taken
     as the behaviour policy's), temperatures ({role: temperature}), device, dtype,
@@ -243,7 +244,7 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
         "lr": cfg.lr, "loss_type": cfg.loss_type, "seed": seed, "num_processes": processes,
         "distributed": state.distributed_type.value,
         "loss": None, "grad_norm": None, "grad_norm_max": None, "clip_fraction": None, "entropy": None,
-        "n_updates": 0, "seconds": 0.0, "cpu_seconds": 0.0, "tokens_per_s": 0.0, "steps": [],
+        "n_updates": 0, "prefix_tokens_saved": 0, "seconds": 0.0, "cpu_seconds": 0.0, "tokens_per_s": 0.0, "steps": [],
         "rows_by_rank": [[] for _ in range(processes)],
     }
     if not usable:  # nothing to learn from: the adapter goes on unchanged
@@ -280,6 +281,7 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
         "steps": steps,
         "rows_by_rank": rows_by_rank,
         "optimizer_steps": _adam_steps(opt_state),
+        "prefix_tokens_saved": trainer.sage_prefix_tokens_saved,
         "loss_weighting": cfg.loss_weighting,
     })
     return metrics, full_state, opt_state

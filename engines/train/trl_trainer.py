@@ -31,6 +31,9 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
 - `_get_per_token_logps_and_entropies(...)` scores the completion tokens through `sage.engines.train.logprobs`
   instead of TRL's fused head: each row at its own sampling temperature, only the completion tokens that
   exist, the entropy only when TRL asks for it. TRL's own temperature stays 1.0 and its head is never called.
+  With `train.share_prefix`, rows that start with a prompt prefix other rows of their update share continue from
+  that prefix's keys and values, computed once per update (`sage.engines.train.prefix`); `training_step` sends
+  the prefixes' gradients back through them after the update's last micro-step, before the optimizer steps.
 - `_compute_loss(model, inputs)` drops the padding columns a micro-batch does not use, then calls TRL's.
 - `train()` runs TRL's with two CPU-minded settings for its length: under a bf16 base the float32 LoRA weights
   compute in bf16 (autocast casts the small weights; PEFT's cast of every input to float32 is switched off;
@@ -95,7 +98,8 @@ def trainer_class():
     from trl import GRPOTrainer
     from trl.trainer.utils import split_tensor_dict, use_adapter
 
-    from sage.engines.train.logprobs import add_completion_head, completion_logprobs
+    from sage.engines.train.logprobs import add_completion_head
+    from sage.engines.train.prefix import SharedPrefixes, prefixed_logprobs, update_prefixes
 
     sampler_cls = block_sampler_class()
 
@@ -106,8 +110,11 @@ def trainer_class():
         """
 
         def __init__(self, *args, rows: list[TrainRow], role_mean: bool = False, optimizer_state: dict | None = None,
-                     compute_dtype=None, **kwargs):
+                     compute_dtype=None, share_prefix: bool = False, **kwargs):
             self.sage_rows = list(rows)
+            self.sage_share_prefix = share_prefix  # one process, no gradient checkpointing (`build_trainer`)
+            self.sage_prefixes = SharedPrefixes([])  # the current update's (`_generate_and_score_completions`)
+            self.sage_prefix_tokens_saved = 0
             self.sage_compute_dtype = compute_dtype  # bf16 base + float32 LoRA: the adapter computes in bf16 too
             self.sage_role_mean = role_mean
             self.sage_roles = sorted({r.role for r in rows})  # the same on every process: all read all rows
@@ -180,6 +187,8 @@ def trainer_class():
             rows: list[TrainRow | None] = [self.sage_rows[i] if i >= 0 else None for i in indices]
             rows += [None] * (size - len(rows))
             real = [r for r in rows if r is not None]
+            if self.sage_share_prefix:
+                self.sage_prefixes = SharedPrefixes(update_prefixes([r.prompt_ids for r in real]))
             pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
             p_len = max([len(r.prompt_ids) for r in real] + [1])
             c_len = max([len(r.completion_ids) for r in real] + [1])
@@ -240,6 +249,14 @@ def trainer_class():
                     batch_size=self.args.per_device_train_batch_size)[0]
 
         # -- log-probs and loss ------------------------------------------------------------------------------
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            # TRL counts micro-steps in `_step`; at the update's last one, before the optimizer steps, the
+            # gradients the passes left at the shared prefixes go back through them.
+            if self._step % self.args.steps_per_generation == 0:
+                self.sage_prefix_tokens_saved += self.sage_prefixes.backward()
+            return loss
+
         def train(self, *args, **kwargs):
             from peft.helpers import disable_input_dtype_casting
 
@@ -270,8 +287,9 @@ def trainer_class():
             for start in range(0, input_ids.size(0), batch_size):
                 end = start + batch_size
                 with self._sage_autocast(input_ids.device):
-                    lp, ent = completion_logprobs(model, input_ids[start:end], attention_mask[start:end],
-                                                  logits_to_keep, temperatures[start:end], entropy=compute_entropy)
+                    lp, ent = prefixed_logprobs(self.sage_prefixes, model, input_ids[start:end],
+                                                attention_mask[start:end], logits_to_keep, temperatures[start:end],
+                                                entropy=compute_entropy)
                 logps.append(lp)
                 entropies.append(ent)
             return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
@@ -318,6 +336,7 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
     step count carry over. `on_step`, called on the main process as each update ends, gets that update's
     `updates.step_record`. The caller removes `trainer.args.output_dir` afterwards."""
     import torch
+    from accelerate import PartialState
     from datasets import Dataset
     from transformers import AutoTokenizer
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -373,7 +392,8 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
     trainer = cls(model=model, reward_funcs=_unused_reward, args=args, train_dataset=dataset,
                   processing_class=tokenizer, rows=rows, callbacks=[log.callback()],
                   role_mean=cfg.loss_weighting == "role_mean", optimizer_state=optimizer_state,
-                  compute_dtype=adapter_compute_dtype(torch_dtype))
+                  compute_dtype=adapter_compute_dtype(torch_dtype),
+                  share_prefix=cfg.share_prefix and not cfg.gradient_checkpointing and PartialState().num_processes == 1)
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     log.block_tokens += block_tokens(trainer, rows)
