@@ -18,13 +18,16 @@ prompt + completion tokens of the rows; time is the training loop only (model lo
 resident memory once the model is loaded, before the pass.
 
 `--from-run DIR [--iteration K] [--set section.field=value]` trains on the rows a `sage run` project stored for
-iteration K instead of random ones (`--rows N`: the first N of them), in the order the train stage would. With
-`--whole`, each round also runs our trainer with `train.share_prefix` off, so rows that share a prompt prefix
-are run whole: shared prefixes against none, side by side. For example, the Solver-only rows of the learning
-experiment's lever 5 (every row a Solver prompt, eight samples a question):
+iteration K instead of random ones (`--rows N`: the first N of them), in the order the train stage would. The
+`--set` overrides must be the run's own where they choose rows or their temperatures (`train.roles`,
+`roles.<role>.temperature`), and K should be 1: the rows carry the sampling log-probs of the policy that drew
+them, and a later iteration's were drawn with an adapter this fresh one is not. With `--whole`, each round
+also runs our trainer with `train.share_prefix` off, so rows that share a prompt prefix are run whole: shared
+prefixes against none, side by side. For example, the Solver-only rows of the learning experiment's lever 5
+(DIR: its `bench.learning --out`; every row a Solver prompt, eight samples a question):
 
-    .venv/bin/python bench/train.py --dtype bf16 --minibatch 1 --grad-accum 8 --repeats 2 --whole \
-        --from-run /work/learning-run/lever5 --iteration 7 --set 'train.roles=[solver]' --rows 48
+    .venv/bin/python bench/train.py --dtype bf16 --minibatch 1 --grad-accum 8 --repeats 1 --whole \
+        --from-run DIR --iteration 1 --set 'train.roles=[solver]' --set roles.solver.temperature=0.7 --rows 32
 
 `--head TOKENS` times the LM head alone (log-probs and entropy, forward and backward) through TRL's kernel and
 through ours. `plain_peft_step` is also used by `bench/train_gpu.py`.
