@@ -27,6 +27,7 @@ EXCLUDED: dict[str, str] = {
     "model.max_lora_rank": "the largest adapter vLLM accepts; train.lora_rank decides the adapter",
     "train.isolate": "training in its own process or in the flow's: same update",
     "train.gradient_checkpointing": "recompute activations to save memory: same update",
+    "train.share_prefix": "a prompt prefix rows share run once per update or once per row: same update",
     "validate.every": "the validation schedule; the validation set stays in the identity",
     "validate.patience": "when early stopping ends the run, not what an iteration computes",
     "sandbox.backend": "which isolation runs the code; the limits that decide verdicts stay in",
