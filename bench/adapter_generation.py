@@ -1,7 +1,7 @@
 """Generation with a LoRA adapter vs without: the `hf` backend on the same requests, base model and adapter.
 
-    python -m bench.adapter_generation [--rows 24] [--new-tokens 96] [--kind solver_math] [--repeat 3] [--rounds 1]
-        [--revision REV]
+    python -m bench.adapter_generation [--rows 24] [--samples 1] [--new-tokens 96] [--kind solver_math] [--repeat 3]
+        [--rounds 1] [--revision REV]
 
 Iterations after the first generate with the previous iteration's adapter, so this is the cost every later
 iteration pays. The model is `cpu.yaml`'s (SmolLM2-135M, bf16 on a CPU with bf16 support); the adapter has its
@@ -12,7 +12,8 @@ validation and the solve stage send them; or the Critic's or the Planner's), gre
 decodes (`--temperature` to sample), so prefill and decode both count as they do in a stage. It prints the
 wall time of the whole generation and of the prefill alone (`max_new_tokens` 1), best of `--repeat`
 interleaved runs in one process (and of `--rounds` processes), and the adapter's ratio to the base model.
-`--revision REV` measures REV's files the same way, in alternating processes, to compare a change with the
+`--samples N` asks N completions of each request (the solve stage asks `iteration.n_solve`; sample at a
+temperature then, or the N are the same). `--revision REV` measures REV's files the same way, in alternating processes, to compare a change with the
 code before it. Never run as a test.
 """
 
@@ -63,7 +64,7 @@ def child(args) -> dict:
 
         def timed(adapter: str | None, new_tokens: int) -> tuple[float, int]:
             llm.use_adapter(adapter)
-            reqs = [GenRequest(p, max_new_tokens=new_tokens, temperature=args.temperature, seed=k)
+            reqs = [GenRequest(p, n=args.samples, max_new_tokens=new_tokens, temperature=args.temperature, seed=k)
                     for k, p in enumerate(prompts)]
             t = time.perf_counter()
             out = llm.generate(reqs)
@@ -85,6 +86,7 @@ def child(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=24, help="requests (one completion each)")
+    ap.add_argument("--samples", type=int, default=1, help="completions per request")
     ap.add_argument("--new-tokens", type=int, default=96, help="most new tokens per completion")
     ap.add_argument("--kind", default="solver_math", choices=["solver_math", "critic_question", "planner"],
                     help="the pipeline prompt the requests use")
@@ -107,6 +109,7 @@ def main() -> None:
             for name, tree in trees.items():
                 env = dict(os.environ, **({"PYTHONPATH": f"{tree}:{ROOT}"} if tree else {}))
                 cmd = [sys.executable, "-m", "bench.adapter_generation", "--child", "--rows", str(args.rows),
+                       "--samples", str(args.samples),
                        "--new-tokens", str(args.new_tokens), "--kind", args.kind, "--repeat", str(args.repeat),
                        "--temperature", str(args.temperature)]
                 r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT if tree is None else tmp)
@@ -119,7 +122,8 @@ def main() -> None:
                         keep[k] = min(keep[k], v)
     load = os.getloadavg()
     now = best["now"]
-    print(f"{args.rows} rows, {now['prompt_tokens']} prompt tokens, up to {args.new_tokens} new each "
+    print(f"{args.rows} rows x {args.samples} samples, {now['prompt_tokens']} prompt tokens, "
+          f"up to {args.new_tokens} new each "
           f"(completion tokens: base {now['base_total_tokens']}, adapter {now['adapter_total_tokens']}); "
           f"best of {args.repeat} x {args.rounds} (load average {load[0]:.1f} {load[1]:.1f})")
     print("ms per: prefill, a prompt token; total, a completion token; decode (total - prefill), a step (the longest "

@@ -6,7 +6,8 @@ This loop keeps what matters of it and adds what the pipeline needs:
 
 - Requests are expanded to one row per sample, sorted by length (longest first) and packed into batches of
   at most `model.token_budget` padded tokens (rows x (prompt + max new tokens)); prompts are left-padded
-  and rendered with the tokenizer's chat template.
+  and rendered with the tokenizer's chat template. On the fast path the rows of one prompt (a request's n
+  samples) prefill it once and copy its keys and values.
 - Llama-style decoders (llama, qwen2, qwen3, mistral without a sliding window) run a fast path: the
   model's layers with fused q/k/v and gate/up matmuls (`engines/llm/hf_fast.py`; LoRA adapters added
   unmerged, others through the model's own modules), a preallocated KV cache written in place, attention
@@ -215,7 +216,7 @@ class HFLLM:
         positions = (keymask[:, :P].cumsum(-1) - 1).clamp(min=0)
         if self.fast and bool(keymask.all()):  # as in transformers: no padding, no mask (so no row ever needs one)
             keymask = None
-        logits = self._forward(ids, positions, keymask, state, 0, P)
+        logits = self._prefill(ids, positions, keymask, state, P)
         produced = 0
         for t in range(N):
             tokens, logprobs = self._sample(logits, [rows[b] for b in live], t)
@@ -234,6 +235,30 @@ class HFLLM:
             step_ids = torch.tensor(tokens, device=dev).view(-1, 1)
             logits = self._forward(step_ids, (lens + t).view(-1, 1), keymask, state, P + t, P + t + 1)
         return produced
+
+    def _prefill(self, ids, positions, keymask, state, P: int) -> torch.Tensor:
+        """The prompts' forward pass into cache slots [0, P): logits of each row's last prompt position. On the
+        fast path rows with the same prompt (the samples of one request, adjacent in a batch) are run once and
+        their keys, values and logits copied to each: a request of n samples prefills once, not n times."""
+        if not self.fast:
+            return self._forward(ids, positions, keymask, state, 0, P)
+        first: dict[tuple, int] = {}  # padded prompt (its left padding included) -> its index in `uniq`
+        uniq, owner = [], []  # the first row of each prompt; each row's prompt
+        for b, row in enumerate(ids.tolist()):
+            if tuple(row) not in first:
+                first[tuple(row)] = len(uniq)
+                uniq.append(b)
+            owner.append(first[tuple(row)])
+        if len(uniq) == len(owner):
+            return self._forward(ids, positions, keymask, state, 0, P)
+        uniq = torch.tensor(uniq, device=ids.device)
+        once = self._new_state(len(uniq), P)
+        logits = self._forward(ids[uniq], positions[uniq], None if keymask is None else keymask[uniq], once, 0, P)
+        rows = torch.tensor(owner, device=ids.device)
+        for (kc, vc), (k1, v1) in zip(state, once):
+            kc[:, :, :P] = k1.index_select(0, rows)
+            vc[:, :, :P] = v1.index_select(0, rows)
+        return logits.index_select(0, rows)
 
     def _accept(self, row: _Row, token: int, logprob: float) -> None:
         if row.finish is not None:

@@ -108,6 +108,32 @@ def test_same_seed_same_sample_whatever_the_batch(llm):
     assert first_two == alone[:2], "sample j does not depend on n"
 
 
+def test_the_samples_of_a_request_prefill_their_prompt_once(llm, monkeypatch):
+    """Rows with the same prompt (the n samples of one request) run it through the layers once and copy its keys,
+    values and logits to each: the same tokens and log-probs as prefilling every row, from one prompt pass
+    per request (prompts of different lengths, so some are left-padded)."""
+    reqs = [GenRequest(_msgs(p), n=n, max_new_tokens=12, temperature=1.0, seed=i)
+            for i, (p, n) in enumerate(zip(PROMPTS, [3, 1, 2, 4, 2]))]
+    prefilled = []
+    forward = HFLLM._forward
+
+    def counting(self, ids, positions, keymask, state, start, end):
+        if start == 0:
+            prefilled.append(ids.shape[0])
+        return forward(self, ids, positions, keymask, state, start, end)
+
+    monkeypatch.setattr(HFLLM, "_forward", counting)
+    shared = llm.generate(reqs)
+    assert prefilled == [len(reqs)]  # one batch, one row per request
+    prefilled.clear()
+    monkeypatch.setattr(HFLLM, "_prefill", lambda self, ids, positions, keymask, state, P:
+                        self._forward(ids, positions, keymask, state, 0, P))
+    every_row = llm.generate(reqs)
+    assert prefilled == [sum(r.n for r in reqs)]
+    _assert_same(shared, every_row, abs=1e-5)
+    assert len({tuple(c.token_ids) for c in shared[3].completions}) == 4, "the samples still differ"
+
+
 def test_completions_decode_to_text_and_finish_reasons(llm):
     reqs = [GenRequest(_msgs(p), n=3, max_new_tokens=6 + 10 * (i % 2), temperature=1.2, seed=i, top_p=0.9)
             for i, p in enumerate(PROMPTS)]
