@@ -13,8 +13,8 @@ decodes (`--temperature` to sample), so prefill and decode both count as they do
 wall time of the whole generation and of the prefill alone (`max_new_tokens` 1), best of `--repeat`
 interleaved runs in one process (and of `--rounds` processes), and the adapter's ratio to the base model.
 `--samples N` asks N completions of each request (the solve stage asks `iteration.n_solve`; sample at a
-temperature then, or the N are the same). `--revision REV` measures REV's files the same way, in alternating processes, to compare a change with the
-code before it. Never run as a test.
+temperature then, or the N are the same). `--revision REV` measures REV's files the same way, in alternating
+processes, to compare a change with the code before it. Never run as a test.
 """
 
 from __future__ import annotations

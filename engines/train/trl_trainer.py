@@ -393,7 +393,8 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
                   processing_class=tokenizer, rows=rows, callbacks=[log.callback()],
                   role_mean=cfg.loss_weighting == "role_mean", optimizer_state=optimizer_state,
                   compute_dtype=adapter_compute_dtype(torch_dtype),
-                  share_prefix=cfg.share_prefix and not cfg.gradient_checkpointing and PartialState().num_processes == 1)
+                  share_prefix=(cfg.share_prefix and not cfg.gradient_checkpointing
+                                and PartialState().num_processes == 1))
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     log.block_tokens += block_tokens(trainer, rows)
