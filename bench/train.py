@@ -21,12 +21,12 @@ resident memory once the model is loaded, before the pass.
 iteration K instead of random ones (`--rows N`: the first N of them), in the order the train stage would. The
 `--set` overrides must be the run's own where they choose rows or their temperatures (`train.roles`,
 `roles.<role>.temperature`), and K should be 1: the rows carry the sampling log-probs of the policy that drew
-them, and a later iteration's were drawn with an adapter this fresh one is not. With `--whole`, each round
-also runs our trainer with `train.share_prefix` off, so rows that share a prompt prefix are run whole: shared
-prefixes against none, side by side. For example, the Solver-only rows of the learning experiment's lever 5
+them, and a later iteration's were drawn with an adapter this fresh one is not. With `--shared`, each round
+also runs our trainer with `train.share_prefix` on: shared prefixes against rows run whole (the default), side
+by side. For example, the Solver-only rows of the learning experiment's lever 5
 (DIR: its `bench.learning --out`; every row a Solver prompt, eight samples a question):
 
-    .venv/bin/python bench/train.py --dtype bf16 --minibatch 1 --grad-accum 8 --repeats 1 --whole \
+    .venv/bin/python bench/train.py --dtype bf16 --minibatch 1 --grad-accum 8 --repeats 1 --shared \
         --from-run DIR --iteration 1 --set 'train.roles=[solver]' --set roles.solver.temperature=0.7 --rows 32
 
 `--head TOKENS` times the LM head alone (log-probs and entropy, forward and backward) through TRL's kernel and
@@ -229,7 +229,7 @@ def _one_pass(loop: str, path: str, rows: list[TrainRow], cfg: TrainConfig, devi
         out = plain_peft_step(model, trl_row_order(rows), cfg, device=device, pad_id=pad_id)
     else:
         t0 = time.perf_counter()
-        out = train_model(model, path, rows, cfg.model_copy(update={"share_prefix": loop == "trl"}), seed=0,
+        out = train_model(model, path, rows, cfg.model_copy(update={"share_prefix": loop == "shared"}), seed=0,
                           device=device)
         out["wall_seconds"] = time.perf_counter() - t0  # with building the trainer (tokenizer, TRL setup)
         out["wall_tokens_per_s"] = out["tokens"] / out["wall_seconds"]
@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iteration", type=int, default=1, help="with --from-run: whose rows")
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     help="with --from-run: config overrides that choose the rows (train.roles, ...)")
-    ap.add_argument("--whole", action="store_true", help="also run ours with train.share_prefix off")
-    ap.add_argument("--only", choices=("plain", "trl", "whole"), default=None,
+    ap.add_argument("--shared", action="store_true", help="also run ours with train.share_prefix on")
+    ap.add_argument("--only", choices=("plain", "trl", "shared"), default=None,
                     help=argparse.SUPPRESS)  # --peak-rss's child
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -324,14 +324,15 @@ def main(argv: list[str] | None = None) -> int:
           f"threads={torch.get_num_threads()} rows={len(rows)} tokens={n_tok} ({shape}) minibatch={a.minibatch} "
           f"grad_accum={a.grad_accum} lora_r={a.rank}", flush=True)
 
-    plain_runs, trl_runs, whole_runs = [], [], []
+    plain_runs, trl_runs, shared_runs = [], [], []
     for rep in range(a.repeats):
-        if a.whole:
-            whole = _one_pass("whole", path, rows, cfg, device, dtype, pad_id)
-            whole_runs.append(whole)
-            print(f"[bench] rep {rep} ours, rows whole (share_prefix off): {whole['seconds']:.2f} s "
-                  f"(cpu {whole['cpu_seconds']:.2f} s), {whole['tokens_per_s']:.0f} tok/s, "
-                  f"loss {whole['loss']:.4f}, grad_norm {whole['grad_norm']:.4f}", flush=True)
+        if a.shared:
+            shared = _one_pass("shared", path, rows, cfg, device, dtype, pad_id)
+            shared_runs.append(shared)
+            print(f"[bench] rep {rep} ours, shared prefixes (share_prefix on): {shared['seconds']:.2f} s "
+                  f"(cpu {shared['cpu_seconds']:.2f} s), {shared['tokens_per_s']:.0f} tok/s, "
+                  f"{shared['prefix_tokens_saved']} prefix tokens not recomputed, "
+                  f"loss {shared['loss']:.4f}, grad_norm {shared['grad_norm']:.4f}", flush=True)
         plain = _one_pass("plain", path, rows, cfg, device, dtype, pad_id)
         plain_runs.append(plain)
         print(f"[bench] rep {rep} plain PEFT loop: {plain['seconds']:.2f} s (cpu {plain['cpu_seconds']:.2f} s), "
@@ -340,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         ours = _one_pass("trl", path, rows, cfg, device, dtype, pad_id)
         trl_runs.append(ours)
         print(f"[bench] rep {rep} TRL StoredRowsTrainer: {ours['seconds']:.2f} s (cpu {ours['cpu_seconds']:.2f} s), "
-              f"{ours['tokens_per_s']:.0f} tok/s, {ours['prefix_tokens_saved']} prefix tokens shared "
+              f"{ours['tokens_per_s']:.0f} tok/s "
               f"(with trainer setup: {ours['wall_seconds']:.2f} s, {ours['wall_tokens_per_s']:.0f} tok/s), "
               f"loss {ours['loss']:.4f}, grad_norm {ours['grad_norm']:.4f}", flush=True)
     best_plain = max(r["tokens_per_s"] for r in plain_runs)
@@ -357,18 +358,18 @@ def main(argv: list[str] | None = None) -> int:
               "runs": {"plain": plain_runs, "trl": [{k: v for k, v in r.items() if k != "steps"} for r in trl_runs]},
               "goal": 0.9, "ok": ratio >= 0.9,
               "grad_norm_plain": plain_runs[0]["grad_norm"], "grad_norm_trl": trl_runs[0]["grad_norm"]}
-    if whole_runs:
-        best_whole = max(r["tokens_per_s"] for r in whole_runs)
-        cpu_whole = min(r["cpu_seconds"] for r in whole_runs)
-        whole_norms = [s["grad_norm"] for s in whole_runs[0]["steps"]]
-        result.update({"whole_tokens_per_s": best_whole, "whole_cpu_seconds": cpu_whole,
-                       "shared_vs_whole": best_trl / best_whole, "shared_vs_whole_cpu": cpu_whole / cpu_trl,
-                       "prefix_tokens_saved": trl_runs[0]["prefix_tokens_saved"]})
-        result["runs"]["whole"] = [{k: v for k, v in r.items() if k != "steps"} for r in whole_runs]
-        print(f"[bench] shared prefixes vs rows whole: {best_trl:.0f} vs {best_whole:.0f} tok/s "
-              f"({best_trl / best_whole:.2f}x; CPU {cpu_trl:.2f} vs {cpu_whole:.2f} s, {cpu_whole / cpu_trl:.2f}x), "
-              f"{trl_runs[0]['prefix_tokens_saved']} of {n_tok} tokens not recomputed; per-update grad norms "
-              f"whole {[round(x, 4) for x in whole_norms]}")
+    if shared_runs:
+        best_shared = max(r["tokens_per_s"] for r in shared_runs)
+        cpu_shared = min(r["cpu_seconds"] for r in shared_runs)
+        shared_norms = [s["grad_norm"] for s in shared_runs[0]["steps"]]
+        result.update({"shared_tokens_per_s": best_shared, "shared_cpu_seconds": cpu_shared,
+                       "shared_vs_whole": best_shared / best_trl, "shared_vs_whole_cpu": cpu_trl / cpu_shared,
+                       "prefix_tokens_saved": shared_runs[0]["prefix_tokens_saved"]})
+        result["runs"]["shared"] = [{k: v for k, v in r.items() if k != "steps"} for r in shared_runs]
+        print(f"[bench] shared prefixes vs rows whole: {best_shared:.0f} vs {best_trl:.0f} tok/s "
+              f"({best_shared / best_trl:.2f}x; CPU {cpu_shared:.2f} vs {cpu_trl:.2f} s, "
+              f"{cpu_trl / cpu_shared:.2f}x), {shared_runs[0]['prefix_tokens_saved']} of {n_tok} tokens not "
+              f"recomputed; per-update grad norms shared {[round(x, 4) for x in shared_norms]}")
     trl_norms = [s["grad_norm"] for s in trl_runs[0]["steps"]]
     print(f"[bench] per-update grad norms (same rows per update): plain "
           f"{[round(x, 4) for x in plain_runs[0]['grad_norms']]}, TRL {[round(x, 4) for x in trl_norms]}")
@@ -378,14 +379,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{best_wall:.0f} tok/s, ratio {best_wall / best_plain:.3f}; by CPU time: plain {cpu_plain:.2f} s, "
           f"TRL {cpu_trl:.2f} s, ratio {cpu_plain / cpu_trl:.3f}")
     if a.peak_rss:
-        for loop in ("plain", "trl") + (("whole",) if a.whole else ()):
+        for loop in ("plain", "trl") + (("shared",) if a.shared else ()):
             child = _peak_rss(loop, [x for x in argv if x != "--peak-rss"])
             result[f"{loop}_peak_rss_mb"] = child["peak_rss_mb"]
             result[f"{loop}_rss_loaded_mb"] = child["rss_loaded_mb"]
         print(f"[bench] peak RSS of one pass in a fresh process: plain {result['plain_peak_rss_mb']:.0f} MiB, "
               f"TRL {result['trl_peak_rss_mb']:.0f} MiB (after loading the model: "
               f"{result['plain_rss_loaded_mb']:.0f} and {result['trl_rss_loaded_mb']:.0f} MiB)"
-              + (f"; ours with rows whole {result['whole_peak_rss_mb']:.0f} MiB" if a.whole else ""))
+              + (f"; ours with shared prefixes {result['shared_peak_rss_mb']:.0f} MiB" if a.shared else ""))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2))
     return 0

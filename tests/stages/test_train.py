@@ -35,7 +35,7 @@ def test_train_roles_leaves_the_other_roles_rollouts_out_of_the_update(tmp_path)
                                      rollout("c", "planner", "plan"), rollout("d", "solver", "solve")])
         wh.insert_batch("scores", [score("a", "challenger", 1.0), score("b", "solver", -1.0),
                                    score("c", "planner", 0.5), score("d", "solver", 1.0)])
-        every = stored_rows(wh, load_config(), "r", 1)
+        every = stored_rows(wh, load_config(overrides=["train.roles=[challenger, planner, critic, solver]"]), "r", 1)
         solver = stored_rows(wh, load_config(overrides=["train.roles=[solver]"]), "r", 1)
         two = stored_rows(wh, load_config(overrides=["train.roles=[planner, solver]"]), "r", 1)
     assert sorted(r.role for r in every) == ["challenger", "planner", "solver", "solver"]

@@ -60,7 +60,7 @@ def test_shared_prefixes_give_the_step_of_whole_rows_in_float32(tiny_model, mini
 
     rows = _rows()
     cfg = dict(lora_rank=4, lora_alpha=8, lr=1e-2, minibatch_size=minibatch, grad_accum=accum)
-    shared, shared_delta = _step(tiny_model, rows, TrainConfig(**cfg), torch.float32)
+    shared, shared_delta = _step(tiny_model, rows, TrainConfig(**cfg, share_prefix=True), torch.float32)
     whole, whole_delta = _step(tiny_model, rows, TrainConfig(**cfg, share_prefix=False), torch.float32)
 
     assert whole["prefix_tokens_saved"] == 0 and shared["prefix_tokens_saved"] >= 40
@@ -80,7 +80,7 @@ def test_shared_prefixes_in_bf16_within_bf16_tolerance(tiny_model):
 
     rows = _rows(seed=3)
     cfg = dict(lora_rank=4, lora_alpha=8, lr=1e-3, minibatch_size=1, grad_accum=7)
-    shared, shared_delta = _step(tiny_model, rows, TrainConfig(**cfg), torch.bfloat16)
+    shared, shared_delta = _step(tiny_model, rows, TrainConfig(**cfg, share_prefix=True), torch.bfloat16)
     whole, whole_delta = _step(tiny_model, rows, TrainConfig(**cfg, share_prefix=False), torch.bfloat16)
     assert shared["prefix_tokens_saved"] > 0
     for a, b in zip(shared["steps"], whole["steps"]):
