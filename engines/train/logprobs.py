@@ -221,7 +221,12 @@ def completion_logprobs(model, input_ids, attention_mask, logits_to_keep: int, t
     head = CompletionHead(positions=rows * ids.size(1) + token_at - 1, targets=ids[rows, token_at],
                           temperatures=temperatures.to(torch.float32)[rows], entropy=entropy)
     out = model(input_ids=ids, attention_mask=mask, completion_head=head)
-    shape = (batch, logits_to_keep)
+    return in_layout(out, rows, cols, (batch, logits_to_keep))
+
+
+def in_layout(out: CompletionOutput, rows, cols, shape: tuple[int, int]):
+    """The scored tokens' log-probs (and entropies, or None) put back at (row, completion column) of a
+    [B, logits_to_keep] tensor, zeros elsewhere: TRL's layout."""
     log_probs = out.log_probs.new_zeros(shape).index_put((rows, cols), out.log_probs)
     ent = out.entropy.new_zeros(shape).index_put((rows, cols), out.entropy) if out.entropy is not None else None
     return log_probs, ent

@@ -136,7 +136,7 @@ def completion_logprobs_after(model, prefix_cache, prefix_len: int, input_ids, a
     `completion_logprobs`: [B, logits_to_keep] log-probs (and entropies when `entropy`)."""
     import torch
 
-    from sage.engines.train.logprobs import CompletionHead
+    from sage.engines.train.logprobs import CompletionHead, in_layout
 
     batch, length = input_ids.shape
     real = attention_mask.bool()
@@ -153,10 +153,7 @@ def completion_logprobs_after(model, prefix_cache, prefix_len: int, input_ids, a
     head = CompletionHead(positions=rows * width + token_at - 1, targets=ids[rows, token_at],
                           temperatures=temperatures.to(torch.float32)[rows], entropy=entropy)
     out = model(input_ids=ids, cache=prefix_cache, completion_head=head)
-    shape = (batch, logits_to_keep)
-    log_probs = out.log_probs.new_zeros(shape).index_put((rows, cols), out.log_probs)
-    ent = out.entropy.new_zeros(shape).index_put((rows, cols), out.entropy) if out.entropy is not None else None
-    return log_probs, ent
+    return in_layout(out, rows, cols, (batch, logits_to_keep))
 
 
 def prefixed_logprobs(prefixes: SharedPrefixes, model, input_ids, attention_mask, logits_to_keep: int, temperatures,
