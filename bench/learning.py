@@ -7,8 +7,8 @@ A validation accuracy that barely moves says nothing about why, so beside it thi
 k = 0 (the base model) .. N, where the learning signal goes and how far the policy moved:
 
 - validation pass@1 (greedy, the `validate` stage's own verdicts) on the config's held-out set when it has at
-  least 100 problems (`cpu.yaml`: 100 math), else on 50 math + 50 code, the same problems every iteration, with a 95% Wilson interval and an exact McNemar test against
-  the base model on the problems whose outcome changed (b: base right, now wrong; c: the reverse);
+  least 100 problems (`cpu.yaml`: 100 math), else on 50 math + 50 code, the same problems every iteration,
+  with a 95% Wilson interval and an exact McNemar test against the base model on the problems whose outcome changed (b: base right, now wrong; c: the reverse);
 - per role, from `scores`: rollouts, the share with a non-zero TRR++ advantage, mean |advantage|, reward mean
   and std; under grammar annealing (`roles.<role>.unconstrained`) how many training samples were drawn
   without the grammar and the share of them well formed; the Challenger's admission rate and rejections by

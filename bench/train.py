@@ -324,26 +324,24 @@ def main(argv: list[str] | None = None) -> int:
           f"threads={torch.get_num_threads()} rows={len(rows)} tokens={n_tok} ({shape}) minibatch={a.minibatch} "
           f"grad_accum={a.grad_accum} lora_r={a.rank}", flush=True)
 
+    def report(rep: int, label: str, r: dict, extra: str = "") -> None:
+        print(f"[bench] rep {rep} {label}: {r['seconds']:.2f} s (cpu {r['cpu_seconds']:.2f} s), "
+              f"{r['tokens_per_s']:.0f} tok/s{extra}, loss {r['loss']:.4f}, grad_norm {r['grad_norm']:.4f}", flush=True)
+
     plain_runs, trl_runs, shared_runs = [], [], []
     for rep in range(a.repeats):
         if a.shared:
             shared = _one_pass("shared", path, rows, cfg, device, dtype, pad_id)
             shared_runs.append(shared)
-            print(f"[bench] rep {rep} ours, shared prefixes (share_prefix on): {shared['seconds']:.2f} s "
-                  f"(cpu {shared['cpu_seconds']:.2f} s), {shared['tokens_per_s']:.0f} tok/s, "
-                  f"{shared['prefix_tokens_saved']} prefix tokens not recomputed, "
-                  f"loss {shared['loss']:.4f}, grad_norm {shared['grad_norm']:.4f}", flush=True)
+            report(rep, "ours, shared prefixes (share_prefix on)", shared,
+                   f", {shared['prefix_tokens_saved']} prefix tokens not recomputed")
         plain = _one_pass("plain", path, rows, cfg, device, dtype, pad_id)
         plain_runs.append(plain)
-        print(f"[bench] rep {rep} plain PEFT loop: {plain['seconds']:.2f} s (cpu {plain['cpu_seconds']:.2f} s), "
-              f"{plain['tokens_per_s']:.0f} tok/s, "
-              f"loss {plain['loss']:.4f}, grad_norm {plain['grad_norm']:.4f}", flush=True)
+        report(rep, "plain PEFT loop", plain)
         ours = _one_pass("trl", path, rows, cfg, device, dtype, pad_id)
         trl_runs.append(ours)
-        print(f"[bench] rep {rep} TRL StoredRowsTrainer: {ours['seconds']:.2f} s (cpu {ours['cpu_seconds']:.2f} s), "
-              f"{ours['tokens_per_s']:.0f} tok/s "
-              f"(with trainer setup: {ours['wall_seconds']:.2f} s, {ours['wall_tokens_per_s']:.0f} tok/s), "
-              f"loss {ours['loss']:.4f}, grad_norm {ours['grad_norm']:.4f}", flush=True)
+        report(rep, "TRL StoredRowsTrainer", ours, f" (with trainer setup: {ours['wall_seconds']:.2f} s, "
+               f"{ours['wall_tokens_per_s']:.0f} tok/s)")
     best_plain = max(r["tokens_per_s"] for r in plain_runs)
     best_trl = max(r["tokens_per_s"] for r in trl_runs)
     best_wall = max(r["wall_tokens_per_s"] for r in trl_runs)

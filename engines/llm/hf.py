@@ -245,10 +245,9 @@ class HFLLM:
         first: dict[tuple, int] = {}  # padded prompt (its left padding included) -> its index in `uniq`
         uniq, owner = [], []  # the first row of each prompt; each row's prompt
         for b, row in enumerate(ids.tolist()):
-            if tuple(row) not in first:
-                first[tuple(row)] = len(uniq)
+            owner.append(first.setdefault(tuple(row), len(uniq)))
+            if owner[-1] == len(uniq):
                 uniq.append(b)
-            owner.append(first[tuple(row)])
         if len(uniq) == len(owner):
             return self._forward(ids, positions, keymask, state, 0, P)
         uniq = torch.tensor(uniq, device=ids.device)

@@ -29,6 +29,14 @@ from typing import Sequence
 MIN_SHARED = 16
 
 
+def usable(cfg) -> bool:
+    """Whether `cfg` (a `TrainConfig`) asks for shared prefixes where they keep the update exact: one process,
+    no gradient checkpointing (see the module docstring)."""
+    from accelerate import PartialState
+
+    return cfg.share_prefix and not cfg.gradient_checkpointing and PartialState().num_processes == 1
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = 0
@@ -173,6 +181,8 @@ def prefixed_logprobs(prefixes: SharedPrefixes, model, input_ids, attention_mask
     for b in range(input_ids.size(0)):
         prompt = input_ids[b, :prompt_cols][attention_mask[b, :prompt_cols].bool()].tolist()
         groups.setdefault(prefixes.match(prompt), []).append(b)
+    if list(groups) == [None]:
+        return completion_logprobs(model, input_ids, attention_mask, logits_to_keep, temperatures, entropy=entropy)
     shape = (input_ids.size(0), logits_to_keep)
     log_probs = torch.zeros(shape, dtype=torch.float32, device=input_ids.device)
     entropies = torch.zeros(shape, dtype=torch.float32, device=input_ids.device) if entropy else None

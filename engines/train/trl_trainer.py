@@ -54,6 +54,7 @@ from typing import Callable
 
 from sage.configs.schema import TrainConfig
 from sage.engines.llm.models import adapter_compute_dtype
+from sage.engines.train import prefix
 from sage.engines.train.rows import TrainRow, block_sampler_class, role_weights
 from sage.engines.train.updates import UpdateLog, block_tokens
 
@@ -99,7 +100,6 @@ def trainer_class():
     from trl.trainer.utils import split_tensor_dict, use_adapter
 
     from sage.engines.train.logprobs import add_completion_head
-    from sage.engines.train.prefix import SharedPrefixes, prefixed_logprobs, update_prefixes
 
     sampler_cls = block_sampler_class()
 
@@ -112,8 +112,8 @@ def trainer_class():
         def __init__(self, *args, rows: list[TrainRow], role_mean: bool = False, optimizer_state: dict | None = None,
                      compute_dtype=None, share_prefix: bool = False, **kwargs):
             self.sage_rows = list(rows)
-            self.sage_share_prefix = share_prefix  # one process, no gradient checkpointing (`build_trainer`)
-            self.sage_prefixes = SharedPrefixes([])  # the current update's (`_generate_and_score_completions`)
+            self.sage_share_prefix = share_prefix  # where it is exact (`prefix.usable`)
+            self.sage_prefixes = prefix.SharedPrefixes([])  # the current update's (`_generate_and_score_completions`)
             self.sage_prefix_tokens_saved = 0
             self.sage_compute_dtype = compute_dtype  # bf16 base + float32 LoRA: the adapter computes in bf16 too
             self.sage_role_mean = role_mean
@@ -188,7 +188,7 @@ def trainer_class():
             rows += [None] * (size - len(rows))
             real = [r for r in rows if r is not None]
             if self.sage_share_prefix:
-                self.sage_prefixes = SharedPrefixes(update_prefixes([r.prompt_ids for r in real]))
+                self.sage_prefixes = prefix.SharedPrefixes(prefix.update_prefixes([r.prompt_ids for r in real]))
             pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
             p_len = max([len(r.prompt_ids) for r in real] + [1])
             c_len = max([len(r.completion_ids) for r in real] + [1])
@@ -287,9 +287,9 @@ def trainer_class():
             for start in range(0, input_ids.size(0), batch_size):
                 end = start + batch_size
                 with self._sage_autocast(input_ids.device):
-                    lp, ent = prefixed_logprobs(self.sage_prefixes, model, input_ids[start:end],
-                                                attention_mask[start:end], logits_to_keep, temperatures[start:end],
-                                                entropy=compute_entropy)
+                    lp, ent = prefix.prefixed_logprobs(self.sage_prefixes, model, input_ids[start:end],
+                                                       attention_mask[start:end], logits_to_keep,
+                                                       temperatures[start:end], entropy=compute_entropy)
                 logps.append(lp)
                 entropies.append(ent)
             return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
@@ -336,7 +336,6 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
     step count carry over. `on_step`, called on the main process as each update ends, gets that update's
     `updates.step_record`. The caller removes `trainer.args.output_dir` afterwards."""
     import torch
-    from accelerate import PartialState
     from datasets import Dataset
     from transformers import AutoTokenizer
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -392,9 +391,7 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
     trainer = cls(model=model, reward_funcs=_unused_reward, args=args, train_dataset=dataset,
                   processing_class=tokenizer, rows=rows, callbacks=[log.callback()],
                   role_mean=cfg.loss_weighting == "role_mean", optimizer_state=optimizer_state,
-                  compute_dtype=adapter_compute_dtype(torch_dtype),
-                  share_prefix=(cfg.share_prefix and not cfg.gradient_checkpointing
-                                and PartialState().num_processes == 1))
+                  compute_dtype=adapter_compute_dtype(torch_dtype), share_prefix=prefix.usable(cfg))
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     log.block_tokens += block_tokens(trainer, rows)
