@@ -16,6 +16,7 @@ import pytest
 
 from sage.warehouse import Warehouse
 from tests.flows.test_training_loop import SMALL
+from tests.processes import running
 
 
 def _start(tiny_model, directory) -> tuple[subprocess.Popen, list[str]]:
@@ -39,17 +40,6 @@ def _wait_for(lines: list[str], text: str, p: subprocess.Popen, timeout: float =
         time.sleep(0.2)
 
 
-def _alive(procs: list[psutil.Process]) -> list:
-    out = []
-    for q in procs:
-        try:
-            if q.is_running() and q.status() != psutil.STATUS_ZOMBIE:
-                out.append((q.pid, q.cmdline()[:4]))
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_in_seconds_and_it_resumes(tiny_model, tmp_path, sig):
     p, lines = _start(tiny_model, tmp_path)
@@ -66,7 +56,7 @@ def test_a_signal_stops_the_run_in_seconds_and_it_resumes(tiny_model, tmp_path, 
     assert f"interrupted ({signal.Signals(sig).name})" in err and "resume with: sage run" in err
     assert "Traceback" not in err and "Crash detected" not in err, err[-3000:]  # the one line says it
     time.sleep(2)
-    assert not _alive(family)
+    assert not running(family)
     with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
         assert wh.scalar("SELECT status FROM runs WHERE run_id = 'stop'") == "interrupted"
 
@@ -87,7 +77,7 @@ def test_sigkill_of_sage_leaves_none_of_its_processes(tiny_model, tmp_path):
     os.kill(p.pid, signal.SIGKILL)
     p.wait(30)
     time.sleep(5)
-    assert not _alive(family)
+    assert not running(family)
 
 
 def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(prefect_api, tmp_path):

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from sage.engines.verify.isolation import backend_possible
+from tests.processes import running
 
 OWNER = """
 import sys, threading, time
@@ -26,13 +27,6 @@ threading.Thread(target=lambda: checker.check_many([("1", "1")] * 4), daemon=Tru
 print("started", flush=True)
 time.sleep(600)
 """
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.mark.parametrize("backend", ["bwrap", "unshare", "rlimit"])
@@ -56,7 +50,7 @@ def test_sigkill_of_the_owner_leaves_no_process(backend):
     # Each process notices its owner's death on its own (parent-death signal, a watcher's poll), which takes
     # seconds on a loaded machine: wait for them to go, up to 30 s.
     deadline = time.monotonic() + 30
-    while (left := [(p.pid, p.cmdline()[:4], p.uids()) for p in family if _alive(p)]) and time.monotonic() < deadline:
+    while (left := running(family)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left
 

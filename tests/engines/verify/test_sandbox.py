@@ -32,6 +32,7 @@ from sage.engines.verify.isolation import UIDS
 from sage.engines.verify.outputs import outputs_equal, reference_outputs, score_outputs
 from sage.engines.verify.sandbox import ExecResult, Job, Sandbox, available_backends
 from sage.engines.verify.child import Opaque, decode_value, encode_value
+from tests.processes import running
 
 BACKENDS = available_backends()
 TIMEOUT_S = 2.0
@@ -247,8 +248,8 @@ def run_backend(backend: str) -> dict:
     time.sleep(1.5)  # give a surviving daemon time to write its marker
     return {"results": dict(zip(names + ["bystander"], results)), "decoy": decoy, "batch_s": batch_s,
             "leftover": _sandbox_processes(),
-            "children": [c.pid for c in psutil.Process().children(recursive=True) if c.pid != decoy.pid
-                         and c.status() != psutil.STATUS_ZOMBIE and "sage.engines.verify.mathcheck" not in " ".join(c.cmdline())]}
+            "children": [pid for pid, cmd in running(psutil.Process().children(recursive=True)) if pid != decoy.pid
+                         and "sage.engines.verify.mathcheck" not in " ".join(cmd)]}
 
 
 def _cases():
