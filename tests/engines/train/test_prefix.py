@@ -70,8 +70,10 @@ def test_shared_prefixes_give_the_step_of_whole_rows_in_float32(tiny_model, mini
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
         assert a["grad_norm"] > 0
     assert any(float(d.abs().max()) > 0 for d in whole_delta.values())
+    # Adam divides each gradient by its running scale, so an element whose gradient is near zero turns float32
+    # rounding into a visible step: the bound is a thousandth of one step (lr), not of the element.
     for name, d in shared_delta.items():
-        torch.testing.assert_close(d, whole_delta[name], rtol=1e-3, atol=1e-6)
+        torch.testing.assert_close(d, whole_delta[name], rtol=1e-3, atol=1e-3 * cfg["lr"])
 
 
 def test_shared_prefixes_in_bf16_within_bf16_tolerance(tiny_model):
