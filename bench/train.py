@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --from-run: config overrides that choose the rows (train.roles, ...)")
     ap.add_argument("--shared", action="store_true", help="also run ours with train.share_prefix on")
     ap.add_argument("--only", choices=("plain", "trl", "shared"), default=None,
-                    help=argparse.SUPPRESS)  # --peak-rss's child
+                    help="run this loop alone and print its result as JSON (what --peak-rss runs in a child)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args(argv)
@@ -315,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         out = _one_pass(a.only, path, rows, cfg, device, dtype, pad_id)
         out["peak_rss_mb"] = _peak_mb()
         out.pop("steps", None)
-        Path(a.json).write_text(json.dumps(out))
+        print(json.dumps(out))
+        if a.json:
+            Path(a.json).write_text(json.dumps(out))
         return 0
     n_tok = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
     shape = (f"stored rows of {a.from_run} iteration {a.iteration}" if a.from_run else
