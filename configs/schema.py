@@ -152,7 +152,9 @@ class TrainConfig(_Section):
         default_factory=lambda: list(Role), min_length=1, description="The roles whose rollouts the update trains "
         "on; the others' rollouts are generated, scored and stored as before, and left out of the update "
         "(with `role_mean`, the roles listed share it equally). Default: all four, as SAGE.md.")
-    minibatch_size: int = Field(8, ge=1, description="Rollouts per forward/backward pass (per device).")
+    minibatch_size: int = Field(8, ge=1, description="Rollouts per forward/backward pass (per device). On a CPU "
+                                "they are packed into one sequence without padding, each row attending to its own "
+                                "tokens: larger passes are faster and take more memory.")
     grad_accum: int = Field(1, ge=1, description="Gradient accumulation steps; the update covers every "
                             "rollout of the iteration once.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")

@@ -12,6 +12,11 @@ rows of a few hundred tokens make the score matrices small (9 heads x 810 x 810 
 It is registered with transformers' attention and mask interfaces as `sage_cpu_train` (masks as for `sdpa`:
 none for a causal unpadded batch, a boolean keep-mask otherwise) and set on a model only for the length of a
 training pass on a CPU.
+
+Packed rows: given `cu_seq_lens_q` (the keyword transformers' flash attention takes, cumulative row lengths of a
+batch of one packed sequence, no padding anywhere), each row attends causally to its own tokens only, one score
+matrix per row; the block-diagonal mask transformers builds for packed position ids is then not needed and not
+read. `packs(model)` says whether a model's attention takes rows packed this way.
 """
 
 from __future__ import annotations
@@ -20,26 +25,54 @@ import contextlib
 
 NAME = "sage_cpu_train"
 _REGISTERED = False
-_BIAS: dict = {}  # the last shape's causal bias (`_causal_bias`), freed when a training pass ends
+_BIAS: dict = {}  # causal biases by shape (`_causal_bias`), freed when a training pass ends
+#: Attention implementations that attend packed rows (`cu_seq_lens_q`) each to its own tokens.
+PACKING = (NAME, "flash_attention_2", "flash_attention_3")
 
 
 def _causal_bias(lq: int, lk: int, dtype, device):
-    """[Lq, Lk]: 0 where query i may see key j (j <= i + Lk - Lq), the dtype's minimum elsewhere. Kept for the
-    last shape only: every layer of a forward pass asks for the same one."""
+    """[Lq, Lk]: 0 where query i may see key j (j <= i + Lk - Lq), the dtype's minimum elsewhere. Kept by shape:
+    every layer of a forward pass asks for the same ones (a pass of packed rows, one per row length); a few
+    hundred tokens make each small."""
     import torch
 
     key = (lq, lk, dtype, device)
     if key not in _BIAS:
-        _BIAS.clear()
+        if len(_BIAS) > 256:
+            _BIAS.clear()
         keep = torch.ones(lq, lk, dtype=torch.bool, device=device).tril(lk - lq)
         _BIAS[key] = torch.zeros(lq, lk, dtype=dtype, device=device).masked_fill_(~keep, torch.finfo(dtype).min)
     return _BIAS[key]
 
 
-def attention_forward(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
+def packs(model) -> bool:
+    """Whether `model` (a transformers model, or a PEFT model around one) attends rows packed into one sequence
+    (`cu_seq_lens_q`) each to its own tokens."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base.config, "_attn_implementation", None) in PACKING
+
+
+def attention_forward(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                      cu_seq_lens_q=None, **kwargs):
     """transformers' attention signature: query [B, H, Lq, D], key and value [B, KV, Lk, D] (H a multiple of
     KV), `attention_mask` None (causal when Lq > 1 and the module is causal), a boolean keep-mask or an additive
-    float mask broadcastable to [B, 1, Lq, Lk]. Returns ([B, Lq, H, D], None)."""
+    float mask broadcastable to [B, 1, Lq, Lk]; or, with `cu_seq_lens_q` [R + 1], one sequence of R packed rows
+    (B = 1, Lq = Lk), each attending causally to its own tokens (the mask is not read). Returns
+    ([B, Lq, H, D], None)."""
+    import torch
+
+    if cu_seq_lens_q is not None:
+        bounds = cu_seq_lens_q.tolist()
+        if query.size(0) != 1 or query.size(2) != key.size(2) or bounds[-1] != query.size(2):
+            raise ValueError(f"packed rows need one sequence without a cache whose length is the rows' total; got "
+                             f"query {tuple(query.shape)}, key {tuple(key.shape)}, rows ending at {bounds[-1]}")
+        return torch.cat([_attend(module, query[:, :, a:e], key[:, :, a:e], value[:, :, a:e], None, scaling,
+                                  dropout) for a, e in zip(bounds, bounds[1:])], dim=1), None
+    return _attend(module, query, key, value, attention_mask, scaling, dropout), None
+
+
+def _attend(module, query, key, value, attention_mask, scaling: float, dropout: float):
+    """`attention_forward` for one batch of rows: [B, Lq, H, D]."""
     import torch
 
     b, h, lq, d = query.shape
@@ -61,7 +94,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling: float,
     if dropout and module.training:
         probs = torch.nn.functional.dropout(probs, p=dropout)
     out = torch.matmul(probs.view(b, kv, g * lq, lk), value)  # [B, KV, G * Lq, D]
-    return out.view(b, h, lq, d).transpose(1, 2).contiguous(), None
+    return out.view(b, h, lq, d).transpose(1, 2).contiguous()
 
 
 def _register() -> None:

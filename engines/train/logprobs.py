@@ -24,6 +24,8 @@ import functools
 import types
 from dataclasses import dataclass
 
+from sage.engines.train.attention import packs
+
 #: Config fields of model families whose LM head multiplies its logits by a constant; TRL's kernel takes that
 #: scale, this head does not (the supported heads are plain linear projections, optionally soft-capped).
 _LOGIT_SCALE_FIELDS = ("logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
@@ -210,17 +212,45 @@ def completion_logprobs(model, input_ids, attention_mask, logits_to_keep: int, t
     """Per-token log-probs [B, logits_to_keep] of the last `logits_to_keep` tokens of `input_ids` (the
     completions, right-padded after left-padded prompts; zeros where `attention_mask` is 0), row b at
     temperature `temperatures[b]`, in one forward pass of `model` (patched by `add_completion_head`, possibly
-    wrapped) over the rows laid out contiguously. Also the entropies [B, logits_to_keep] when `entropy`."""
+    wrapped) over the rows laid out contiguously, or packed into one sequence where the model's attention takes
+    packed rows (`attention.packs`). Also the entropies [B, logits_to_keep] when `entropy`."""
     import torch
 
     batch, length = input_ids.shape
-    ids, mask, new_col = _contiguous(input_ids, attention_mask)
     scored = attention_mask[:, -logits_to_keep:].bool()
     rows, cols = scored.nonzero(as_tuple=True)
+    if batch > 1 and packs(model):
+        return _packed_logprobs(model, input_ids, attention_mask, rows, cols, logits_to_keep, temperatures, entropy)
+    ids, mask, new_col = _contiguous(input_ids, attention_mask)
     token_at = new_col[rows, length - logits_to_keep + cols]  # the token's column; its logits are the one before's
     head = CompletionHead(positions=rows * ids.size(1) + token_at - 1, targets=ids[rows, token_at],
                           temperatures=temperatures.to(torch.float32)[rows], entropy=entropy)
     out = model(input_ids=ids, attention_mask=mask, completion_head=head)
+    return in_layout(out, rows, cols, (batch, logits_to_keep))
+
+
+def _packed_logprobs(model, input_ids, attention_mask, rows, cols, logits_to_keep: int, temperatures, entropy: bool):
+    """`completion_logprobs` with the rows' real tokens packed end to end into one sequence, no padding: each row
+    restarts its position ids and attends to its own tokens only (`cu_seq_lens_q`, which `attention.packs`
+    models take), so every token's hidden state is the one it has in its row alone, and the linear layers run
+    one matrix of all the rows' tokens instead of one per row or a padded batch."""
+    import torch
+
+    batch, length = input_ids.shape
+    real = attention_mask.bool()
+    n = real.sum(1)
+    ends = n.cumsum(0)
+    starts = ends - n
+    ids = input_ids[real][None]  # row by row, each row's tokens in order
+    rank = real.cumsum(1) - 1  # a real token's index in its row
+    position_ids = (torch.arange(ids.size(1), device=ids.device) - starts.repeat_interleave(n))[None]
+    token_at = starts[rows] + rank[rows, length - logits_to_keep + cols]  # its logits are the one before's
+    head = CompletionHead(positions=token_at - 1, targets=ids[0, token_at],
+                          temperatures=temperatures.to(torch.float32)[rows], entropy=entropy)
+    cu = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)
+    longest = int(n.max())
+    out = model(input_ids=ids, position_ids=position_ids, completion_head=head, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                max_length_q=longest, max_length_k=longest)
     return in_layout(out, rows, cols, (batch, logits_to_keep))
 
 

@@ -37,7 +37,8 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
 - `_compute_loss(model, inputs)` drops the padding columns a micro-batch does not use, then calls TRL's.
 - `train()` runs TRL's with two CPU-minded settings for its length: under a bf16 base the float32 LoRA weights
   compute in bf16 (autocast casts the small weights; PEFT's cast of every input to float32 is switched off;
-  gradients and AdamW stay float32), and on a CPU the model attends through `sage.engines.train.attention`.
+  gradients and AdamW stay float32), and on a CPU the model attends through `sage.engines.train.attention`,
+  which takes a micro-batch's rows packed end to end into one sequence, no padding (`logprobs.completion_logprobs`).
 - With `train.loss_weighting` `role_mean`, each row's advantage is scaled so that every role weighs the same in
   the update (`_sage_role_weights`). `create_optimizer` / `create_scheduler` load the state carried from the
   previous iteration, when given.

@@ -84,6 +84,78 @@ def test_cpu_attention_is_sdpa_with_its_gradients(padded):
         torch.testing.assert_close(got, t.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_packed_rows_attend_each_to_its_own_tokens():
+    """One sequence of three packed rows (`cu_seq_lens_q`): each row's output and gradients are those of causal
+    `sdpa` over that row alone; a mask passed beside it is not read."""
+    import torch
+    import torch.nn.functional as F
+
+    from sage.engines.train.attention import attention_forward
+
+    lengths = [4, 9, 2]
+    q, k, v = _qkv(1, 6, 2, sum(lengths))
+    cu = torch.tensor([0, 4, 13, 15], dtype=torch.int32)
+    upstream = torch.randn(1, sum(lengths), 6, 16)
+    out, _ = attention_forward(_Causal(), q, k, v, torch.zeros(1, 1, 15, 15, dtype=torch.bool), scaling=0.25,
+                               cu_seq_lens_q=cu)
+    (out * upstream).sum().backward()
+    ours = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    want = torch.cat([F.scaled_dot_product_attention(q[:, :, a:e], k[:, :, a:e], v[:, :, a:e], is_causal=True,
+                                                     scale=0.25, enable_gqa=True).transpose(1, 2)
+                      for a, e in [(0, 4), (4, 13), (13, 15)]], dim=1)
+    (want * upstream).sum().backward()
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    for got, t in zip(ours, (q, k, v)):
+        torch.testing.assert_close(got, t.grad, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="rows' total"):
+        attention_forward(_Causal(), q, k, v, None, scaling=0.25, cu_seq_lens_q=torch.tensor([0, 4, 13]))
+
+
+def test_a_packed_batch_scores_every_row_as_alone(tiny_model):
+    """`completion_logprobs` of a padded batch under the CPU attention packs the rows into one sequence: each
+    row's log-probs, and the adapter's gradients of their sum, are those of scoring every row alone (float32)."""
+    import torch
+
+    from sage.engines.train.attention import packs, use_cpu_attention
+    from sage.engines.train.logprobs import add_completion_head, completion_logprobs
+
+    model = load_policy(str(tiny_model), None, TrainConfig(lora_rank=4, lora_alpha=8), seed=0)
+    add_completion_head(model.get_base_model())
+    for p in model.parameters():  # LoRA's B starts at zero: move it so its gradients depend on everything
+        if p.requires_grad:
+            p.data.normal_(0, 0.05)
+    rows = _rows(4)
+    p_len, c_len = max(len(r.prompt_ids) for r in rows), max(len(r.completion_ids) for r in rows)
+    ids = torch.zeros(len(rows), p_len + c_len, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):  # TRL's layout: left-padded prompts, right-padded completions
+        ids[i, p_len - len(r.prompt_ids):p_len] = torch.tensor(r.prompt_ids)
+        ids[i, p_len:p_len + len(r.completion_ids)] = torch.tensor(r.completion_ids)
+        mask[i, p_len - len(r.prompt_ids):p_len + len(r.completion_ids)] = 1
+    temps = torch.tensor([r.temperature for r in rows])
+    trained = [p for p in model.parameters() if p.requires_grad]
+
+    def scored(chunks):
+        model.zero_grad()
+        lps = [completion_logprobs(model, ids[c], mask[c], c_len, temps[c])[0] for c in chunks]
+        lp = torch.cat(lps)
+        lp.sum().backward()
+        return lp.detach(), [p.grad.clone() for p in trained]
+
+    model.train()
+    with use_cpu_attention(model):
+        assert packs(model)
+        packed, packed_grads = scored([slice(0, 4)])
+        alone, alone_grads = scored([slice(i, i + 1) for i in range(4)])
+    assert not packs(model)  # sdpa takes a padded batch
+    assert (packed != 0).sum() == sum(len(r.completion_ids) for r in rows)
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+    for a, b in zip(packed_grads, alone_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_use_cpu_attention_sets_and_restores_the_models_attention(tiny_model):
     import torch
 
@@ -119,15 +191,18 @@ def _bf16_step(tiny_model, rows, cfg) -> tuple[dict, dict]:
     return metrics, delta
 
 
-def test_a_bf16_step_is_the_step_without_the_cpu_paths_within_bf16_tolerance(tiny_model, monkeypatch):
+@pytest.mark.parametrize("minibatch,grad_accum", [(1, 4), (4, 1)])
+def test_a_bf16_step_is_the_step_without_the_cpu_paths_within_bf16_tolerance(tiny_model, monkeypatch, minibatch,
+                                                                            grad_accum):
     """The same rows and seed through today's step (bf16 base and float32 LoRA) with and without the CPU paths
-    (adapter in bf16 under autocast, this module's attention, the token-chunked head): the same per-update losses
-    and gradient norms within bf16 tolerance, and the adapter moved the same way."""
+    (adapter in bf16 under autocast, this module's attention, with four rows a pass packed into one sequence, the
+    token-chunked head): the same per-update losses and gradient norms within bf16 tolerance, and the adapter
+    moved the same way."""
     import torch
 
     from sage.engines.train import attention, logprobs, trl_trainer
 
-    cfg = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-3, minibatch_size=1, grad_accum=4)
+    cfg = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-3, minibatch_size=minibatch, grad_accum=grad_accum)
     rows = _rows(12)
     fast, fast_delta = _bf16_step(tiny_model, rows, cfg)
     assert trl_trainer.adapter_compute_dtype(torch.bfloat16) == torch.bfloat16
