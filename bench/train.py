@@ -10,7 +10,7 @@ prompt + completion tokens of the rows; time is the training loop only (model lo
     .venv/bin/python bench/train.py                 # SmolLM2-135M on CPU (falls back to a random mid-size Llama)
     .venv/bin/python bench/train.py --model random  # the random Llama explicitly
     # the shape an iteration of cpu.yaml trains (bf16, 32 rows of ~350 prompt + ~100 completion tokens):
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/train.py --dtype bf16 --rows 32 --minibatch 8 --grad-accum 1 \
+    .venv/bin/python bench/train.py --dtype bf16 --rows 32 --minibatch 8 --grad-accum 1 \
         --prompt-len 450 --prompt-jitter 0.45 --completion-len 150 --jitter 0.7 --peak-rss
 
 `--peak-rss` also runs one pass of each loop in a fresh process and reports its peak resident memory
