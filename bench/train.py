@@ -315,9 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         out = _one_pass(a.only, path, rows, cfg, device, dtype, pad_id)
         out["peak_rss_mb"] = _peak_mb()
         out.pop("steps", None)
-        print(json.dumps(out))
+        text = json.dumps(out)
+        print(text)
         if a.json:
-            Path(a.json).write_text(json.dumps(out))
+            Path(a.json).write_text(text)
         return 0
     n_tok = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
     shape = (f"stored rows of {a.from_run} iteration {a.iteration}" if a.from_run else
