@@ -249,7 +249,8 @@ def set_iteration_adapter(wh: Warehouse, run_id: str, iteration: int, adapter_ou
 # -- summaries -------------------------------------------------------------------------------------------------
 
 def iteration_summary(wh: Warehouse, run_id: str, iteration: int) -> dict[str, list[dict]]:
-    """The numbers a user wants after an iteration, as small tables."""
+    """The numbers a user wants after an iteration, as small tables (an iteration that did not train, `train.enabled`
+    false, has no training table)."""
     p = [run_id, iteration]
     return {
         "questions": wh.rows("""
@@ -279,7 +280,7 @@ def iteration_summary(wh: Warehouse, run_id: str, iteration: int) -> dict[str, l
                    round(CAST(metrics->>'clip_fraction' AS DOUBLE), 3) AS clip_fraction,
                    round(CAST(metrics->>'seconds' AS DOUBLE), 1) AS seconds,
                    round(CAST(metrics->>'tokens_per_s' AS DOUBLE), 1) AS tokens_per_s
-            FROM checkpoints WHERE run_id = ? AND iteration = ?""", p),
+            FROM checkpoints WHERE run_id = ? AND iteration = ? AND metrics IS NOT NULL""", p),
     }
 
 

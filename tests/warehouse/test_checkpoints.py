@@ -36,3 +36,17 @@ def test_the_base_model_is_a_checkpoint(tmp_path):
             c = resolve_checkpoint(wh, "r", name)
             assert (c.iteration, c.adapter, c.stored, c.val_accuracy) == (0, None, "base", 0.25), name
         assert resolve_checkpoint(wh, None, "base") == Checkpoint("base", 0, None)
+
+
+def test_iteration_summary_has_a_training_table_only_where_the_iteration_trained(tmp_path):
+    """A checkpoint row without training metrics (`train.enabled` false, or validation's row for the base model)
+    gives no training table, rather than one of empty cells."""
+    from sage.warehouse.queries import iteration_summary
+
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
+        wh.insert_batch("checkpoints", [dict(run_id="r", iteration=1, adapter_path="base"),
+                                        dict(run_id="r", iteration=2, adapter_path="/a/2",
+                                             metrics={"n_rows": 96, "n_updates": 12, "loss": 0.13})])
+        assert iteration_summary(wh, "r", 1)["training"] == []
+        (row,) = iteration_summary(wh, "r", 2)["training"]
+        assert (row["rows"], row["updates"], row["loss"]) == (96, 12, 0.13)
