@@ -4,7 +4,8 @@ computing each shared prefix once per update (instead of once per row) could sav
     .venv/bin/python -m bench.prefixes RUN_DIR [--iteration 1] [--set section.field=value]
 
 RUN_DIR is a `sage run` project directory. The rows are the iteration's stored training rows in the order the
-trainer's seeded sampler visits them (`run.seed + iteration`), cut into updates of `train.minibatch_size x
+trainer's seeded sampler visits them (`run.seed + iteration`; `--set train.update_order=by_prompt` for whole
+questions an update), cut into updates of `train.minibatch_size x
 train.grad_accum` rows; a row's shared tokens are the longest prompt prefix it has in common with an earlier
 row of its update. Prints the prompt share of all tokens, the shared share within updates, and the share if the
 whole iteration were one update, and what `train.share_prefix` (one prefix run per group of an update's rows,
@@ -42,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from sage.configs import load_config
-    from sage.engines.train.rows import block_sampler_class
+    from sage.engines.train.rows import block_sampler_class, prompt_groups
     from sage.stages.train import stored_rows
     from sage.warehouse import Warehouse
 
@@ -53,7 +54,8 @@ def main() -> None:
     block = cfg.train.minibatch_size * cfg.train.grad_accum
     # the trainer's own sampler, seeded as the train stage seeds it; -1 fills a short last block
     order = list(block_sampler_class()(n_rows=len(rows), block=block, repeats=1, dummy=-1, shuffle=True,
-                                       seed=cfg.run.seed + args.iteration))
+                                       seed=cfg.run.seed + args.iteration,
+                                       groups=prompt_groups(rows) if cfg.train.update_order == "by_prompt" else None))
     tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
     prompt = sum(len(r.prompt_ids) for r in rows)
     within = sum(shared_tokens([rows[i].prompt_ids for i in order[s:s + block] if i >= 0])

@@ -23,7 +23,8 @@ iteration K instead of random ones (`--rows N`: the first N of them), in the ord
 `roles.<role>.temperature`), and K should be 1: the rows carry the sampling log-probs of the policy that drew
 them, and a later iteration's were drawn with an adapter this fresh one is not. With `--shared`, each round
 also runs our trainer with `train.share_prefix` on: shared prefixes against rows run whole (the default), side
-by side. For example, the Solver-only rows of the learning experiment's lever 5
+by side; `--update-order by_prompt` makes each update of every loop the samples of whole questions
+(`train.update_order`), where a shared prefix is the whole prompt. For example, the Solver-only rows of the learning experiment's lever 5
 (DIR: its `bench.learning --out`; every row a Solver prompt, eight samples a question):
 
     .venv/bin/python bench/train.py --dtype bf16 --minibatch 1 --grad-accum 8 --repeats 1 --shared \
@@ -164,12 +165,15 @@ def head_pass(kernel: str, hidden, weight, targets, temperature: float = 0.7) ->
     return time.process_time() - c0, float(h.grad.float().norm())
 
 
-def trl_row_order(rows: list[TrainRow], seed: int = 0) -> list[TrainRow]:
-    """The order our trainer's sampler visits rows in (seeded permutation), so both loops see the same updates."""
-    import torch
+def trl_row_order(rows: list[TrainRow], cfg: TrainConfig, seed: int = 0) -> list[TrainRow]:
+    """The order our trainer's sampler visits rows in (its seeded permutation, of whole prompts with
+    `train.update_order: by_prompt`), so both loops see the same updates."""
+    from sage.engines.train.rows import block_sampler_class, prompt_groups
 
-    perm = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed)).tolist()
-    return [rows[i] for i in perm]
+    groups = prompt_groups(rows) if cfg.update_order == "by_prompt" else None
+    order = block_sampler_class()(n_rows=len(rows), block=len(rows), repeats=1, dummy=-1, shuffle=True, seed=seed,
+                                  groups=groups)
+    return [rows[i] for i in order if i >= 0]
 
 
 def random_llama(out_dir: Path) -> Path:
@@ -226,7 +230,7 @@ def _one_pass(loop: str, path: str, rows: list[TrainRow], cfg: TrainConfig, devi
     model = load_policy(path, None, cfg, seed=0, dtype=dtype)
     loaded_mb = _rss_mb()
     if loop == "plain":
-        out = plain_peft_step(model, trl_row_order(rows), cfg, device=device, pad_id=pad_id)
+        out = plain_peft_step(model, trl_row_order(rows, cfg), cfg, device=device, pad_id=pad_id)
     else:
         t0 = time.perf_counter()
         out = train_model(model, path, rows, cfg.model_copy(update={"share_prefix": loop == "shared"}), seed=0,
@@ -271,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     help="with --from-run: config overrides that choose the rows (train.roles, ...)")
     ap.add_argument("--shared", action="store_true", help="also run ours with train.share_prefix on")
+    ap.add_argument("--update-order", choices=("shuffled", "by_prompt"), default="shuffled",
+                    help="train.update_order of every loop: by_prompt puts each prompt's rows in one update")
     ap.add_argument("--only", choices=("plain", "trl", "shared"), default=None,
                     help="run this loop alone and print its result as JSON (what --peak-rss runs in a child)")
     ap.add_argument("--device", default="cpu")
@@ -288,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     vocab = AutoConfig.from_pretrained(path).vocab_size
     pad_id = AutoTokenizer.from_pretrained(path).pad_token_id or 0
     cfg = TrainConfig(lora_rank=a.rank, lora_alpha=2 * a.rank, lr=1e-5, minibatch_size=a.minibatch,
-                      grad_accum=a.grad_accum, loss_weighting="token_mean")  # the plain loop's token mean
+                      grad_accum=a.grad_accum, loss_weighting="token_mean",  # the plain loop's token mean
+                      update_order=a.update_order)
     if a.from_run:
         rows = run_rows(a.from_run, a.iteration, a.overrides)[:a.rows or None]
     else:

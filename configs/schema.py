@@ -163,9 +163,17 @@ class TrainConfig(_Section):
                                "system prompt and worked example; the whole prompt for samples of one question) "
                                "once per update instead of once per row: the same loss and gradients within "
                                "rounding, fewer tokens computed (engines/train/prefix.py). One process without "
-                               "gradient checkpointing only; elsewhere rows are run whole. Off: 1.15-1.3x faster "
-                               "training on stored rows alone, but no faster inside `sage run` and 0.3-0.6 GB "
-                               "more peak memory (README, performance table).")
+                               "gradient checkpointing only; elsewhere rows are run whole. With `update_order: "
+                               "by_prompt` an update's rows share their whole prompt: the train stage of a "
+                               "`cpu.yaml` iteration 1.87x faster and 0.35 GB less peak memory; with shuffled "
+                               "updates no faster inside `sage run` (README, performance table). Off by default "
+                               "until the learning experiment has run with it.")
+    update_order: Literal["shuffled", "by_prompt"] = Field(
+        "shuffled", description="Which rows share an optimizer update. `shuffled`: a seeded permutation of all "
+        "rows. `by_prompt`: a seeded permutation of the prompts, each prompt's rows (the samples of one question) "
+        "together, so an update holds whole questions where their sizes allow, as TRL's GRPO sampler keeps a "
+        "prompt's generations together; with `share_prefix` each question's prompt then runs once per update "
+        "(README, performance table). Default `shuffled`: the learning experiment's runs used it.")
     mmap_threshold_kb: int | None = Field(
         None, ge=4, le=32768, description="On glibc, while training, serve every allocation of at least this many "
         "KiB by its own mmap, returned to the system when freed (`mallopt(M_MMAP_THRESHOLD)`, process-wide; "

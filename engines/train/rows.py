@@ -1,6 +1,6 @@
 """The rows a training step learns from, as stored: `TrainRow`, their Parquet file (`read_rows` /
 `write_rows`, what the train stage hands a training process), their checks, how many optimizer
-updates they make (`rows_per_update`, `num_updates`) and in what order (`block_sampler_class`).
+updates they make (`rows_per_update`, `num_updates`) and in what order (`block_sampler_class`, `prompt_groups`).
 
 Nothing here imports torch or TRL at module import, so the train stage can plan and write rows without loading either.
 """
@@ -93,6 +93,13 @@ def write_rows(rows: list[TrainRow], path: str | os.PathLike) -> None:
     pq.write_table(table, path)
 
 
+def prompt_groups(rows: list[TrainRow]) -> list[int]:
+    """A group id per row, the same for rows with the same prompt (the samples of one question), numbered in
+    order of first appearance: what `train.update_order: by_prompt` keeps together."""
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault(tuple(r.prompt_ids), len(ids)) for r in rows]
+
+
 def block_sampler_class():
     """The torch `Sampler` class of a pass's row order (built on first use: torch is imported only then)."""
     from torch.utils.data import Sampler
@@ -100,21 +107,31 @@ def block_sampler_class():
     class BlockRepeatSampler(Sampler):
         """Rows in a seeded random (or the given) order, in blocks of `block` indices, each block `repeats` times.
 
-        A short last block is filled with `dummy` (an index whose row the trainer masks out entirely).
+        With `groups` (a group id per row, `prompt_groups`) the seeded order is one of the groups, each group's
+        rows together in their given order, so a block holds whole groups where their sizes allow. A short
+        last block is filled with `dummy` (an index whose row the trainer masks out entirely).
         """
 
-        def __init__(self, n_rows: int, block: int, repeats: int, dummy: int, shuffle: bool, seed: int):
+        def __init__(self, n_rows: int, block: int, repeats: int, dummy: int, shuffle: bool, seed: int,
+                     groups: list[int] | None = None):
             self.n_rows, self.block, self.repeats, self.dummy = n_rows, block, repeats, dummy
-            self.shuffle, self.seed = shuffle, seed
+            self.shuffle, self.seed, self.groups = shuffle, seed, groups
 
         def __iter__(self):
             import torch
 
-            if self.shuffle:
+            if not self.shuffle:
+                order = list(range(self.n_rows))
+            elif self.groups is None:
                 g = torch.Generator().manual_seed(self.seed)
                 order = torch.randperm(self.n_rows, generator=g).tolist()
             else:
-                order = list(range(self.n_rows))
+                members: dict[int, list[int]] = {}
+                for i, group in enumerate(self.groups):
+                    members.setdefault(group, []).append(i)
+                g = torch.Generator().manual_seed(self.seed)
+                keys = list(members)
+                order = [i for k in torch.randperm(len(keys), generator=g).tolist() for i in members[keys[k]]]
             for start in range(0, self.n_rows, self.block):
                 chunk = order[start:start + self.block]
                 chunk += [self.dummy] * (self.block - len(chunk))

@@ -21,7 +21,8 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
   Which rows make up each update is the sampler's alone; TRL's `dapo` loss (and `grpo`, `dr_grpo`, whose
   micro-batches all have the same row count) sums the same per-row terms however the update is cut.
 - `_get_train_sampler()` replaces TRL's `RepeatSampler` (which repeats each prompt `num_generations` times) by a
-  plain sampler over the rows: a seeded permutation (or the given order), cut into blocks of one generation batch
+  plain sampler over the rows: a seeded permutation (or the given order; with `train.update_order: by_prompt`
+  a seeded permutation of the prompts, each prompt's rows together), cut into blocks of one generation batch
   (`minibatch_size * grad_accum * processes` rows). Each block is yielded `grad_accum` times in a row, because
   TRL's `_prepare_inputs` turns the first copy into the batch and slices it into `grad_accum` micro-batches for
   the following micro-steps (it never reads the later copies). A short last block is padded with a dummy row
@@ -56,7 +57,7 @@ from typing import Callable
 from sage.configs.schema import TrainConfig
 from sage.engines.llm.models import adapter_compute_dtype
 from sage.engines.train import prefix
-from sage.engines.train.rows import TrainRow, block_sampler_class, role_weights
+from sage.engines.train.rows import TrainRow, block_sampler_class, prompt_groups, role_weights
 from sage.engines.train.updates import UpdateLog, block_tokens
 
 #: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
@@ -111,8 +112,9 @@ def trainer_class():
         """
 
         def __init__(self, *args, rows: list[TrainRow], role_mean: bool = False, optimizer_state: dict | None = None,
-                     compute_dtype=None, share_prefix: bool = False, **kwargs):
+                     compute_dtype=None, share_prefix: bool = False, by_prompt: bool = False, **kwargs):
             self.sage_rows = list(rows)
+            self.sage_groups = prompt_groups(self.sage_rows) if by_prompt else None  # `train.update_order`
             self.sage_share_prefix = share_prefix  # where it is exact (`prefix.usable`)
             self.sage_prefixes = prefix.SharedPrefixes([])  # the current update's (`_generate_and_score_completions`)
             self.sage_prefix_tokens_saved = 0
@@ -174,7 +176,8 @@ def trainer_class():
             n = len(self.sage_rows)
             return sampler_cls(n_rows=n, block=self.args.generation_batch_size,
                                repeats=self.args.steps_per_generation * self.num_iterations,
-                               dummy=n, shuffle=bool(self.shuffle_dataset), seed=self.args.seed)
+                               dummy=n, shuffle=bool(self.shuffle_dataset), seed=self.args.seed,
+                               groups=self.sage_groups)
 
         def _generate_and_score_completions(self, inputs):
             device = self.accelerator.device
@@ -392,7 +395,8 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
     trainer = cls(model=model, reward_funcs=_unused_reward, args=args, train_dataset=dataset,
                   processing_class=tokenizer, rows=rows, callbacks=[log.callback()],
                   role_mean=cfg.loss_weighting == "role_mean", optimizer_state=optimizer_state,
-                  compute_dtype=adapter_compute_dtype(torch_dtype), share_prefix=prefix.usable(cfg))
+                  compute_dtype=adapter_compute_dtype(torch_dtype), share_prefix=prefix.usable(cfg),
+                  by_prompt=cfg.update_order == "by_prompt")
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     log.block_tokens += block_tokens(trainer, rows)

@@ -207,6 +207,30 @@ def test_every_row_once_and_empty_completions_skipped(tiny_model, monkeypatch):
     assert sorted(i for i in seen if i >= 0) == list(range(9))
 
 
+def test_by_prompt_updates_train_each_questions_samples_together(tiny_model, monkeypatch):
+    """`train.update_order: by_prompt`: 3 questions x 4 samples stored interleaved, updates of 4 rows (2 x 2):
+    each update's rows are the samples of one question, and every row is trained once."""
+    from sage.engines.train.trl_trainer import StoredRowsTrainer as cls
+
+    batches = []
+    original = cls._generate_and_score_completions
+
+    def spy(self, inputs):
+        batches.append([int(x["row"]) for x in inputs])
+        return original(self, inputs)
+
+    monkeypatch.setattr(cls, "_generate_and_score_completions", spy)
+    prompts = [[5, 6, 7, 8 + q] for q in range(3)]
+    rows = [TrainRow(prompt_ids=prompts[q], completion_ids=[20 + k, 30, 40], advantage=0.5 - k / 4, role="solver")
+            for k in range(4) for q in range(3)]
+    cfg = _cfg(minibatch_size=2, grad_accum=2, update_order="by_prompt")
+    model = load_policy(str(tiny_model), None, cfg, seed=0)
+    m = train_model(model, str(tiny_model), rows, cfg, device="cpu")
+    assert m["n_updates"] == 3 and len(batches) == 3
+    assert sorted(i for b in batches for i in b) == list(range(12))
+    assert all(len({tuple(rows[i].prompt_ids) for i in b}) == 1 for b in batches)
+
+
 def test_sampler_blocks_padding_and_seed():
     from sage.engines.train.rows import block_sampler_class
 
@@ -215,6 +239,25 @@ def test_sampler_blocks_padding_and_seed():
     assert list(s) == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 5, 5, 4, 5, 5, 5] and len(s) == 16
     a = list(S(n_rows=9, block=3, repeats=1, dummy=9, shuffle=True, seed=7))
     assert sorted(a) == list(range(9)) and a == list(S(9, 3, 1, 9, True, 7)) and a != list(range(9))
+
+
+def test_by_prompt_order_keeps_each_questions_rows_in_one_update():
+    from sage.engines.train.rows import TrainRow, block_sampler_class, prompt_groups
+
+    # 4 questions x 3 samples, interleaved as the solve stage could store them
+    rows = [TrainRow(prompt_ids=[1, 2, q], completion_ids=[5], advantage=0.0) for _ in range(3) for q in range(4)]
+    groups = prompt_groups(rows)
+    assert groups == [0, 1, 2, 3] * 3
+    S = block_sampler_class()
+    order = list(S(n_rows=12, block=3, repeats=1, dummy=12, shuffle=True, seed=5, groups=groups))
+    assert sorted(order) == list(range(12)) and order == list(S(12, 3, 1, 12, True, 5, groups))
+    blocks = [order[k:k + 3] for k in range(0, 12, 3)]
+    assert all(len({groups[i] for i in b}) == 1 for b in blocks)
+    # the seed permutes the questions
+    firsts = {tuple(groups[i] for i in list(S(12, 3, 1, 12, True, seed, groups))[::3]) for seed in range(6)}
+    assert len(firsts) > 1
+    plain = list(S(n_rows=12, block=3, repeats=1, dummy=12, shuffle=True, seed=5))
+    assert not all(len({groups[i] for i in plain[k:k + 3]}) == 1 for k in range(0, 12, 3))
 
 
 # ------------------------------------------------------------------------------------------------------------
