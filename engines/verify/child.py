@@ -249,6 +249,19 @@ def _die_with_parent(os, parent=None):
         os._exit(1)
 
 
+def _owner_gone(fd_out):
+    """Has the pipeline that started this job died? Then nobody reads `fd_out` any more (poll says POLLERR).
+    Each process between the pipeline and this one dies with its parent once it has armed its parent-death
+    signal, but one whose parent died before it armed it (`unshare` forks, then arms; a scheduler can hold
+    the child in between) runs on orphaned, and so would the job. By the time this runs every one of them
+    has armed: checked here once, a pipeline that dies later takes the job down with it."""
+    import select
+
+    poller = select.poll()
+    poller.register(fd_out, 0)  # POLLERR and POLLHUP are reported whatever the mask
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
 def _stay_init(os, fd_out):
     """We are pid 1 of a new pid namespace, which ignores its own fatal signals: fork, let the child run
     the job as an ordinary process, and here only wait for it (its exit ends the namespace). Pid 1 dies with
@@ -281,6 +294,8 @@ def main():
 
     fd_in, fd_out = int(sys.argv[1]), int(sys.argv[2])
     job = __import__("marshal").loads(_read_all(os, fd_in))
+    if _owner_gone(fd_out):
+        os._exit(1)
     if len(sys.argv) > 3 and sys.argv[3] == "chroot":
         _enter_root(os, sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), job)
         _stay_init(os, fd_out)

@@ -86,6 +86,19 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
+@functools.cache
+def _setpriv_pdeathsig() -> list[str]:
+    """setpriv's own `--pdeathsig KILL` where it has one (util-linux 2.33+). Changing the uid clears the
+    parent-death signal `die_with_parent` set, and bwrap arms its own only after setting up its namespaces:
+    an owner killed in between left bwrap and the sandbox running for good. setpriv sets it again right after
+    the uid change, and it then holds across the exec of bwrap."""
+    try:
+        ok = subprocess.run(["setpriv", "--pdeathsig", "KILL", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return ["--pdeathsig", "KILL"] if ok else []
+
+
 def _uid_exists(uid: int) -> bool:
     try:
         pwd.getpwuid(uid)
@@ -204,7 +217,8 @@ def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int
         child = [python, "-I", "-S", "-c", stub, str(fds[0]), str(fds[1])]
     else:
         child = [python, "-I", "-S", "-c", _CHILD_SOURCE, str(fds[0]), str(fds[1])]
-    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *_setpriv_pdeathsig()] \
+        if uid is not None else []
     if backend == "bwrap":
         binds = [a for d in extra for a in ("--ro-bind", d, d)]
         if root is not None:  # one private tmpfs, inode-capped, bound at /work, /tmp and /dev/shm alike
@@ -231,11 +245,17 @@ def _scratch_mount(root: str) -> list[str]:
     """Prefix that mounts an inode-capped tmpfs on `root` in a private mount namespace, so the mount vanishes
     with the job's processes and the host never sees it, then runs the rest. Unprivileged, the mount namespace
     belongs to a user namespace of our own (where we are root, as tmpfs mounts require); bwrap then nests its
-    own user namespace inside and maps the sandbox back to our uid with no capabilities."""
+    own user namespace inside and maps the sandbox back to our uid with no capabilities.
+
+    The rest runs as pid 1 of a pid namespace of its own, killed when `unshare` above it dies (which dies with
+    the pipeline, `die_with_parent`); when pid 1 dies the kernel kills every process inside. bwrap's own
+    `--die-with-parent` leaves a gap: its sandbox's first process arms it only after setting up its mounts, and
+    one whose bwrap was killed before that outlived the pipeline."""
     script = (f'mount -t tmpfs -o size={TMPFS_BYTES},nr_inodes={TMPFS_INODES},mode=1777,nosuid,nodev sage-sandbox '
               '"$0" && exec "$@"')
     user = [] if IS_ROOT else ["--user", "--map-root-user"]
-    return ["unshare", *user, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, root]
+    return ["unshare", *user, "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--",
+            "/bin/sh", "-c", script, root]
 
 
 @functools.cache

@@ -55,6 +55,47 @@ def test_sigkill_of_the_owner_leaves_no_process(backend):
     assert not left
 
 
+@pytest.mark.parametrize("owner_alive", [True, False], ids=["reader", "no-reader"])
+@pytest.mark.parametrize("backend", ["bwrap", "unshare"])
+def test_a_job_runs_only_while_someone_reads_its_results(backend, owner_alive):
+    """A process between the pipeline and the sandbox can be orphaned before it arms its parent-death signal
+    (`unshare --fork` arms it in the child after forking), so the chain goes on starting without its owner.
+    The sandboxed child then finds nobody reading its results and never runs the job; with the reader open,
+    the same command runs it (a job that loops forever)."""
+    import tempfile
+
+    from sage.configs.schema import SandboxConfig
+    from sage.engines.verify import sandbox as sb
+    from sage.engines.verify.isolation import IS_ROOT, UIDS, child_env, command, scratch_root_needed, teardown
+
+    if not backend_possible(backend):
+        pytest.skip(f"{backend} is not usable here")
+    cfg = SandboxConfig(backend=backend, timeout_s=60, cpu_s=60)
+    uid = UIDS.take() if IS_ROOT else None
+    tmp = tempfile.mkdtemp(prefix="sage-sbx-") if scratch_root_needed(backend) else None
+    job_r, job_w = os.pipe()
+    res_r, res_w = os.pipe()
+    os.write(job_w, sb._payload(sb.Job("def f():\n    while True: pass", "f", [[]]), cfg, "0" * 32, backend))
+    os.close(job_w)
+    if not owner_alive:
+        os.close(res_r)
+    proc = subprocess.Popen(command(backend, uid, tmp, (job_r, res_w)), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(job_r, res_w),
+                            env=child_env(backend, tmp), cwd="/", start_new_session=True)
+    os.close(job_r)
+    os.close(res_w)
+    try:
+        if owner_alive:
+            time.sleep(3)
+            assert proc.poll() is None  # the job loops
+        else:
+            assert proc.wait(timeout=30) != 0
+    finally:
+        teardown(proc, uid, tmp, backend, time.monotonic() + 10)
+        if owner_alive:
+            os.close(res_r)
+
+
 def test_a_uid_is_reused_only_once_no_process_of_it_remains():
     """A uid whose lock a dead pipeline released may still run that pipeline's leftovers: taking it again
     kills them first."""
