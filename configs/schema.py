@@ -166,14 +166,17 @@ class TrainConfig(_Section):
                                "gradient checkpointing only; elsewhere rows are run whole. With `update_order: "
                                "by_prompt` an update's rows share their whole prompt: the train stage of a "
                                "`cpu.yaml` iteration 1.87x faster and 0.35 GB less peak memory; with shuffled "
-                               "updates no faster inside `sage run` (README, performance table). Off by default "
-                               "until the learning experiment has run with it.")
+                               "updates no faster inside `sage run` (README, performance table). Off by default, "
+                               "as `update_order` is.")
     update_order: Literal["shuffled", "by_prompt"] = Field(
         "shuffled", description="Which rows share an optimizer update. `shuffled`: a seeded permutation of all "
         "rows. `by_prompt`: a seeded permutation of the prompts, each prompt's rows (the samples of one question) "
         "together, so an update holds whole questions where their sizes allow, as TRL's GRPO sampler keeps a "
         "prompt's generations together; with `share_prefix` each question's prompt then runs once per update "
-        "(README, performance table). Default `shuffled`: the learning experiment's runs used it.")
+        "(README, performance table). Under TRR++, whose advantages are normalised per role, not per question, "
+        "a question's answers often share one sign, so such an update pushes one way: with `cpu.yaml` the policy "
+        "moved about ten times as far per iteration and validation fell below the base model from iteration 8 "
+        "(README, \"Does it learn?\", lever 7). Default `shuffled`.")
     mmap_threshold_kb: int | None = Field(
         None, ge=4, le=32768, description="On glibc, while training, serve every allocation of at least this many "
         "KiB by its own mmap, returned to the system when freed (`mallopt(M_MMAP_THRESHOLD)`, process-wide; "
