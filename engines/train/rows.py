@@ -1,6 +1,7 @@
 """The rows a training step learns from, as stored: `TrainRow`, their Parquet file (`read_rows` /
 `write_rows`, what the train stage hands a training process), their checks, how many optimizer
-updates they make (`rows_per_update`, `num_updates`) and in what order (`block_sampler_class`, `prompt_groups`).
+updates they make (`rows_per_update`, `num_updates`) and in what order (`block_sampler_class`, `prompt_groups`;
+`longest_first` within an update, so rows of similar length share a forward pass).
 
 Nothing here imports torch or TRL at module import, so the train stage can plan and write rows without loading either.
 """
@@ -91,6 +92,18 @@ def write_rows(rows: list[TrainRow], path: str | os.PathLike) -> None:
         "temperature": pa.array([float(r.temperature) for r in rows], type=pa.float64()),
     })
     pq.write_table(table, path)
+
+
+def longest_first(batch: dict) -> dict:
+    """A generation batch (its tensors one row per row) with the rows ordered by real tokens (prompt +
+    completion), longest first; ties keep their order."""
+    import torch
+
+    lengths = batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)
+    order = torch.sort(lengths, descending=True, stable=True).indices
+    rows = lengths.size(0)
+    return {k: v[order] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == rows else v
+            for k, v in batch.items()}
 
 
 def prompt_groups(rows: list[TrainRow]) -> list[int]:

@@ -57,24 +57,13 @@ from typing import Callable
 from sage.configs.schema import TrainConfig
 from sage.engines.llm.models import adapter_compute_dtype
 from sage.engines.train import prefix
-from sage.engines.train.rows import TrainRow, block_sampler_class, prompt_groups, role_weights
+from sage.engines.train.rows import TrainRow, block_sampler_class, longest_first, prompt_groups, role_weights
 from sage.engines.train.updates import UpdateLog, block_tokens
 
 #: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
               "temperatures")
 OPTIONAL_BATCH_KEYS = ("old_per_token_logps", "ref_per_token_logps")
-
-
-def _longest_first(batch: dict) -> dict:
-    """`batch` with its rows ordered by real tokens (prompt + completion), longest first; ties keep their order."""
-    import torch
-
-    lengths = batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)
-    order = torch.sort(lengths, descending=True, stable=True).indices
-    rows = lengths.size(0)
-    return {k: v[order] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == rows else v
-            for k, v in batch.items()}
 
 
 def _num_generations(generation_batch: int) -> int:
@@ -169,7 +158,7 @@ def trainer_class():
             spg = self.args.steps_per_generation
             if self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None:
                 batch = self._generate_and_score_completions(generation_batch)
-                self._buffered_inputs = split_tensor_dict(_longest_first(batch), spg)
+                self._buffered_inputs = split_tensor_dict(longest_first(batch), spg)
             return self._buffered_inputs[self._step % spg]
 
         def _get_train_sampler(self, dataset=None):
