@@ -30,25 +30,13 @@ from bench.learning import validation, wilson
 
 def fresh_problems(cfg, seen: set[str], n: int) -> list:
     """`n` test problems, as many per generator (the remainder to the first ones), none whose normalised text
-    is in `seen`. Draws more from the generators while one is short; one whose space is too small is an error
-    that says how many it has."""
-    from sage.engines.data.seeds import MATH_GENERATORS, default_math
-    from sage.warehouse import norm_hash
+    is in `seen`. A generator whose space is too small is an error that says how many it has."""
+    from sage.stages.seed import distinct_math
 
-    generators = cfg.seeds.math_generators or {name: {} for name in MATH_GENERATORS}
-    names = [f"reasoning_gym:{name}" for name in generators]
-    want = {name: n // len(names) + (i < n % len(names)) for i, name in enumerate(names)}
-    for size in (n, 4 * n, 16 * n, 64 * n):
-        picked, hashes = {name: [] for name in names}, set(seen)
-        for item in default_math(size, cfg.seeds.seed, "test", generators):
-            h = norm_hash(item.question)
-            if len(picked[item.source]) < want[item.source] and h not in hashes:
-                hashes.add(h)
-                picked[item.source].append(item)
-        if all(len(picked[name]) == want[name] for name in names):
-            return [item for name in names for item in picked[name]]
-    short = ", ".join(f"{name} {len(picked[name])} of {want[name]}" for name in names if len(picked[name]) < want[name])
-    raise SystemExit(f"the generators have too few problems the run has not seen ({short}); lower --n")
+    items, short = distinct_math(n, cfg.seeds.seed, "test", cfg.seeds.math_generators, set(seen))
+    if short:
+        raise SystemExit(f"the generators have too few problems the run has not seen ({short}); lower --n")
+    return items
 
 
 def _source_rows(wh, run_id: str, k: int) -> dict[str, tuple[int, int]]:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 
+from sage.configs import ConfigError
 from sage.configs.names import Stage
 from sage.engines.data.files import file_digest
-from sage.engines.data.seeds import (CODEIO_INPUTS_PER_TASK, INPUTS_ENTRY, SeedFileError, SeedItem, default_code,
-                                    default_math, function_params, input_generator_job_code, load_source)
+from sage.engines.data.seeds import (CODEIO_INPUTS_PER_TASK, INPUTS_ENTRY, MATH_GENERATORS, SeedFileError, SeedItem,
+                                    default_code, default_math, function_params, input_generator_job_code,
+                                    load_source)
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse import content_id, norm_hash
 from sage.warehouse.queries import existing_ids
@@ -65,17 +67,44 @@ def _gather(ctx: StageContext) -> list[SeedItem]:
 def held_out_math(ctx: StageContext, seen: set[str]) -> list[SeedItem]:
     """`validate.n_math` validation problems, none the same text as a seed problem or as each other: small
     generator spaces (one-digit sums) repeat questions, and a validation question that is also a seed would be
-    trained on. Draws more from the generators while short (the first draw stands when nothing repeats)."""
+    trained on. The first draw stands when nothing in it repeats; otherwise as many of each generator as of the
+    others (`distinct_math`), so a small space is not crowded out by large ones. A generator with too few
+    problems left raises ConfigError naming it."""
     s, n = ctx.cfg.seeds, ctx.cfg.validate.n_math
-    out: list[SeedItem] = []
-    for size in (n, 2 * n, 4 * n, 8 * n):
-        for item in default_math(size, s.seed, "validation", s.math_generators):
-            if len(out) < n and (h := norm_hash(item.question)) not in seen:
-                seen.add(h)
-                out.append(item)
-        if len(out) == n:
+    first = default_math(n, s.seed, "validation", s.math_generators)
+    hashes = [norm_hash(i.question) for i in first]
+    if len(set(hashes)) == len(first) and not set(hashes) & seen:
+        seen.update(hashes)
+        return first
+    items, short = distinct_math(n, s.seed, "validation", s.math_generators, seen)
+    if short:
+        raise ConfigError(f"validate.n_math={n}: too few problems the seed pool does not hold ({short}); lower "
+                          f"validate.n_math or widen those generators' ranges in seeds.math_generators")
+    return items
+
+
+def distinct_math(n: int, seed: int, split: str, generators: dict | None,
+                  seen: set[str]) -> tuple[list[SeedItem], str]:
+    """`n` math problems of `split`, as many per generator as the others (the remainder to the first ones),
+    none whose normalised text is in `seen` or repeats; their hashes are added to `seen`. Draws more from the
+    generators while one is short. Returns the problems, grouped by generator, and, when a generator's space is
+    too small, which ones are short and by how much ('' when none)."""
+    generators = generators or {name: {} for name in MATH_GENERATORS}
+    names = [f"reasoning_gym:{name}" for name in generators]
+    want = {name: n // len(names) + (i < n % len(names)) for i, name in enumerate(names)}
+    for size in (n, 4 * n, 16 * n, 64 * n):
+        picked, hashes = {name: [] for name in names}, set(seen)
+        for item in default_math(size, seed, split, generators):
+            h = norm_hash(item.question)
+            if len(picked[item.source]) < want[item.source] and h not in hashes:
+                hashes.add(h)
+                picked[item.source].append(item)
+        if all(len(picked[name]) == want[name] for name in names):
             break
-    return out
+    seen |= hashes
+    short = ", ".join(f"{name} {len(picked[name])} of {want[name]}"
+                      for name in names if len(picked[name]) < want[name])
+    return [item for name in names for item in picked[name]], short
 
 
 def _complete_code(ctx: StageContext, items: list[SeedItem]) -> tuple[list[SeedItem], list[tuple[SeedItem, str]]]:

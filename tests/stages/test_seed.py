@@ -3,6 +3,8 @@ import re
 import subprocess
 import sys
 
+from collections import Counter
+
 import pytest
 
 from sage.configs import ConfigError
@@ -202,7 +204,18 @@ def test_validation_math_never_repeats_a_seed_or_itself():
     val = held_out_math(SimpleNamespace(cfg=cfg), set(seen))
     hashes = [norm_hash(i.question) for i in val]
     assert len(val) == 40 and len(set(hashes)) == 40 and not set(hashes) & seen
+    # a small space beside a large one keeps its share: as many of each generator as of the other
+    both = {**tiny, "gcd": {"max_value": 1000}}
+    cfg.seeds.math_generators, cfg.validate.n_math = both, 61
+    val = held_out_math(SimpleNamespace(cfg=cfg), set(seen))
+    assert Counter(i.source for i in val) == {"reasoning_gym:basic_arithmetic": 31, "reasoning_gym:gcd": 30}
+    assert not {norm_hash(i.question) for i in val} & seen
+    # a space too small for its share is named, with what to change
+    cfg.validate.n_math = 400
+    with pytest.raises(ConfigError, match=r"validate.n_math=400: .*basic_arithmetic \d+ of 200.*lower validate.n_math"):
+        held_out_math(SimpleNamespace(cfg=cfg), set(seen))
     # with nothing to avoid, the default set is the plain first draw, as before
+    cfg.validate.n_math = 40
     cfg.seeds.math_generators = None
     assert [i.question for i in held_out_math(SimpleNamespace(cfg=cfg), set())] == \
         [i.question for i in default_math(40, 0, "validation")]
