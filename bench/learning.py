@@ -7,7 +7,7 @@ A validation accuracy that barely moves says nothing about why, so beside it thi
 k = 0 (the base model) .. N, where the learning signal goes and how far the policy moved:
 
 - validation pass@1 (greedy, the `validate` stage's own verdicts) on the config's held-out set when it has at
-  least 100 problems (`cpu.yaml`: 100 math), else on 50 math + 50 code, the same problems every iteration,
+  least 100 problems (`cpu.yaml`: 300 math), else on 50 math + 50 code, the same problems every iteration,
   with a 95% Wilson interval and an exact McNemar test against the base model on the problems whose outcome changed (b: base right, now wrong; c: the reverse);
 - per role, from `scores`: rollouts, the share with a non-zero TRR++ advantage, mean |advantage|, reward mean
   and std; under grammar annealing (`roles.<role>.unconstrained`) how many training samples were drawn
@@ -170,7 +170,7 @@ def build_config(args) -> tuple[object, Path]:
     root = Path(args.out) if args.out else Path("sage-runs/learning")
     overrides = ["validate.every=1", f"validate.patience={args.iterations + 1}"]
     given = load_config(args.config, args.overrides).validate
-    if given.n_math + given.n_code < 100:  # the config's own set when it has 100 problems (cpu.yaml: 100 math)
+    if given.n_math + given.n_code < 100:  # the config's own set when it has 100 problems (cpu.yaml: 300 math)
         overrides = ["validate.n_math=50", "validate.n_code=50"] + overrides
     if args.model == "tiny":
         overrides += TINY_RUN + [f"model.name={build_tiny_model(root / 'tiny-model').resolve()}",
