@@ -33,7 +33,7 @@ def fresh_problems(cfg, seen: set[str], n: int) -> list:
     is in `seen`. A generator whose space is too small is an error that says how many it has."""
     from sage.stages.seed import distinct_math
 
-    items, short = distinct_math(n, cfg.seeds.seed, "test", cfg.seeds.math_generators, set(seen))
+    items, short = distinct_math(n, cfg.seeds.seed, "test", cfg.seeds.math_generators, seen)
     if short:
         raise SystemExit(f"the generators have too few problems the run has not seen ({short}); lower --n")
     return items

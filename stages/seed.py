@@ -72,9 +72,8 @@ def held_out_math(ctx: StageContext, seen: set[str]) -> list[SeedItem]:
     problems left raises ConfigError naming it."""
     s, n = ctx.cfg.seeds, ctx.cfg.validate.n_math
     first = default_math(n, s.seed, "validation", s.math_generators)
-    hashes = [norm_hash(i.question) for i in first]
-    if len(set(hashes)) == len(first) and not set(hashes) & seen:
-        seen.update(hashes)
+    hashes = {norm_hash(i.question) for i in first}
+    if len(hashes) == len(first) and not hashes & seen:
         return first
     items, short = distinct_math(n, s.seed, "validation", s.math_generators, seen)
     if short:
@@ -86,9 +85,9 @@ def held_out_math(ctx: StageContext, seen: set[str]) -> list[SeedItem]:
 def distinct_math(n: int, seed: int, split: str, generators: dict | None,
                   seen: set[str]) -> tuple[list[SeedItem], str]:
     """`n` math problems of `split`, as many per generator as the others (the remainder to the first ones),
-    none whose normalised text is in `seen` or repeats; their hashes are added to `seen`. Draws more from the
-    generators while one is short. Returns the problems, grouped by generator, and, when a generator's space is
-    too small, which ones are short and by how much ('' when none)."""
+    none whose normalised text is in `seen` or repeats. Draws more from the generators while one is short.
+    Returns the problems, grouped by generator, and, when a generator's space is too small, which ones are short
+    and by how much ('' when none)."""
     generators = generators or {name: {} for name in MATH_GENERATORS}
     names = [f"reasoning_gym:{name}" for name in generators]
     want = {name: n // len(names) + (i < n % len(names)) for i, name in enumerate(names)}
@@ -101,7 +100,6 @@ def distinct_math(n: int, seed: int, split: str, generators: dict | None,
                 picked[item.source].append(item)
         if all(len(picked[name]) == want[name] for name in names):
             break
-    seen |= hashes
     short = ", ".join(f"{name} {len(picked[name])} of {want[name]}"
                       for name in names if len(picked[name]) < want[name])
     return [item for name in names for item in picked[name]], short
