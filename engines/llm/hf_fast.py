@@ -54,7 +54,8 @@ def _attend(q, k, v, kc, vc, start: int, end: int, mask, scale: float) -> torch.
     """q, k, v: (B, T, heads, hd); k/v are written to cache slots [start, end). Returns (B, T, heads * hd).
     The SDPA calls are transformers' own (`sdpa_attention_forward`), so the rounding is too: with a padding
     mask, a decode step packs the query heads of one KV group as that group's queries (`pack_gqa`) and a
-    prefill repeats K/V; without one (mask None: no row is padded) both use SDPA's GQA, prefill as causal."""
+    prefill repeats K/V; without one (mask None: no row is padded) both use SDPA's GQA, prefill as causal.
+    A prefill after a shared prefix (start > 0) always has a mask and attends to the cache's [0, end)."""
     B, T, heads, hd = q.shape
     kv_heads = kc.shape[1]
     kc[:, :, start:end] = k.transpose(1, 2)
@@ -67,11 +68,11 @@ def _attend(q, k, v, kc, vc, start: int, end: int, mask, scale: float) -> torch.
         o = F.scaled_dot_product_attention(q.reshape(B, kv_heads, heads // kv_heads, hd), kc[:, :, :end],
                                            vc[:, :, :end], attn_mask=mask, scale=scale)
         return o.reshape(B, 1, heads * hd)
-    else:
+    else:  # a prefill; after a shared prefix (start > 0) its keys come from the cache
         rep = heads // kv_heads
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(rep, 1),
-                                           v.transpose(1, 2).repeat_interleave(rep, 1), attn_mask=mask,
-                                           scale=scale)
+        keys, values = (k.transpose(1, 2), v.transpose(1, 2)) if start == 0 else (kc[:, :, :end], vc[:, :, :end])
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys.repeat_interleave(rep, 1),
+                                           values.repeat_interleave(rep, 1), attn_mask=mask, scale=scale)
     return o.transpose(1, 2).reshape(B, T, heads * hd)
 
 

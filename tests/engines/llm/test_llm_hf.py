@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from sage.configs.schema import ModelConfig
 from sage.engines.llm import GenRequest, load_llm
+from sage.engines.llm import hf as hf_module
 from sage.engines.llm.hf import HFLLM
 from sage.engines.llm.hf_fast import FUSE_MAX_ROWS
 
@@ -126,12 +128,52 @@ def test_the_samples_of_a_request_prefill_their_prompt_once(llm, monkeypatch):
     shared = llm.generate(reqs)
     assert prefilled == [len(reqs)]  # one batch, one row per request
     prefilled.clear()
-    monkeypatch.setattr(HFLLM, "_prefill", lambda self, ids, positions, keymask, state, P:
+    monkeypatch.setattr(HFLLM, "_prefill", lambda self, ids, positions, keymask, state, P, shared:
                         self._forward(ids, positions, keymask, state, 0, P))
     every_row = llm.generate(reqs)
     assert prefilled == [sum(r.n for r in reqs)]
     _assert_same(shared, every_row, abs=1e-5)
     assert len({tuple(c.token_ids) for c in shared[3].completions}) == 4, "the samples still differ"
+
+
+LONG_SYSTEM = ("You are the Solver. Think step by step, then give the final answer between answer tags. "
+               "Example: what is 2 + 3? <think>2 plus 3 is 5.</think><answer>5</answer> Keep it short.")
+
+
+def _long(text: str) -> list[dict]:
+    return [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": text}]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_prefix_every_prompt_shares_is_prefilled_once_for_the_batch(sharp_model, monkeypatch, dtype):
+    """Prompts that share a long prefix (a role's instructions) prefill it once for the whole batch and the rest
+    of each prompt after it (padding goes between the two): the same tokens as prefilling every row whole, and
+    log-probs within rounding; with a request of several samples, prompts of different lengths, and a greedy
+    and a sampled request in one batch."""
+    llm = HFLLM(ModelConfig(name=str(sharp_model), dtype=dtype), device="cpu")
+    reqs = [GenRequest(_long(p), n=n, max_new_tokens=12, temperature=t, seed=i)
+            for i, (p, n, t) in enumerate(zip(PROMPTS, [1, 3, 1, 2, 1], [0, 1.0, 0, 0.8, 0]))]
+    passes = []
+    forward = HFLLM._forward
+
+    def counting(self, ids, positions, keymask, state, start, end):
+        if ids.shape[1] > 1:
+            passes.append((start, *ids.shape))
+        return forward(self, ids, positions, keymask, state, start, end)
+
+    monkeypatch.setattr(HFLLM, "_forward", counting)
+    shared = llm.generate(reqs)
+    ids = [r.prompt_ids for r in shared]
+    prefix = len(os.path.commonprefix(ids))
+    assert prefix >= hf_module.SHARED_PREFIX_MIN and len({len(i) for i in ids}) > 1
+    # the prefix once for one row, then the rest of each distinct prompt after it, from slot `prefix`
+    assert passes == [(0, 1, prefix), (prefix, len(reqs), max(map(len, ids)) - prefix)]
+    passes.clear()
+    monkeypatch.setattr(hf_module, "SHARED_PREFIX_MIN", 10**6)
+    whole = llm.generate(reqs)
+    assert passes == [(0, len(reqs), max(map(len, ids)))]
+    _assert_same(shared, whole, abs=5e-5 if dtype == "float32" else 0.1)
+    assert len({tuple(c.token_ids) for c in shared[1].completions}) == 3, "the samples still differ"
 
 
 def test_completions_decode_to_text_and_finish_reasons(llm):
