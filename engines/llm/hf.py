@@ -217,7 +217,9 @@ class HFLLM:
         live = list(range(B))  # rows[live[k]] is batch row k
         state = self._new_state(B, P + N)
         positions = (keymask[:, :P].cumsum(-1) - 1).clamp(min=0)
-        if self.fast and bool(keymask.all()):  # as in transformers: no padding, no mask (so no row ever needs one)
+        # as in transformers: no padding, no mask (so no row ever needs one; a pass after a shared prefix
+        # builds its causal mask itself)
+        if self.fast and bool(keymask.all()):
             keymask = None
         logits = self._prefill(ids, positions, keymask, state, P, shared)
         produced = 0
@@ -273,10 +275,13 @@ class HFLLM:
         are copied to every row; the rest of each prompt then attends to them from the cache."""
         if not self.fast:
             return self._forward(ids, positions, keymask, state, 0, P)
-        first: dict[tuple, int] = {}  # padded prompt (its left padding included) -> its index in `uniq`
+        # a prompt is its laid-out ids with their key mask: after a shared prefix the padding sits mid-row, so
+        # prefix + [pad id] + rest and prefix + rest lay out to the same ids and differ only in the mask
+        first: dict[tuple, int] = {}  # laid-out prompt -> its index in `uniq`
         uniq, owner = [], []  # the first row of each prompt; each row's prompt
+        masks = [()] * len(ids) if keymask is None else keymask[:, :P].tolist()
         for b, row in enumerate(ids.tolist()):
-            owner.append(first.setdefault(tuple(row), len(uniq)))
+            owner.append(first.setdefault((tuple(row), tuple(masks[b])), len(uniq)))
             if owner[-1] == len(uniq):
                 uniq.append(b)
         distinct = len(uniq) == len(owner)

@@ -2,8 +2,8 @@
 
 Why a second implementation of the layer: at batch 64 on a CPU a decode step of the model's own modules is
 mostly small matmuls whose oneDNN kernels run well below peak, plus many tiny ops. `FusedDecoder` keeps the
-arithmetic of transformers' layer (same ops in the same order and dtype, so greedy outputs match `generate`)
-but runs fewer, larger matmuls:
+arithmetic of transformers' layer (same ops in the same order and dtype, so greedy outputs match `generate`,
+except where a prefix the batch shares is prefilled once: `engines/llm/hf.py`) but runs fewer, larger matmuls:
 
 - q/k/v are one matmul and gate/up another. The model's own parameters are re-pointed to row slices of the
   fused weight, so nothing is copied and every other user of the model (PEFT included) sees the same tensors.
@@ -79,7 +79,7 @@ def _attend(q, k, v, kc, vc, start: int, end: int, mask, scale: float) -> torch.
 def module_layer(layer, h, cos, sin, kc, vc, start: int, end: int, mask):
     """One decoder layer through the model's own modules, so any PEFT adapter applies, whatever its kind.
     h: (B, T, hidden); cos/sin: (B, T, 1, hd) in h's dtype; mask: additive, broadcastable to the scores, or
-    None when no row is padded (a prefill is then causal)."""
+    None when no row is padded and a prefill starts at slot 0 (it is then causal)."""
     attn = layer.self_attn
     B, T, _ = h.shape
     hd = kc.shape[-1]
