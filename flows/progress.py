@@ -174,11 +174,11 @@ class Display:
     # -- the terminal while it runs
 
     def __enter__(self) -> "Display":
+        self._silence_tqdm()
         if self.mode == QUIET:
             self._route_logs(logging.WARNING)
             return self
         self._route_logs(logging.NOTSET if self.verbose else logging.WARNING)
-        self._silence_tqdm()
         if self.mode == LIVE:
             self._live = Live(self, console=self.console, refresh_per_second=4, transient=True,
                               vertical_overflow="crop")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 from rich.console import Console
 
 from sage.flows.iteration import STAGE_NAMES
-from sage.flows.progress import LINES, LIVE, Display
+from sage.flows.progress import LINES, LIVE, QUIET, Display
 from tests.flows import scripted_run
 
 WIDTH = 140
@@ -139,6 +140,20 @@ def test_plain_lines_mode_when_the_console_is_not_a_terminal():
             display.report(2, "verify", 3, 8, 0)
             shown("verify: 8 in, 8 out; pass_rate 0.5")
     assert re.fullmatch(r"iteration 2 verify: 8 in, 8 out; pass_rate 0\.5 \(\d+\.\d s\)\n", out.getvalue())
+
+
+@pytest.mark.parametrize("mode", [None, QUIET])
+def test_transformers_progress_bars_are_off_while_a_display_is_up(monkeypatch, mode):
+    """Loading a model prints transformers' "Loading weights" bar; `--quiet` promises only warnings, errors and
+    the summary, and the live display draws its own bars: off in every mode, back on after."""
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    hf_logging.enable_progress_bar()
+    with Display(Console(file=io.StringIO(), width=WIDTH), mode):
+        assert not hf_logging.is_progress_bar_enabled()
+        assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"  # for the training subprocess
+    assert hf_logging.is_progress_bar_enabled() and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
 
 
 def test_training_bar_counts_optimizer_steps_and_shows_the_loss():
