@@ -1,11 +1,12 @@
 """The checkpoint a learning run keeps, against the base model, on a fresh test set it was never chosen on.
 
-    .venv/bin/python -m bench.heldout --out DIR [--n 300] [--iteration K ... | --all]
+    .venv/bin/python -m bench.heldout --out DIR [--n N] [--iteration K ... | --all]
 
 `bench/learning.py` picks the best checkpoint on its validation set, so that set's score of the pick is biased
 upwards (the best of N noisy scores) and its McNemar test against the base model is too optimistic. This
 measures the pick again on test problems that took no part in any choice: `--n` math problems of the run's
-own generators (`seeds.math_generators`), as many of each generator as the others (the validation set's
+own generators (default 300, or fewer when a generator has not that many left: as many as keep every
+generator's share equal, which it says; an explicit `--n` that does not fit is an error naming the short ones) (`seeds.math_generators`), as many of each generator as the others (the validation set's
 mix), drawn from generator seeds disjoint from the seed and validation splits (`SPLIT_OFFSETS`), and none
 with the text of a question the run's warehouse holds (seed, validation or generated). The base model and
 the checkpoints asked for (default: the one validation kept, `checkpoints.is_best`; `--all`: every
@@ -26,6 +27,27 @@ import time
 from pathlib import Path
 
 from bench.learning import validation, wilson
+
+
+DEFAULT_N = 300
+
+
+def fitting_n(cfg, seen: set[str], n: int = DEFAULT_N) -> tuple[int, str]:
+    """`n`, or, when a generator has fewer problems outside `seen` than its share of `n`, the most that keeps
+    every generator's share equal (the generators times the fewest any has); and which were short ('' if none)."""
+    from collections import Counter
+
+    from sage.stages.seed import distinct_math
+
+    items, short = distinct_math(n, cfg.seeds.seed, "test", cfg.seeds.math_generators, seen)
+    if not short:
+        return n, ""
+    counts = Counter(i.source for i in items)
+    names = [f"reasoning_gym:{name}" for name in cfg.seeds.math_generators or {}] or list(counts)
+    fewest = min(counts.get(name, 0) for name in names)
+    if not fewest:
+        raise SystemExit(f"a generator has no problem the run has not seen ({short}); nothing to test on")
+    return fewest * len(names), short
 
 
 def fresh_problems(cfg, seen: set[str], n: int) -> list:
@@ -70,9 +92,10 @@ def _read_run(out: Path) -> dict:
                     "SELECT iteration, val_accuracy FROM checkpoints WHERE run_id = ?", [run_id])}}
 
 
-def evaluate(out: Path, n: int, iterations: list[int] | None = None, every: bool = False) -> dict:
-    """Answer the test set with the base model and the checkpoints asked for (default: the kept one; `every`:
-    all trained ones), only what is missing, and the results of every checkpoint answered so far."""
+def evaluate(out: Path, n: int | None, iterations: list[int] | None = None, every: bool = False) -> dict:
+    """Answer the test set of `n` problems (None: `fitting_n`) with the base model and the checkpoints asked for
+    (default: the kept one; `every`: all trained ones), only what is missing, and the results of every
+    checkpoint answered so far."""
     from sage.flows.session import Session
     from sage.stages import validate
     from sage.stages.seed import question_row
@@ -92,6 +115,11 @@ def evaluate(out: Path, n: int, iterations: list[int] | None = None, every: bool
     missing = [k for k in iterations if k not in adapters]
     if missing:
         raise SystemExit(f"run {run_id} has no trained adapter for iteration(s) {missing}; it has {sorted(adapters)}")
+    if n is None:
+        n, short = fitting_n(run["cfg"], run["seen"])
+        if short:
+            print(f"[heldout] {n} test problems, not {DEFAULT_N}: the generators have too few the run has not seen "
+                  f"({short}); --n sets the number", flush=True)
     folder = out / f"heldout-{n}"
     cfg = run["cfg"].model_copy(update={"run": run["cfg"].run.model_copy(update={"dir": str(folder.resolve())}),
                                         "validate": run["cfg"].validate.model_copy(update={"n_math": n, "n_code": 0})})
@@ -111,7 +139,7 @@ def evaluate(out: Path, n: int, iterations: list[int] | None = None, every: bool
                   f"{time.perf_counter() - start:.1f} s", flush=True)
         answered = [r["iteration"] for r in wh.rows(
             "SELECT DISTINCT iteration FROM rollouts WHERE run_id = ? AND purpose = 'validate' ORDER BY 1", [run_id])]
-        return {"run_id": run_id, "kept": run["kept"], "iterations": {
+        return {"run_id": run_id, "n": n, "kept": run["kept"], "iterations": {
             k: {"adapter": adapters.get(k), "validation": run["validation"].get(k), "test": validation(wh, run_id, k),
                 "sources": _source_rows(wh, run_id, k)} for k in answered}}
 
@@ -151,18 +179,19 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="the folder of a bench.learning run")
-    ap.add_argument("--n", type=int, default=300, help="test problems (default 300)")
+    ap.add_argument("--n", type=int, help=f"test problems (default {DEFAULT_N}, or as many as every generator "
+                                           f"has left, balanced)")
     ap.add_argument("--iteration", type=int, action="append", default=[],
                     help="a checkpoint to test (repeatable; default: the one validation kept)")
     ap.add_argument("--all", action="store_true", help="test every trained checkpoint")
     args = ap.parse_args()
-    if args.n < 1:
+    if args.n is not None and args.n < 1:
         ap.error("--n must be at least 1")
     out = Path(args.out)
     result = evaluate(out, args.n, args.iteration, args.all)
     text = report(result, shlex.join(sys.argv[1:]))
-    (out / f"heldout-{args.n}.json").write_text(json.dumps(result, indent=1, default=str))
-    (out / f"heldout-{args.n}.md").write_text(text)
+    (out / f"heldout-{result['n']}.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / f"heldout-{result['n']}.md").write_text(text)
     print(text)
 
 

@@ -5,6 +5,7 @@ from collections import Counter
 
 import pytest
 
+from bench.heldout import fitting_n
 from bench.heldout import fresh_problems as draw
 from sage.configs import load_config
 from sage.engines.data.seeds import default_math
@@ -29,3 +30,14 @@ def test_a_generator_with_too_few_unseen_problems_is_named():
     cfg = load_config("cpu", [f"seeds.math_generators={SUMS}"])  # one-digit sums: about a hundred texts
     with pytest.raises(SystemExit, match=r"basic_arithmetic \d+ of 300.*lower --n"):
         draw(cfg, set(), 600)
+
+
+def test_without_n_it_takes_as_many_as_every_generator_has_left_balanced():
+    """The default of 300 where it fits; where a generator is short, the most that keeps every share equal, and
+    that many then draw without error."""
+    cfg = load_config("cpu", [f"seeds.math_generators={SUMS}"])
+    assert fitting_n(cfg, set(), 40) == (40, "")
+    n, short = fitting_n(cfg, set())
+    assert "basic_arithmetic" in short and "gcd" not in short and n % 2 == 0 and 100 <= n < 300
+    assert Counter(i.source for i in draw(cfg, set(), n)) == {"reasoning_gym:basic_arithmetic": n // 2,
+                                                              "reasoning_gym:gcd": n // 2}
