@@ -54,20 +54,20 @@ class RoleConfig(_Section):
         "without the grammar in iterations 1, 2, ...; the last value holds for later iterations, [] keeps every "
         "sample constrained. Each sample is picked by a hash of its rollout id, so a re-run picks the same ones; "
         "probes and validation stay constrained. Unconstrained samples earn their format reward, so the update "
-        "trains the format the grammar otherwise forces (`rollouts.constrained` says which were).")
+        "trains the format the grammar otherwise forces (`rollouts.constrained` says which were). Without "
+        "`constrain` every sample is drawn without the grammar and the schedule has nothing to do.")
 
     @model_validator(mode="after")
     def _check_unconstrained(self) -> "RoleConfig":
         if any(not 0 <= v <= 1 for v in self.unconstrained):
             raise ValueError(f"unconstrained: each share must be within [0, 1] (got {self.unconstrained})")
-        if self.unconstrained and not self.constrain:
-            raise ValueError("unconstrained: grammar annealing needs constrain: true (without it every sample "
-                             "is unconstrained already)")
         return self
 
     def unconstrained_share(self, iteration: int) -> float:
-        """The share of training samples drawn without the grammar in `iteration` (1-based)."""
-        if not self.unconstrained:  # (a schedule needs `constrain`: the validator refuses one without)
+        """The share of training samples drawn without the grammar in `iteration` (1-based): 0 without a
+        schedule, and without `constrain` (no sample has a grammar to leave out; `cpu.yaml` anneals the Solver,
+        so `--set roles.solver.constrain=false` must not need the schedule cleared as well)."""
+        if not self.unconstrained or not self.constrain:
             return 0.0
         return self.unconstrained[min(max(iteration, 1), len(self.unconstrained)) - 1]
 
