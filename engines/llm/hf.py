@@ -9,7 +9,7 @@ This loop keeps what matters of it and adds what the pipeline needs:
   and rendered with the tokenizer's chat template. On the fast path the rows of one prompt (a request's n
   samples) prefill it once and copy its keys and values, and a prefix every prompt of the batch shares (the
   role's instructions and worked example: 158 of validation's ~183 tokens a prompt) is prefilled once for
-  the whole batch (at least `SHARED_PREFIX_MIN` tokens; see `_layout`).
+  the whole batch (at least `SHARED_PREFIX_MIN` tokens; `engines/llm/batch.py`).
 - Llama-style decoders (llama, qwen2, qwen3, mistral without a sliding window) run a fast path: the
   model's layers with fused q/k/v and gate/up matmuls (`engines/llm/hf_fast.py`; LoRA adapters added
   unmerged, others through the model's own modules), a preallocated KV cache written in place, attention
@@ -38,37 +38,17 @@ import contextlib
 import functools
 import gc
 import inspect
-import os
-from dataclasses import dataclass, field
 
 import torch
 
 from sage.configs.schema import ModelConfig
 from sage.engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
+from sage.engines.llm.batch import Row, batches, layout
 from sage.engines.llm.hf_fast import FusedDecoder, module_layer
 from sage.engines.llm.models import adapter_compute_dtype, quiet_v6, resolve_dtype, resolve_model, trim_heap
 from sage.engines.llm.sampling import argmax, draw, log_normalizer, uniform
 
 FAST_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
-# The fewest tokens of a batch-wide shared prompt prefix worth a prefill pass of its own: shorter ones save
-# less than that pass's fixed cost (and a chat template's system header alone is ~15-20 tokens).
-SHARED_PREFIX_MIN = 32
-
-
-@dataclass
-class _Row:
-    request: int
-    index: int
-    prompt_ids: list[int]
-    max_new: int
-    temperature: float
-    top_p: float
-    seed: int
-    regex: str | None
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
-    matcher: object = None
 
 
 class HFLLM:
@@ -130,11 +110,11 @@ class HFLLM:
                                  f"{self.cfg.max_model_len}; raise model.max_model_len or shorten the prompt")
             results.append(GenResult(prompt_text=text, prompt_ids=list(ids), completions=[None] * req.n))
             for j in range(req.n):
-                rows.append(_Row(i, j, list(ids), min(req.max_new_tokens, room), req.temperature, req.top_p,
+                rows.append(Row(i, j, list(ids), min(req.max_new_tokens, room), req.temperature, req.top_p,
                                  sample_seed(req.seed, j), req.regex_for(j)))
         left = [req.n for req in requests]
         done, new_tokens = 0, 0
-        for batch in self._batches(rows):
+        for batch in batches(rows, self.cfg.token_budget):
             for row in batch:
                 if row.regex is not None:
                     row.matcher = self._matcher(row.regex)
@@ -171,20 +151,7 @@ class HFLLM:
 
     # ---- batching -----------------------------------------------------------------------------------
 
-    def _batches(self, rows: list[_Row]):
-        rows = sorted(rows, key=lambda r: (-(len(r.prompt_ids) + r.max_new), r.request, r.index))
-        batch, width = [], 0
-        for row in rows:
-            w = max(width, len(row.prompt_ids) + row.max_new)
-            if batch and (len(batch) + 1) * w > self.cfg.token_budget:
-                yield batch
-                batch, w = [], len(row.prompt_ids) + row.max_new
-            batch.append(row)
-            width = w
-        if batch:
-            yield batch
-
-    def _completion(self, row: _Row) -> Completion:
+    def _completion(self, row: Row) -> Completion:
         body = row.tokens[:-1] if row.finish == "stop" and row.tokens and row.tokens[-1] in self.eos_ids \
             else row.tokens
         text = self.tokenizer.decode(body, skip_special_tokens=True)
@@ -207,11 +174,11 @@ class HFLLM:
     # ---- decode loop ----------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def _run_batch(self, rows: list[_Row]) -> int:
+    def _run_batch(self, rows: list[Row]) -> int:
         dev = self.device
         B, P = len(rows), max(len(r.prompt_ids) for r in rows)
         N = max(r.max_new for r in rows)
-        ids, keymask, shared = self._layout(rows, P, N)
+        ids, keymask, shared = layout(rows, P, N, self.pad_id, share=self.fast)
         ids, keymask = ids.to(dev), keymask.to(dev)
         lens = keymask[:, :P].sum(-1)
         live = list(range(B))  # rows[live[k]] is batch row k
@@ -241,37 +208,11 @@ class HFLLM:
             logits = self._forward(step_ids, (lens + t).view(-1, 1), keymask, state, P + t, P + t + 1)
         return produced
 
-    def _layout(self, rows: list[_Row], P: int, N: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """The batch's prompt ids (B, P), its key mask (B, P + N), and the length of the prefix its prompts
-        share in slots [0, shared).
-
-        Prompts are left-padded to P. When the distinct prompts of the batch share a prefix of at least
-        `SHARED_PREFIX_MIN` tokens (fast path only), it goes first in every row and the padding goes between it
-        and the rest, `[prefix][padding][rest]`, so its keys and values sit in the same slots of every row and
-        one pass computes them for all (`_prefill`). Positions follow the unpadded tokens, so each row's tokens
-        keep the positions they have alone; the prefix keeps at least one token of each prompt out of it (the
-        pass over the rest gives each row's next-token logits)."""
-        shared = 0
-        if self.fast and len({tuple(r.prompt_ids) for r in rows}) > 1:
-            shared = min(len(os.path.commonprefix([r.prompt_ids for r in rows])),
-                         min(len(r.prompt_ids) for r in rows) - 1)
-            shared = shared if shared >= SHARED_PREFIX_MIN else 0
-        ids = torch.full((len(rows), P), self.pad_id, dtype=torch.long)
-        keymask = torch.zeros((len(rows), P + N), dtype=torch.bool)
-        if shared:
-            ids[:, :shared] = torch.tensor(rows[0].prompt_ids[:shared])
-            keymask[:, :shared] = True
-        for b, r in enumerate(rows):
-            rest = r.prompt_ids[shared:]
-            ids[b, P - len(rest):] = torch.tensor(rest)
-            keymask[b, P - len(rest):] = True
-        return ids, keymask, shared
-
     def _prefill(self, ids, positions, keymask, state, P: int, shared: int = 0) -> torch.Tensor:
         """The prompts' forward pass into cache slots [0, P): logits of each row's last prompt position. On the
         fast path rows with the same prompt (the samples of one request, adjacent in a batch) are run once and
         their keys, values and logits copied to each: a request of n samples prefills once, not n times. A
-        prefix all rows share (slots [0, shared), see `_layout`) runs once, for one row, and its keys and values
+        prefix all rows share (slots [0, shared), see `batch.layout`) runs once, for one row, and its keys and values
         are copied to every row; the rest of each prompt then attends to them from the cache."""
         if not self.fast:
             return self._forward(ids, positions, keymask, state, 0, P)
@@ -305,7 +246,7 @@ class HFLLM:
             vc[:, :, :P] = v1.index_select(0, rows)
         return logits.index_select(0, rows)
 
-    def _accept(self, row: _Row, token: int, logprob: float) -> None:
+    def _accept(self, row: Row, token: int, logprob: float) -> None:
         if row.finish is not None:
             return
         row.tokens.append(token)
@@ -317,7 +258,7 @@ class HFLLM:
         elif len(row.tokens) >= row.max_new:
             row.finish = "length"
 
-    def _sample(self, logits: torch.Tensor, rows: list[_Row], step: int) -> tuple[list[int], list[float]]:
+    def _sample(self, logits: torch.Tensor, rows: list[Row], step: int) -> tuple[list[int], list[float]]:
         """Next token of every row, and its log-prob under the row's sampling temperature (1 when greedy)."""
         logits = logits.float()
         constrained = [k for k, r in enumerate(rows) if r.matcher is not None and r.finish is None]
