@@ -51,11 +51,11 @@ def layout(rows: list[Row], P: int, N: int, pad_id: int, share: bool = True) -> 
     share in slots [0, shared).
 
     Prompts are left-padded to P. When the distinct prompts of the batch share a prefix of at least
-    `SHARED_PREFIX_MIN` tokens (with `share`: the backend's fast path), it goes first in every row and the padding goes between it
-    and the rest, `[prefix][padding][rest]`, so its keys and values sit in the same slots of every row and
-    one pass computes them for all (`HFLLM._prefill`). Positions follow the unpadded tokens, so each row's tokens
-    keep the positions they have alone; the prefix keeps at least one token of each prompt out of it (the
-    pass over the rest gives each row's next-token logits)."""
+    `SHARED_PREFIX_MIN` tokens (with `share`: the backend's fast path), it goes first in every row and the
+    padding goes between it and the rest, `[prefix][padding][rest]`, so its keys and values sit in the same
+    slots of every row and one pass computes them for all (`HFLLM._prefill`). Positions follow the unpadded
+    tokens, so each row's tokens keep the positions they have alone; the prefix keeps at least one token of
+    each prompt out of it (the pass over the rest gives each row's next-token logits)."""
     shared = 0
     if share and len({tuple(r.prompt_ids) for r in rows}) > 1:
         shared = min(len(os.path.commonprefix([r.prompt_ids for r in rows])),
