@@ -27,12 +27,8 @@ def shared_tokens(prompts: list[list[int]]) -> int:
 def saved_tokens(prompts: list[list[int]]) -> int:
     """Prompt tokens `train.share_prefix` does not recompute in one update of these prompts."""
     shared = SharedPrefixes(update_prefixes(prompts))
-    served: dict = {}
-    for p in prompts:
-        prefix = shared.match(p)
-        if prefix is not None:
-            served[prefix] = served.get(prefix, 0) + 1
-    return sum(len(prefix) * (n - 1) for prefix, n in served.items())
+    shared.expect(prompts)
+    return sum(len(prefix) * (n - 1) for prefix, n in shared.rows_expected.items())
 
 
 def main() -> None:

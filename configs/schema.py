@@ -166,8 +166,8 @@ class TrainConfig(_Section):
                                "gradient checkpointing only; elsewhere rows are run whole. With `update_order: "
                                "by_prompt` an update's rows share their whole prompt: the train stage of a "
                                "`cpu.yaml` iteration 1.87x faster and 0.35 GB less peak memory; with shuffled "
-                               "updates no faster inside `sage run` (README, performance table). Off by default, "
-                               "as `update_order` is.")
+                               "updates 1.15-1.22x under load, the same peak memory, not yet faster calm (README, "
+                               "performance table). Off by default.")
     update_order: Literal["shuffled", "by_prompt"] = Field(
         "shuffled", description="Which rows share an optimizer update. `shuffled`: a seeded permutation of all "
         "rows. `by_prompt`: a seeded permutation of the prompts, each prompt's rows (the samples of one question) "

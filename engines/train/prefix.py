@@ -11,8 +11,10 @@ kind share its system prompt and worked example), so as to save the most tokens,
 than each of its prompts (every row keeps at least one prompt token of its own). The first pass
 that needs a prefix runs it through the model with gradients (`SharedPrefixes.cache`) and keeps its graph; each
 pass then starts from float32 leaf copies of the prefix's keys and values, so the passes' backward steps add up
-their gradients with respect to the prefix in those leaves. When the update's last pass is done, `backward()`
-sends the summed gradients back through the prefix's graph once, before the optimizer steps. The gradients of the
+their gradients with respect to the prefix in those leaves. When the last pass of the prefix's rows is done,
+`release()` sends the summed gradients back through the prefix's graph once and frees it, before the optimizer
+steps. The trainer runs an update's rows grouped by prefix (`grouped`), so an update holds one prefix's graph at
+a time, not one per prefix it shares. The gradients of the
 LoRA weights are those of running every row whole (the prefix's parameters see the sum of each row's
 contribution), within the rounding of a different matmul split; the loss is the same.
 
@@ -80,12 +82,22 @@ def update_prefixes(prompts: list[Sequence[int]], min_shared: int = MIN_SHARED) 
 
 class SharedPrefixes:
     """One update's shared prefixes: each computed at its first use, its keys and values handed to every pass
-    that continues from it, and its graph run backward once by `backward()`."""
+    that continues from it, and its graph run backward once by `release()`, as soon as every row of the update
+    that starts with it (`expect`) has been served."""
 
     def __init__(self, prefixes: list[tuple]):
         self.prefixes = prefixes  # longest first
         self._computed: dict[tuple, tuple[list, list]] = {}  # prefix -> (graph tensors, float32 leaves)
         self.rows_served: dict[tuple, int] = {}
+        self.rows_expected: dict[tuple, int] = {}
+
+    def expect(self, prompts: list[Sequence[int]]) -> None:
+        """Count the rows of the update (its `prompts`) that each prefix will serve, so that `release` knows when
+        a prefix's last row is done."""
+        for prompt in prompts:
+            p = self.match(prompt)
+            if p is not None:
+                self.rows_expected[p] = self.rows_expected.get(p, 0) + 1
 
     def match(self, prompt: Sequence[int]) -> tuple | None:
         """The longest prefix of the update that `prompt` starts with and goes beyond, else None."""
@@ -116,23 +128,43 @@ class SharedPrefixes:
         kv = [leaf.to(g.dtype).expand(batch, -1, -1, -1) for leaf, g in zip(leaves, graph)]
         return DynamicCache(ddp_cache_data=list(zip(kv[0::2], kv[1::2])))
 
-    def backward(self) -> int:
-        """Send the gradients the passes left in the leaves back through each prefix's graph, once; free both.
-        Returns the prefix tokens not recomputed (each prefix's length times the rows it served, less one)."""
+    def release(self, everything: bool = False) -> int:
+        """Send the gradients the passes left in the leaves back through the graph of each prefix whose expected
+        rows have all been served (every computed prefix when `everything`: the update's end), once; free both.
+        Call it after a pass's backward. Returns the prefix tokens not recomputed (each released prefix's length
+        times the rows it served, less one)."""
         import torch
 
+        done = [p for p in self._computed
+                if everything or self.rows_served.get(p, 0) >= self.rows_expected.get(p, float("inf"))]
         tensors, grads, saved = [], [], 0
-        for prefix, (graph, leaves) in self._computed.items():
-            saved += len(prefix) * (self.rows_served[prefix] - 1)
+        for prefix in done:
+            graph, leaves = self._computed.pop(prefix)
+            saved += len(prefix) * (self.rows_served.pop(prefix) - 1)
             for g, leaf in zip(graph, leaves):
                 if leaf.grad is not None:
                     tensors.append(g)
                     grads.append(leaf.grad.to(g.dtype))
         if tensors:
             torch.autograd.backward(tensors, grads)
-        self._computed.clear()
-        self.rows_served.clear()
         return saved
+
+
+def grouped(prefixes: SharedPrefixes, batch: dict) -> dict:
+    """A generation batch (its tensors one row per row, prompts left-padded) with the rows that start with one
+    shared prefix made consecutive, the groups in the order of their first row and each group's rows in their
+    order (rows without a prefix form a group of their own): the micro-steps then finish one prefix's rows before
+    starting the next's, and `release` frees each prefix's graph at its last row. The rows of the update and so
+    its gradient are unchanged, only their order within it."""
+    import torch
+
+    prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"])]
+    first: dict = {}
+    keys = [first.setdefault(prefixes.match(p), len(first)) for p in prompts]
+    order = torch.tensor(sorted(range(len(keys)), key=lambda i: keys[i]), dtype=torch.long)
+    rows = len(keys)
+    return {k: v[order.to(v.device)] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == rows else v
+            for k, v in batch.items()}
 
 
 def completion_logprobs_after(model, prefix_cache, prefix_len: int, input_ids, attention_mask, logits_to_keep: int,

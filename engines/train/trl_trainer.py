@@ -33,8 +33,9 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
   instead of TRL's fused head: each row at its own sampling temperature, only the completion tokens that
   exist, the entropy only when TRL asks for it. TRL's own temperature stays 1.0 and its head is never called.
   With `train.share_prefix`, rows that start with a prompt prefix other rows of their update share continue from
-  that prefix's keys and values, computed once per update (`sage.engines.train.prefix`); `training_step` sends
-  the prefixes' gradients back through them after the update's last micro-step, before the optimizer steps.
+  that prefix's keys and values, computed once per update (`sage.engines.train.prefix`); the micro-steps take
+  the update's rows grouped by prefix, and `training_step` sends each prefix's gradients back through it after
+  its last row's micro-step, so an update holds one prefix's graph at a time.
 - `_compute_loss(model, inputs)` drops the padding columns a micro-batch does not use, then calls TRL's.
 - `train()` runs TRL's with two CPU-minded settings for its length: under a bf16 base the float32 LoRA weights
   compute in bf16 (autocast casts the small weights; PEFT's cast of every input to float32 is switched off;
@@ -157,8 +158,10 @@ def trainer_class():
                 return super()._prepare_inputs(generation_batch)
             spg = self.args.steps_per_generation
             if self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None:
-                batch = self._generate_and_score_completions(generation_batch)
-                self._buffered_inputs = split_tensor_dict(longest_first(batch), spg)
+                batch = longest_first(self._generate_and_score_completions(generation_batch))
+                if self.sage_prefixes.prefixes:
+                    batch = prefix.grouped(self.sage_prefixes, batch)
+                self._buffered_inputs = split_tensor_dict(batch, spg)
             return self._buffered_inputs[self._step % spg]
 
         def _get_train_sampler(self, dataset=None):
@@ -182,6 +185,7 @@ def trainer_class():
             real = [r for r in rows if r is not None]
             if self.sage_share_prefix:
                 self.sage_prefixes = prefix.SharedPrefixes(prefix.update_prefixes([r.prompt_ids for r in real]))
+                self.sage_prefixes.expect([r.prompt_ids for r in real])
             pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
             p_len = max([len(r.prompt_ids) for r in real] + [1])
             c_len = max([len(r.completion_ids) for r in real] + [1])
@@ -244,10 +248,10 @@ def trainer_class():
         # -- log-probs and loss ------------------------------------------------------------------------------
         def training_step(self, model, inputs, num_items_in_batch=None):
             loss = super().training_step(model, inputs, num_items_in_batch)
-            # TRL counts micro-steps in `_step`; at the update's last one, before the optimizer steps, the
-            # gradients the passes left at the shared prefixes go back through them.
-            if self._step % self.args.steps_per_generation == 0:
-                self.sage_prefix_tokens_saved += self.sage_prefixes.backward()
+            # The gradients the passes left at a shared prefix go back through it once its last row is done, and
+            # at the update's last micro-step (TRL counts them in `_step`) for any left, before the optimizer steps.
+            last = self._step % self.args.steps_per_generation == 0
+            self.sage_prefix_tokens_saved += self.sage_prefixes.release(everything=last)
             return loss
 
         def train(self, *args, **kwargs):

@@ -91,3 +91,27 @@ def test_shared_prefixes_in_bf16_within_bf16_tolerance(tiny_model):
     flat = lambda d: torch.cat([d[n].flatten().float() for n in sorted(d)])  # noqa: E731
     cos = torch.nn.functional.cosine_similarity(flat(shared_delta), flat(whole_delta), dim=0)
     assert float(flat(whole_delta).norm()) > 0 and float(cos) > 0.98
+
+
+def test_an_update_holds_one_prefix_graph_at_a_time(tiny_model, monkeypatch):
+    """One row a pass: the update's rows run grouped by prefix and each prefix's graph is released at its last row,
+    so no prefix is still held when the next is computed (before, every prefix of an update lived to its end)."""
+    import torch
+
+    from sage.engines.train import prefix
+
+    alive, computed = [], []
+    cache = prefix.SharedPrefixes.cache
+
+    def watched(self, model, p, batch, device):
+        if p not in self._computed:
+            alive.append(len(self._computed))
+            computed.append(p)
+        return cache(self, model, p, batch, device)
+
+    monkeypatch.setattr(prefix.SharedPrefixes, "cache", watched)
+    cfg = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, minibatch_size=1, grad_accum=7, share_prefix=True)
+    metrics, _ = _step(tiny_model, _rows(), cfg, torch.float32)
+    assert metrics["prefix_tokens_saved"] > 0
+    assert len(computed) >= 3  # the two updates share several prefixes between them
+    assert alive == [0] * len(computed)
