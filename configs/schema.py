@@ -166,7 +166,7 @@ class TrainConfig(_Section):
                                "gradient checkpointing only; elsewhere rows are run whole. With `update_order: "
                                "by_prompt` an update's rows share their whole prompt: the train stage of a "
                                "`cpu.yaml` iteration 1.87x faster and 0.35 GB less peak memory; with shuffled "
-                               "updates 1.15-1.22x under load, the same peak memory, not yet faster calm (README, "
+                               "updates 1.15-1.22x under load, 1.04x calm, the same peak memory (README, "
                                "performance table). Off by default.")
     update_order: Literal["shuffled", "by_prompt"] = Field(
         "shuffled", description="Which rows share an optimizer update. `shuffled`: a seeded permutation of all "
