@@ -13,13 +13,13 @@ that needs a prefix runs it through the model with gradients (`SharedPrefixes.ca
 pass then starts from float32 leaf copies of the prefix's keys and values, so the passes' backward steps add up
 their gradients with respect to the prefix in those leaves. When the last pass of the prefix's rows is done,
 `release()` sends the summed gradients back through the prefix's graph once and frees it, before the optimizer
-steps. The trainer runs an update's rows grouped by prefix (`grouped`), so an update holds one prefix's graph at
-a time, not one per prefix it shares. The gradients of the
+steps. The trainer runs an update's rows grouped by prefix (`grouped`), so an update holds the prefixes of one
+micro-batch at a time (one, at `cpu.yaml`'s one row a pass), not every prefix it shares. The gradients of the
 LoRA weights are those of running every row whole (the prefix's parameters see the sum of each row's
 contribution), within the rounding of a different matmul split; the loss is the same.
 
 Only for one process without gradient checkpointing (`StoredRowsTrainer` decides): under data parallelism the
-gradients are reduced at the last pass's backward, before `backward()` could add the prefix's; checkpointing
+gradients are reduced at the last pass's backward, before `release()` could add the prefix's; checkpointing
 does not keep a cache.
 """
 
@@ -154,8 +154,9 @@ def grouped(prefixes: SharedPrefixes, batch: dict) -> dict:
     """A generation batch (its tensors one row per row, prompts left-padded) with the rows that start with one
     shared prefix made consecutive, the groups in the order of their first row and each group's rows in their
     order (rows without a prefix form a group of their own): the micro-steps then finish one prefix's rows before
-    starting the next's, and `release` frees each prefix's graph at its last row. The rows of the update and so
-    its gradient are unchanged, only their order within it."""
+    starting the next's, and `release` frees each prefix's graph at its last row. The rows of the update are
+    unchanged, only their order within it, and so is its gradient with the losses that do not depend on how an
+    update is cut into micro-batches (`dapo`, `grpo`, `dr_grpo`; `bnpo` divides by each micro-batch's tokens)."""
     import torch
 
     prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"])]

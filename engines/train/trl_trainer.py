@@ -17,7 +17,8 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
   for every update of the pass.
   It also records which rows this process trained on (`sage_seen`).
 - `_prepare_inputs(batch)` is TRL's, except that it cuts the generation batch into micro-batches by length
-  (longest rows first) instead of at random, so rows of similar length share a forward pass and pad less.
+  (longest rows first) instead of at random, so rows of similar length share a forward pass and pad less; with
+  shared prefixes, grouped by prefix first (each group longest first).
   Which rows make up each update is the sampler's alone; TRL's `dapo` loss (and `grpo`, `dr_grpo`, whose
   micro-batches all have the same row count) sums the same per-row terms however the update is cut.
 - `_get_train_sampler()` replaces TRL's `RepeatSampler` (which repeats each prompt `num_generations` times) by a
@@ -35,7 +36,7 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
   With `train.share_prefix`, rows that start with a prompt prefix other rows of their update share continue from
   that prefix's keys and values, computed once per update (`sage.engines.train.prefix`); the micro-steps take
   the update's rows grouped by prefix, and `training_step` sends each prefix's gradients back through it after
-  its last row's micro-step, so an update holds one prefix's graph at a time.
+  its last row's micro-step, so an update holds only the prefixes of the micro-batch at hand.
 - `_compute_loss(model, inputs)` drops the padding columns a micro-batch does not use, then calls TRL's.
 - `train()` runs TRL's with two CPU-minded settings for its length: under a bf16 base the float32 LoRA weights
   compute in bf16 (autocast casts the small weights; PEFT's cast of every input to float32 is switched off;
@@ -249,8 +250,9 @@ def trainer_class():
         def training_step(self, model, inputs, num_items_in_batch=None):
             loss = super().training_step(model, inputs, num_items_in_batch)
             # The gradients the passes left at a shared prefix go back through it once its last row is done, and
-            # at the update's last micro-step (TRL counts them in `_step`) for any left, before the optimizer steps.
-            last = self._step % self.args.steps_per_generation == 0
+            # at the update's last micro-step (where the Trainer syncs gradients) for any left, before the
+            # optimizer steps.
+            last = self.accelerator.sync_gradients
             self.sage_prefix_tokens_saved += self.sage_prefixes.release(everything=last)
             return loss
 

@@ -106,7 +106,7 @@ def test_an_update_holds_one_prefix_graph_at_a_time(tiny_model, monkeypatch):
     def watched(self, model, p, batch, device):
         if p not in self._computed:
             alive.append(len(self._computed))
-            computed.append(p)
+            computed.append((self, p))  # one SharedPrefixes per update (kept alive, so never confused)
         return cache(self, model, p, batch, device)
 
     monkeypatch.setattr(prefix.SharedPrefixes, "cache", watched)
@@ -115,3 +115,4 @@ def test_an_update_holds_one_prefix_graph_at_a_time(tiny_model, monkeypatch):
     assert metrics["prefix_tokens_saved"] > 0
     assert len(computed) >= 3  # the two updates share several prefixes between them
     assert alive == [0] * len(computed)
+    assert len(set(computed)) == len(computed)  # no prefix released early and computed again in its update
