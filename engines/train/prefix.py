@@ -83,17 +83,15 @@ def update_prefixes(prompts: list[Sequence[int]], min_shared: int = MIN_SHARED) 
 class SharedPrefixes:
     """One update's shared prefixes: each computed at its first use, its keys and values handed to every pass
     that continues from it, and its graph run backward once by `release()`, as soon as every row of the update
-    that starts with it (`expect`) has been served."""
+    that starts with it has been served."""
 
-    def __init__(self, prefixes: list[tuple]):
-        self.prefixes = prefixes  # longest first
+    def __init__(self, prompts: list[Sequence[int]] = ()):
+        """The prefixes the update of these `prompts` (one per row) shares (`update_prefixes`), and how many of
+        its rows each will serve, so that `release` knows when a prefix's last row is done."""
+        self.prefixes = update_prefixes(prompts)  # longest first
         self._computed: dict[tuple, tuple[list, list]] = {}  # prefix -> (graph tensors, float32 leaves)
         self.rows_served: dict[tuple, int] = {}
         self.rows_expected: dict[tuple, int] = {}
-
-    def expect(self, prompts: list[Sequence[int]]) -> None:
-        """Count the rows of the update (its `prompts`) that each prefix will serve, so that `release` knows when
-        a prefix's last row is done."""
         for prompt in prompts:
             p = self.match(prompt)
             if p is not None:
@@ -159,13 +157,12 @@ def grouped(prefixes: SharedPrefixes, batch: dict) -> dict:
     update is cut into micro-batches (`dapo`, `grpo`, `dr_grpo`; `bnpo` divides by each micro-batch's tokens)."""
     import torch
 
+    from sage.engines.train.rows import reordered
+
     prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"])]
     first: dict = {}
     keys = [first.setdefault(prefixes.match(p), len(first)) for p in prompts]
-    order = torch.tensor(sorted(range(len(keys)), key=lambda i: keys[i]), dtype=torch.long)
-    rows = len(keys)
-    return {k: v[order.to(v.device)] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == rows else v
-            for k, v in batch.items()}
+    return reordered(batch, torch.tensor(sorted(range(len(keys)), key=lambda i: keys[i]), dtype=torch.long))
 
 
 def completion_logprobs_after(model, prefix_cache, prefix_len: int, input_ids, attention_mask, logits_to_keep: int,

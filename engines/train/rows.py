@@ -100,9 +100,16 @@ def longest_first(batch: dict) -> dict:
     import torch
 
     lengths = batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)
-    order = torch.sort(lengths, descending=True, stable=True).indices
-    rows = lengths.size(0)
-    return {k: v[order] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == rows else v
+    return reordered(batch, torch.sort(lengths, descending=True, stable=True).indices)
+
+
+def reordered(batch: dict, order) -> dict:
+    """A generation batch (its tensors one row per row) with its rows in `order` (a tensor of row indices); the
+    entries that are not one per row (`num_items_in_batch`) as they are."""
+    import torch
+
+    rows = len(order)
+    return {k: v[order.to(v.device)] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == rows else v
             for k, v in batch.items()}
 
 

@@ -107,7 +107,7 @@ def trainer_class():
             self.sage_rows = list(rows)
             self.sage_groups = prompt_groups(self.sage_rows) if by_prompt else None  # `train.update_order`
             self.sage_share_prefix = share_prefix  # where it is exact (`prefix.usable`)
-            self.sage_prefixes = prefix.SharedPrefixes([])  # the current update's (`_generate_and_score_completions`)
+            self.sage_prefixes = prefix.SharedPrefixes()  # the current update's (`_generate_and_score_completions`)
             self.sage_prefix_tokens_saved = 0
             self.sage_compute_dtype = compute_dtype  # bf16 base + float32 LoRA: the adapter computes in bf16 too
             self.sage_role_mean = role_mean
@@ -185,8 +185,7 @@ def trainer_class():
             rows += [None] * (size - len(rows))
             real = [r for r in rows if r is not None]
             if self.sage_share_prefix:
-                self.sage_prefixes = prefix.SharedPrefixes(prefix.update_prefixes([r.prompt_ids for r in real]))
-                self.sage_prefixes.expect([r.prompt_ids for r in real])
+                self.sage_prefixes = prefix.SharedPrefixes([r.prompt_ids for r in real])
             pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
             p_len = max([len(r.prompt_ids) for r in real] + [1])
             c_len = max([len(r.completion_ids) for r in real] + [1])
