@@ -166,24 +166,25 @@ class TrainConfig(_Section):
                                "gradient checkpointing only; elsewhere rows are run whole. With `update_order: "
                                "by_prompt` an update's rows share their whole prompt: the train stage of a "
                                "`cpu.yaml` iteration 1.87x faster and 0.35 GB less peak memory; with shuffled "
-                               "updates 1.15-1.22x under load, 1.04x calm, the same peak memory (README, "
-                               "performance table). Off by default.")
+                               "updates 1.15-1.22x under load, 1.04x calm, the same peak memory (docs/performance.md, "
+                               "shared prefixes row). Off by default.")
     update_order: Literal["shuffled", "by_prompt"] = Field(
         "shuffled", description="Which rows share an optimizer update. `shuffled`: a seeded permutation of all "
         "rows. `by_prompt`: a seeded permutation of the prompts, each prompt's rows (the samples of one question) "
         "together, so an update holds whole questions where their sizes allow, as TRL's GRPO sampler keeps a "
         "prompt's generations together; with `share_prefix` each question's prompt then runs once per update "
-        "(README, performance table). Under TRR++, whose advantages are normalised per role, not per question, "
-        "a question's answers often share one sign, so such an update pushes one way: with `cpu.yaml` the policy "
-        "moved about ten times as far per iteration and validation fell below the base model from iteration 8 "
-        "(README, \"Does it learn?\", lever 7). Default `shuffled`.")
+        "(docs/performance.md, shared prefixes row). Under TRR++, whose advantages are normalised per role, not "
+        "per question, a question's answers often share one sign, so such an update pushes one way: with "
+        "`cpu.yaml` the policy moved about ten times as far per iteration and validation fell below the base "
+        "model from iteration 8 "
+        "(docs/learning.md, lever 7). Default `shuffled`.")
     mmap_threshold_kb: int | None = Field(
         None, ge=4, le=32768, description="On glibc, while training, serve every allocation of at least this many "
         "KiB by its own mmap, returned to the system when freed (`mallopt(M_MMAP_THRESHOLD)`, process-wide; "
         "afterwards the threshold goes to 32 MiB, where glibc's dynamic one settles). Training on a CPU allocates "
         "activations of a new size for every row length, and the heap otherwise keeps and fragments them: "
         "resident memory then grows update by update. null keeps glibc's dynamic threshold. cpu.yaml: 1024 "
-        "(README, memory row).")
+        "(docs/performance.md, memory row).")
     isolate: bool = Field(False, description="Run training in its own process (Parquet in/out) so generation "
                           "and training never hold GPU memory at once. GPU default: true.")
     accelerate_config: str | None = Field(None, description="Run training under `accelerate launch` (data "

@@ -186,7 +186,7 @@ def bounded_heap(mmap_threshold: int | None):
     """For the length of the block, serve every C-heap allocation of at least `mmap_threshold` bytes by its own
     mmap, returned to the system when freed (glibc `mallopt(M_MMAP_THRESHOLD)`, process-wide); None changes
     nothing. Training on a CPU allocates activations of a new size for every row length; on the heap, freed
-    ones are kept and fragment, and resident memory grows update by update (README, memory row).
+    ones are kept and fragment, and resident memory grows update by update (docs/performance.md, memory row).
 
     Setting the threshold turns glibc's dynamic one off for good, so on exit both thresholds go to where the
     dynamic ones settle once big blocks have been freed (mmap 32 MiB, trim 64 MiB). Left at the bound, every
