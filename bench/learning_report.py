@@ -80,11 +80,17 @@ def write_outputs(out: Path, cache: Cache, header) -> None:
     plot(out, rows)
 
 
+def kept_iteration(rows: list[dict]) -> int | None:
+    """The checkpoint early stopping keeps: the best validation pass@1, the earliest on ties (flows/evolve.py)."""
+    scored = [r for r in rows if r.get("val_pass1") is not None]
+    return max(scored, key=lambda r: (r["val_pass1"], -r["iteration"]))["iteration"] if scored else None
+
+
 def plot(out: Path, rows: list[dict]) -> None:
     from sage.flows.report import iteration_figure
 
     def figure(name: str, title: str, series: dict[str, str], band: tuple[str, str] | None = None,
-               share: bool = True) -> None:
+               share: bool = True, mark: int | None = None) -> None:
         fig, ax = iteration_figure(title)
         if share:  # a share of rollouts or outputs: the whole range, so iterations compare at a glance
             ax.set_ylim(-0.02, 1.02)
@@ -97,6 +103,11 @@ def plot(out: Path, rows: list[dict]) -> None:
             pts = [(r["iteration"], r[band[0]], r[band[1]]) for r in rows if r.get(band[0]) is not None]
             if pts:
                 ax.fill_between(*zip(*pts), alpha=0.2, label="95% Wilson")
+        if mark is not None:  # the kept checkpoint of the first series
+            key = next(iter(series.values()))
+            y = next(r[key] for r in rows if r["iteration"] == mark)
+            ax.plot([mark], [y], marker="*", markersize=18, color="black", linestyle="none",
+                    label=f"kept (iteration {mark})")
         if not share:
             ax.set_ylim(bottom=0)
         if ax.get_legend_handles_labels()[0]:
@@ -104,7 +115,7 @@ def plot(out: Path, rows: list[dict]) -> None:
         fig.savefig(out / f"{name}.png")
 
     figure("pass1", "validation pass@1 (greedy)", {"pass@1": "val_pass1"}, ("val_ci_lo", "val_ci_hi"),
-           share=False)
+           share=False, mark=kept_iteration(rows))
     figure("nonzero_advantage", "share of rollouts with a non-zero advantage",
            {role: f"{role}_nonzero_adv" for role in ROLES})
     figure("kl", "mean per-token KL(adapter || base) on base validation answers", {"KL": "kl_mean"}, share=False)

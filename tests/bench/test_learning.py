@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.learning import mcnemar_exact, wilson
+from bench.learning_report import kept_iteration
 from sage.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +31,14 @@ def test_exact_mcnemar_known_values():
     assert mcnemar_exact(0, 5) == pytest.approx(2 / 32)
     assert mcnemar_exact(9, 1) == pytest.approx(2 * 11 / 1024)
     assert mcnemar_exact(3, 3) == 1.0
+
+
+def test_the_kept_checkpoint_is_the_best_validation_and_the_earliest_of_a_tie():
+    rows = [{"iteration": 0, "val_pass1": 0.40}, {"iteration": 1, "val_pass1": 0.47},
+            {"iteration": 2, "val_pass1": 0.45}, {"iteration": 3, "val_pass1": 0.47}, {"iteration": 4}]
+    assert kept_iteration(rows) == 1
+    assert kept_iteration([{"iteration": 0, "val_pass1": 0.5}, {"iteration": 1, "val_pass1": 0.3}]) == 0
+    assert kept_iteration([{"iteration": 0}]) is None
 
 
 def test_exact_mcnemar_matches_scipy():
