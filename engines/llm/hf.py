@@ -25,8 +25,9 @@ This loop keeps what matters of it and adds what the pipeline needs:
   seed => same tokens, whatever else is in the batch, up to float rounding in batched matmuls (exact in
   practice in fp32). In bf16 that rounding is large enough to flip greedy tokens: a shared prefix prefilled
   once rounds differently from whole prompts, and 17 of 65 SmolLM2 validation answers changed somewhere
-  (none in fp32; validation accuracy on 300 problems within 1% either way, README). The argmax and the inverse CDF search blocks of the vocabulary
-  (`engines/llm/sampling.py`), faster on a CPU than `torch.argmax` / a full `cumsum`.
+  (none in fp32; validation accuracy on 300 problems within 1% either way, docs/performance.md). The argmax
+  and the inverse CDF search blocks of the vocabulary (`engines/llm/sampling.py`), faster on a CPU than
+  `torch.argmax` / a full `cumsum`.
 - `regex` requests are constrained with xgrammar: one `GrammarMatcher` per row, token bitmasks applied to
   the logits; compiled grammars are cached by regex.
 - Log-probs: `log_softmax(logits / temperature)[token]`, see `engines/llm/base.py`.

@@ -20,12 +20,13 @@ except where a prefix the batch shares is prefilled once: `engines/llm/hf.py`) b
   autocast, and vLLM's LoRA kernels), with the scaling folded into B and, in a decode step, A's rows appended
   to the packed weight so that `x A^T` comes out of the base matmul. Float32 LoRA matmuls there were thin,
   slow and many (two per projection group per layer per token: generation took 1.4x as long as without the
-  adapter, README). In a prefill with a bf16 adapter the projection group is one matmul and `(x A^T) B^T` is
-  accumulated into its output (`addmm_`, no separate add over the whole output), instead of the separate
-  matmuls, two LoRA matmuls and an add (`python -m bench.adapter_generation`, README). The base output is
-  then rounded as the fused matmul rounds it, and the LoRA product is added to it unrounded (one rounding
-  where the modules take two): within a bf16 rounding of the modules under the trainer's autocast, not
-  bit-identical to them (without an adapter a prefill stays bit-identical to `generate`). Adapters PEFT
+  adapter, docs/performance.md). In a prefill with a bf16 adapter the projection group is one matmul and
+  `(x A^T) B^T` is accumulated into its output (`addmm_`, no separate add over the whole output), instead of
+  the separate matmuls, two LoRA matmuls and an add (`python -m bench.adapter_generation`, docs/performance.md).
+  The base output is then rounded as the fused matmul rounds it, and the LoRA product is added to it
+  unrounded (one rounding where the modules take two): within a bf16 rounding of the modules under the
+  trainer's autocast, not bit-identical to them (without an adapter a prefill stays bit-identical to
+  `generate`). Adapters PEFT
   computes differently (DoRA and other variants, LoRA bias, merged or several active adapters) are not
   fused: `FusedDecoder.set_lora` returns False and the backend runs the modules themselves (`module_layer`).
 - transformers' RMSNorm (six ops) becomes `weight * F.rms_norm(x)` where that gives the module's exact

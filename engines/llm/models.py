@@ -115,7 +115,7 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
 
 def cpu_supports_bf16() -> bool:
     """True on CPUs with native bf16 matmuls (AVX512-BF16 or AMX), where bf16 is faster than fp32 for
-    generation and training (the README's performance table has the numbers)."""
+    generation and training (docs/performance.md has the numbers)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -191,8 +191,8 @@ def bounded_heap(mmap_threshold: int | None):
     Setting the threshold turns glibc's dynamic one off for good, so on exit both thresholds go to where the
     dynamic ones settle once big blocks have been freed (mmap 32 MiB, trim 64 MiB). Left at the bound, every
     later allocation above it (a prefill's activations, a decode step's logits) would be a fresh mapping whose
-    pages the kernel zeroes: generation after training took 1.3-1.6x as long (README). Yields True where glibc
-    took the setting, False elsewhere."""
+    pages the kernel zeroes: generation after training took 1.3-1.6x as long (docs/performance.md, generation
+    with an adapter). Yields True where glibc took the setting, False elsewhere."""
     m_trim_threshold, m_mmap_threshold = -1, -3
     libc = _libc()
     bound = bool(mmap_threshold is not None and libc is not None and hasattr(libc, "mallopt")

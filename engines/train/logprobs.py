@@ -75,7 +75,7 @@ def add_completion_head(model) -> None:
 def use_trl_kernel(device, softcap) -> bool:
     """Whether to score through TRL's `ChunkedLogProbFunction` rather than `token_chunked_logprobs`: where it is a
     fused Triton kernel (GPUs), and for soft-capped heads. Without Triton TRL falls back to torch ops that upcast
-    the head and its gradient GEMM to float32 tile by tile, about half the speed on a CPU (README, performance)."""
+    the head and its gradient GEMM to float32 tile by tile, about half the speed on a CPU (docs/performance.md)."""
     from trl.kernels.chunked_logprob import _use_triton
 
     return softcap is not None or _use_triton(device)
