@@ -48,9 +48,11 @@ def test_exact_mcnemar_matches_scipy():
 
 
 def _bench(out: Path) -> subprocess.CompletedProcess:
-    # grammar annealing from the second iteration on: the Solver's training samples all drawn without the grammar
+    # grammar annealing from the second iteration on: the Solver's and the Planner's training samples all drawn
+    # without the grammar
     return subprocess.run([sys.executable, "-m", "bench.learning", "--model", "tiny", "--iterations", "2",
-                           "--set", "roles.solver.unconstrained=[0.0, 1.0]", "--out", str(out)],
+                           "--set", "roles.solver.unconstrained=[0.0, 1.0]",
+                           "--set", "roles.planner.unconstrained=[0.0, 1.0]", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
@@ -85,7 +87,8 @@ def test_two_iterations_on_the_tiny_model_then_a_resume_that_recomputes_nothing(
     assert int(rows[1]["val_n"]) == 8  # the tiny profile's 4 + 4 validation problems, every iteration
     assert [r["solver_annealed"] for r in rows] == ["", "0", "8"]  # iteration 2: 4 planned questions x 2 samples
     assert rows[1]["solver_annealed_format"] == "" and 0 <= float(rows[2]["solver_annealed_format"]) <= 1
-    assert rows[2]["planner_annealed"] == "0"
+    assert rows[1]["planner_annealed"] == "0" and rows[2]["planner_annealed"] == rows[2]["plans"] != "0"
+    assert rows[2]["critic_annealed"] == "0"  # no schedule: every sample constrained
     for name in ("learning.md", "pass1.png", "nonzero_advantage.png", "kl.png", "format.png"):
         assert (out / name).stat().st_size > 0
     assert "| val_pass1 |" in (out / "learning.md").read_text()

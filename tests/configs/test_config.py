@@ -55,7 +55,7 @@ def test_bad_config_names_the_field(overrides, names):
 def test_grammar_annealing_schedule_holds_its_last_share():
     roles = load_config("cpu", ["roles.solver.unconstrained=[0.0, 0.25, 0.5]"]).roles
     assert [roles.solver.unconstrained_share(i) for i in (1, 2, 3, 4, 10)] == [0.0, 0.25, 0.5, 0.5, 0.5]
-    assert roles.planner.unconstrained_share(3) == 0.0   # no schedule: every sample constrained
+    assert roles.critic.unconstrained_share(3) == 0.0   # no schedule: every sample constrained
     free = load_config("cpu", ["roles.solver.constrain=false"]).roles.solver  # cpu.yaml's schedule stays, idle
     assert free.unconstrained and free.unconstrained_share(2) == 0.0
 
