@@ -81,9 +81,12 @@ def write_outputs(out: Path, cache: Cache, header) -> None:
 
 
 def kept_iteration(rows: list[dict]) -> int | None:
-    """The checkpoint early stopping keeps: the best validation pass@1, the earliest on ties (flows/evolve.py)."""
-    scored = [r for r in rows if r.get("val_pass1") is not None]
-    return max(scored, key=lambda r: (r["val_pass1"], -r["iteration"]))["iteration"] if scored else None
+    """The checkpoint early stopping keeps, by the run's own rule (`flows.evolve.stop_decision`: the best
+    validation pass@1, the earliest on ties); rows in iteration order."""
+    from sage.flows.evolve import stop_decision
+
+    history = [(r["iteration"], r["val_pass1"]) for r in rows if r.get("val_pass1") is not None]
+    return stop_decision(history, patience=len(history)).best_iteration
 
 
 def plot(out: Path, rows: list[dict]) -> None:

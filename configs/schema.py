@@ -176,8 +176,7 @@ class TrainConfig(_Section):
         "(docs/performance.md, shared prefixes row). Under TRR++, whose advantages are normalised per role, not "
         "per question, a question's answers often share one sign, so such an update pushes one way: with "
         "`cpu.yaml` the policy moved about ten times as far per iteration and validation fell below the base "
-        "model from iteration 8 "
-        "(docs/learning.md, lever 7). Default `shuffled`.")
+        "model from iteration 8 (docs/learning.md, lever 7). Default `shuffled`.")
     mmap_threshold_kb: int | None = Field(
         None, ge=4, le=32768, description="On glibc, while training, serve every allocation of at least this many "
         "KiB by its own mmap, returned to the system when freed (`mallopt(M_MMAP_THRESHOLD)`, process-wide; "

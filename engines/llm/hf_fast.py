@@ -26,9 +26,9 @@ except where a prefix the batch shares is prefilled once: `engines/llm/hf.py`) b
   The base output is then rounded as the fused matmul rounds it, and the LoRA product is added to it
   unrounded (one rounding where the modules take two): within a bf16 rounding of the modules under the
   trainer's autocast, not bit-identical to them (without an adapter a prefill stays bit-identical to
-  `generate`). Adapters PEFT
-  computes differently (DoRA and other variants, LoRA bias, merged or several active adapters) are not
-  fused: `FusedDecoder.set_lora` returns False and the backend runs the modules themselves (`module_layer`).
+  `generate`). Adapters PEFT computes differently (DoRA and other variants, LoRA bias, merged or several
+  active adapters) are not fused: `FusedDecoder.set_lora` returns False and the backend runs the modules
+  themselves (`module_layer`).
 - transformers' RMSNorm (six ops) becomes `weight * F.rms_norm(x)` where that gives the module's exact
   output; q and k get their rotary embedding in one op sequence.
 """
