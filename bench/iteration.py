@@ -1,8 +1,10 @@
 """Where an iteration's wall time goes: model calls and the sandbox versus everything else.
 
-    .venv/bin/python -m bench.iteration [--model tiny|smollm2] [--iterations N] [--set section.field=value ...]
+    .venv/bin/python -m bench.iteration [--model tiny|smollm2] [--iterations N] [--validate N]
+                                        [--set section.field=value ...]
 
-Runs full iterations (seeds, every stage, training, validation) through the real flow, timing each engine call
+Runs full iterations of `cpu.yaml` (its seed set; validation on `--validate` problems in the config's math/code
+proportions) through the real flow, timing each engine call
 (generation, code sandbox, math checks, the train stage) with a thin proxy. "Glue" is the rest: Prefect,
 DuckDB, parsing, Python. Prints, per iteration, the split and the glue share of wall time (goal: 5% or less
 with SmolLM2), and each stage's peak resident memory (this process and its children, sampled every 0.2 s).
@@ -41,12 +43,14 @@ class Timed:
 
 class PeakMemory:
     """Samples the resident memory of this process and its children every `every` seconds and keeps the peak
-    per stage (the stage `current` names: set by the stage wrapper below)."""
+    per stage (the stage `current` names: set by the stage wrapper below), of this process alone (`own`: what
+    GNU time's maximum RSS reports for `sage run`) and with its children (`peaks`: forked workers' shared pages
+    count twice)."""
 
     def __init__(self, every: float = 0.2):
         import psutil
 
-        self.current, self.peaks, self._stop = "setup", {}, threading.Event()
+        self.current, self.peaks, self.own, self._stop = "setup", {}, {}, threading.Event()
         self._me, self._every = psutil.Process(), every
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -54,13 +58,14 @@ class PeakMemory:
         import psutil
 
         while not self._stop.wait(self._every):
-            rss = 0
-            for p in [self._me, *self._me.children(recursive=True)]:
+            rss = own = self._me.memory_info().rss
+            for p in self._me.children(recursive=True):
                 try:
                     rss += p.memory_info().rss
                 except psutil.Error:
                     pass
             self.peaks[self.current] = max(self.peaks.get(self.current, 0), rss)
+            self.own[self.current] = max(self.own.get(self.current, 0), own)
 
     def __enter__(self) -> "PeakMemory":
         self._thread.start()
@@ -96,10 +101,23 @@ def _warm_up_prefect() -> None:
     noop()
 
 
+def validation_overrides(cfg, n: int) -> list[str]:
+    """Validation on `n` problems split between math and code as the config splits its own set: the iteration's
+    work is timed, not the size of its held-out set (`cpu.yaml` validates 300 problems, about a minute more with
+    SmolLM2; `validate.n_math=...` on the command line puts them back). The seed set stays the config's, so the
+    Challenger, Planner and Solver see the math/code mix a `sage run` of it sees."""
+    v = cfg.validate
+    total = v.n_math + v.n_code
+    n_math = round(n * v.n_math / total) if total else 0
+    return [f"validate.n_math={n_math}", f"validate.n_code={(n - n_math) if total else 0}"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
     ap.add_argument("--iterations", type=int, default=1, help="iterations to run and time, one after another")
+    ap.add_argument("--validate", type=int, default=8, metavar="N",
+                    help="validate on N problems, in the config's math/code proportions (default 8)")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
 
@@ -117,11 +135,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        overrides = [f"run.dir={tmp / 'run'}", "seeds.n_math=40", "seeds.n_code=40", "validate.n_math=4",
-                     "validate.n_code=4"]
+        overrides = [f"run.dir={tmp / 'run'}"]
         if args.model == "tiny":
             overrides.append(f"model.name={build_tiny_model(tmp / 'tiny')}")
         cfg = load_config("cpu", overrides + args.overrides)
+        cfg = load_config("cpu", overrides + validation_overrides(cfg, args.validate) + args.overrides)
         totals: dict[str, float] = {}
         start = time.perf_counter()
         built = [Timed(load_llm(cfg.model), "generation", ("generate",), totals)]
@@ -143,7 +161,7 @@ def main() -> None:
                 _track_stages(memory)
                 for k in range(1, args.iterations + 1):
                     totals.clear()
-                    memory.peaks = {}
+                    memory.peaks, memory.own = {}, {}
                     start = time.perf_counter()
                     evolve_flow(str(cfg.run.dir), run_id, k)  # iterations before k are done: it runs k
                     wall = time.perf_counter() - start
@@ -153,11 +171,11 @@ def main() -> None:
                     # the rollouts this call generated: iteration k's, and the base model's validation in the first
                     tokens = s.warehouse.scalar("SELECT sum(completion_tokens) FROM rollouts WHERE run_id = ? AND "
                                                 "iteration BETWEEN ? AND ?", [run_id, 0 if k == 1 else k, k]) or 0
-                    _report(k, args.model, load_s, totals, wall, stages, dict(memory.peaks), tokens)
+                    _report(k, args.model, load_s, totals, wall, stages, dict(memory.peaks), dict(memory.own), tokens)
 
 
 def _report(k: int, model: str, load_s: float, totals: dict[str, float], wall: float, stages: dict[str, float],
-            peaks: dict[str, int], tokens: int) -> None:
+            peaks: dict[str, int], own: dict[str, int], tokens: int) -> None:
     adapter = "the base model" if k == 1 else f"iteration {k - 1}'s adapter"
     print(f"\niteration {k}, model {model}, generating with {adapter} (load {load_s:.1f} s, not counted)")
     print(f"{'part':<28}{'seconds':>10}{'share':>9}")
@@ -170,9 +188,11 @@ def _report(k: int, model: str, load_s: float, totals: dict[str, float], wall: f
     print(f"generated {tokens:,} completion tokens (validation's included)"
           + (f", {1000 * generation / tokens:.2f} ms of generation a token" if tokens else ""))
     print("\nper stage (s): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
-    print("peak resident memory per stage (GB, with children): "
-          + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in peaks.items()))
-    print(f"peak overall: {max(peaks.values(), default=0) / 2**30:.2f} GB", flush=True)
+    for label, values in (("this process", own), ("with children", peaks)):
+        print(f"peak resident memory per stage (GiB, {label}): "
+              + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in values.items()))
+    print(f"peak overall: {max(own.values(), default=0) / 2**30:.2f} GiB this process, "
+          f"{max(peaks.values(), default=0) / 2**30:.2f} GiB with children", flush=True)
 
 
 if __name__ == "__main__":
