@@ -1,7 +1,8 @@
 """The rows a training step learns from, as stored: `TrainRow`, their Parquet file (`read_rows` /
 `write_rows`, what the train stage hands a training process), their checks, how many optimizer
 updates they make (`rows_per_update`, `num_updates`) and in what order (`block_sampler_class`, `prompt_groups`;
-`longest_first` within an update, so rows of similar length share a forward pass).
+`longest_first` within an update, so rows of similar length share a padded forward pass; `dealt` for passes
+that pack their rows, so each pass carries about the same tokens).
 
 Nothing here imports torch or TRL at module import, so the train stage can plan and write rows without loading either.
 """
@@ -101,6 +102,27 @@ def longest_first(batch: dict) -> dict:
 
     lengths = batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)
     return reordered(batch, torch.sort(lengths, descending=True, stable=True).indices)
+
+
+def dealt(batch: dict, parts: int) -> dict:
+    """A generation batch ordered longest first, its rows dealt to `parts` equal contiguous micro-batches in snake
+    order (1, 2, .., parts, parts, .., 2, 1, ...), so that each micro-batch carries about the same tokens.
+
+    For passes that pack their rows end to end (no padding): a pass's activations grow with its tokens, so the
+    largest pass sets training's peak memory; longest first would pack the update's longest rows together.
+    Which rows make up the update, and so the update itself, is unchanged."""
+    import torch
+
+    rows = batch["prompt_mask"].size(0)
+    if parts <= 1 or rows % parts:
+        return batch
+    per = rows // parts
+    slots: list[list[int]] = [[] for _ in range(parts)]
+    for position in range(rows):
+        lap, i = divmod(position, parts)
+        slots[i if lap % 2 == 0 else parts - 1 - i].append(position)
+    assert all(len(s) == per for s in slots)
+    return reordered(batch, torch.tensor([p for s in slots for p in s]))
 
 
 def reordered(batch: dict, order) -> dict:

@@ -17,8 +17,10 @@ GRPOTrainer` is slow); they are imported inside the functions that need them, an
   for every update of the pass.
   It also records which rows this process trained on (`sage_seen`).
 - `_prepare_inputs(batch)` is TRL's, except that it cuts the generation batch into micro-batches by length
-  (longest rows first) instead of at random, so rows of similar length share a forward pass and pad less; with
-  shared prefixes, grouped by prefix first (each group longest first).
+  instead of at random: longest rows first, so rows of similar length share a padded forward pass and pad less;
+  where the passes pack their rows (the CPU attention), dealt in snake order (`rows.dealt`), so every pass
+  carries about the same tokens and the largest, which sets the peak memory, is not the update's longest rows
+  together; with shared prefixes, grouped by prefix first (each group longest first).
   Which rows make up each update is the sampler's alone; TRL's `dapo` loss (and `grpo`, `dr_grpo`, whose
   micro-batches all have the same row count) sums the same per-row terms however the update is cut.
 - `_get_train_sampler()` replaces TRL's `RepeatSampler` (which repeats each prompt `num_generations` times) by a
@@ -59,7 +61,9 @@ from typing import Callable
 from sage.configs.schema import TrainConfig
 from sage.engines.llm.models import adapter_compute_dtype
 from sage.engines.train import prefix
-from sage.engines.train.rows import TrainRow, block_sampler_class, longest_first, prompt_groups, role_weights
+from sage.engines.train.attention import packs
+from sage.engines.train.rows import (TrainRow, block_sampler_class, dealt, longest_first, prompt_groups,
+                                     role_weights)
 from sage.engines.train.updates import UpdateLog, block_tokens
 
 #: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
@@ -162,6 +166,8 @@ def trainer_class():
                 batch = longest_first(self._generate_and_score_completions(generation_batch))
                 if self.sage_prefixes.prefixes:
                     batch = prefix.grouped(self.sage_prefixes, batch)
+                elif packs(self.model):  # packed passes: the same tokens each, not the longest rows together
+                    batch = dealt(batch, spg)
                 self._buffered_inputs = split_tensor_dict(batch, spg)
             return self._buffered_inputs[self._step % spg]
 

@@ -422,3 +422,49 @@ def test_micro_batches_by_length_and_the_update_does_not_depend_on_the_cut(tiny_
     assert any(not torch.equal(p, initial[n]) for n, p in adapters[0].items())  # it trained
     for name, p in adapters[0].items():
         torch.testing.assert_close(p, adapters[1][name], rtol=1e-5, atol=1e-6)
+
+
+def test_dealt_spreads_the_longest_rows_over_the_micro_batches():
+    """Packed passes: rows sorted longest first are dealt in snake order, so each micro-batch of an update holds
+    about the same tokens; every row stays, each once."""
+    import torch
+
+    from sage.engines.train.rows import dealt, longest_first
+
+    lengths = torch.tensor([5, 90, 40, 70, 10, 60, 20, 80])
+    batch = {"prompt_mask": (torch.arange(100)[None, :] < lengths[:, None]).long(),
+             "completion_mask": torch.zeros(8, 3, dtype=torch.long), "row": torch.arange(8),
+             "num_items_in_batch": torch.tensor(7)}
+    out = dealt(longest_first(batch), 4)
+    got = out["prompt_mask"].sum(1).tolist()
+    assert got == [90, 5, 80, 10, 70, 20, 60, 40]  # parts (90, 5), (80, 10), (70, 20), (60, 40)
+    assert sorted(out["row"].tolist()) == list(range(8)) and int(out["num_items_in_batch"]) == 7
+    assert dealt(batch, 1) is batch and dealt(batch, 3) is batch  # one part, or parts that do not divide the rows
+
+
+def test_packed_micro_batches_are_dealt_by_length(tiny_model):
+    """With the CPU attention that packs a micro-batch's rows, an update's micro-batches are dealt (the longest row
+    beside the shortest), not cut longest first: the largest pass, which sets training's peak memory, is close to
+    the mean."""
+    import shutil
+
+    import torch
+
+    from sage.engines.train.attention import use_cpu_attention
+    from sage.engines.train.trl_trainer import build_trainer
+
+    rows = _rows(12, seed=7)
+    cfg = _cfg(minibatch_size=2, grad_accum=3)
+    model = load_policy(str(tiny_model), None, cfg, seed=0)
+    trainer, _ = build_trainer(model, str(tiny_model), rows, cfg, seed=0, device="cpu", torch_dtype=torch.float32)
+    try:
+        model.train()
+        trainer._step, trainer._buffered_inputs = 0, None
+        with use_cpu_attention(model):
+            trainer._prepare_inputs([{"row": i} for i in range(6)])
+        micro = trainer._buffered_inputs
+        lengths = [[int(m["prompt_mask"][i].sum() + m["completion_mask"][i].sum()) for i in range(2)] for m in micro]
+        ranked = sorted((n for pair in lengths for n in pair), reverse=True)
+        assert lengths == [[ranked[0], ranked[5]], [ranked[1], ranked[4]], [ranked[2], ranked[3]]]
+    finally:
+        shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
