@@ -39,7 +39,7 @@ from typing import Any, Callable
 from sage.configs.schema import TrainConfig
 from sage.engines.llm.models import bounded_heap, quiet_v6, resolve_dtype
 from sage.engines.train.rows import TrainRow, check_rows
-from sage.engines.train.trl_trainer import build_trainer
+from sage.engines.train.build import build_trainer
 
 #: File written next to the adapter weights, with the metrics of the step that produced them.
 METRICS_FILE = "sage_train_metrics.json"

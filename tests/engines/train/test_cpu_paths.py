@@ -196,17 +196,17 @@ def test_a_bf16_step_is_the_step_without_the_cpu_paths_within_bf16_tolerance(tin
                                                                             grad_accum):
     """The same rows and seed through today's step (bf16 base and float32 LoRA) with and without the CPU paths
     (adapter in bf16 under autocast, this module's attention, with two or four rows a pass packed into one sequence
-    (two: dealt by length, as `cpu.yaml` trains), the token-chunked head): the same per-update losses and gradient norms within bf16 tolerance, and the adapter
-    moved the same way."""
+    (two: dealt by length, as `cpu.yaml` trains), the token-chunked head): the same per-update losses and gradient
+    norms within bf16 tolerance, and the adapter moved the same way."""
     import torch
 
-    from sage.engines.train import attention, logprobs, trl_trainer
+    from sage.engines.train import attention, build, logprobs
 
     cfg = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-3, minibatch_size=minibatch, grad_accum=grad_accum)
     rows = _rows(12)
     fast, fast_delta = _bf16_step(tiny_model, rows, cfg)
-    assert trl_trainer.adapter_compute_dtype(torch.bfloat16) == torch.bfloat16
-    monkeypatch.setattr(trl_trainer, "adapter_compute_dtype", lambda dtype: None)
+    assert build.adapter_compute_dtype(torch.bfloat16) == torch.bfloat16
+    monkeypatch.setattr(build, "adapter_compute_dtype", lambda dtype: None)
     monkeypatch.setattr(attention, "use_cpu_attention", lambda model, active=True: contextlib.nullcontext())
     monkeypatch.setattr(logprobs, "use_trl_kernel", lambda device, softcap: True)
     ref, ref_delta = _bf16_step(tiny_model, rows, cfg)

@@ -330,7 +330,7 @@ def test_one_step_contract(tiny_model):
 
     import torch
 
-    from sage.engines.train.trl_trainer import build_trainer
+    from sage.engines.train.build import build_trainer
 
     cfg = _cfg(minibatch_size=2, grad_accum=2, kl_beta=0.1)
     rows = _rows(3, seed=5)
@@ -397,7 +397,7 @@ def test_micro_batches_by_length_and_the_update_does_not_depend_on_the_cut(tiny_
 
     import torch
 
-    from sage.engines.train.trl_trainer import build_trainer
+    from sage.engines.train.build import build_trainer
 
     rows = _rows(12, seed=7)
     split, whole = _cfg(minibatch_size=2, grad_accum=3), _cfg(minibatch_size=6, grad_accum=1)
@@ -451,7 +451,7 @@ def test_packed_micro_batches_are_dealt_by_length(tiny_model):
     import torch
 
     from sage.engines.train.attention import use_cpu_attention
-    from sage.engines.train.trl_trainer import build_trainer
+    from sage.engines.train.build import build_trainer
 
     rows = _rows(12, seed=7)
     cfg = _cfg(minibatch_size=2, grad_accum=3)
