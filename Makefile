@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 # takes the CUDA build from the index as usual.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup run test test-slow sandbox-deps clean
+.PHONY: setup run lint test test-fast test-slow sandbox-deps clean
 
 setup: $(STAMP)
 
@@ -40,8 +40,17 @@ sandbox-deps:
 run: setup
 	$(BIN)/sage run
 
+# ruff (style and errors) and pyright (every import and name resolves), the first step of `make test`.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/basedpyright
+
 test: setup
 	$(BIN)/pytest -q
+
+# The under-a-minute tier for the edit-test loop: stage logic on a scripted model, no subprocess, server or model.
+test-fast: setup
+	$(BIN)/pytest -q -m fast
 
 test-slow: setup
 	$(BIN)/pytest -q -m slow

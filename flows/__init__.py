@@ -1,5 +1,10 @@
 """Prefect flows and the `sage` CLI: the one controller that holds the control flow."""
 
+# This folder is the package `sage.flows` (`sage/flows` links here); imported as a bare `flows` it would be a second
+# copy of every module, with its own enums and state.
+if __name__ != "sage.flows":
+    raise ImportError(f"import sage.flows, not {__name__}: this folder is the package sage.flows")
+
 import os
 
 # An offline tool: no usage telemetry from Prefect's ephemeral server unless the user asks for it.

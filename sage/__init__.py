@@ -1,10 +1,11 @@
 """SAGE: multi-agent self-evolution (Challenger, Planner, Critic, Solver) with external verifiers and TRR++.
 
-The installed package is `sage`; its sub-packages live in the repository's top-level folders, mapped by
-`pyproject.toml` (`package-dir`): `sage.flows` is `flows/`, `sage.stages` is `stages/`, `sage.engines` is
-`engines/`, `sage.warehouse` is `warehouse/`, `sage.configs` is `configs/`. Imports only point down that
-list (DESIGN.md's layers). This folder holds nothing else but the process settings below, which must be in
-place before torch or huggingface_hub is first imported.
+The installed package is `sage`; its sub-packages are the repository's top-level folders, linked here:
+`sage/flows` is `flows/`, `sage/stages` is `stages/`, `sage/engines` is `engines/`, `sage/warehouse` is
+`warehouse/`, `sage/configs` is `configs/`. Imports only point down that list (DESIGN.md's layers). The links
+make the package a plain folder, so setuptools, editors and type checkers resolve `sage.*` the same way
+(docs/decisions.md). This folder holds nothing else but the process settings below, which must be in place
+before torch or huggingface_hub is first imported.
 """
 
 import os as _os

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import importlib
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"flows": "sage.flows", "stages": "sage.stages", "engines": "sage.engines",
@@ -95,3 +98,24 @@ def test_the_wheel_installs_only_sage(tmp_path):
     assert top == {"sage"}
     assert {"sage/configs/cpu.yaml", "sage/configs/accelerate/ddp.yaml", "sage/warehouse/migrations/001_tables.sql",
             "sage/engines/verify/child.py", "sage/flows/cli.py"} <= set(names)
+
+
+def test_sage_is_a_plain_folder_linking_the_top_level_folders():
+    """`sage/` holds its `__init__.py` and one link per top-level folder, so the package is a plain folder that
+    setuptools, editors and type checkers read as Python does (docs/decisions.md)."""
+    sage = ROOT / "sage"
+    entries = {p.name for p in sage.iterdir() if p.name != "__pycache__"}
+    assert entries == {"__init__.py"} | (set(FOLDERS) - {"sage"})
+    for folder in set(FOLDERS) - {"sage"}:
+        link = sage / folder
+        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), folder
+
+
+@pytest.mark.parametrize("folder", sorted(set(FOLDERS) - {"sage"}))
+def test_a_folder_does_not_import_as_a_bare_package(folder, monkeypatch):
+    """From the repository root `flows/` would import as `flows` beside `sage.flows`: two copies of every
+    module. The folder refuses, naming the import to use."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    with pytest.raises(ImportError, match=f"import sage.{folder}, not {folder}"):
+        importlib.import_module(folder)
+    assert folder not in sys.modules

@@ -66,11 +66,11 @@ class VLLMLLM:
 
         extra, regex = {}, req.regex_for(j)
         if regex is not None:
-            from vllm.sampling_params import StructuredOutputsParams
+            from vllm.sampling_params import StructuredOutputsParams  # pyright: ignore[reportMissingImports]
 
             extra["structured_outputs"] = StructuredOutputsParams(regex=regex)
         if isinstance(self.engine, _AsyncEngine):
-            from vllm.sampling_params import RequestOutputKind
+            from vllm.sampling_params import RequestOutputKind  # pyright: ignore[reportMissingImports]
 
             # The offline LLM sets FINAL_ONLY itself; the async engine defaults to CUMULATIVE, which would
             # rebuild and send the growing token and log-prob lists at every step.
@@ -107,7 +107,7 @@ class VLLMLLM:
         if path is None:
             self._lora, self.adapter = None, None
             return
-        from vllm.lora.request import LoRARequest
+        from vllm.lora.request import LoRARequest  # pyright: ignore[reportMissingImports]
 
         self._lora_ids += 1
         self._lora = LoRARequest(f"adapter-{self._lora_ids}", self._lora_ids, str(path))
@@ -144,8 +144,8 @@ class _AsyncEngine:
     def __init__(self, engine_args: dict):
         import asyncio
 
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.engine.arg_utils import AsyncEngineArgs  # pyright: ignore[reportMissingImports]
+        from vllm.v1.engine.async_llm import AsyncLLM  # pyright: ignore[reportMissingImports]
 
         async def build():
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))

@@ -83,7 +83,7 @@ def serve(os, ctrl_fd):
     import signal
     import socket
 
-    import sage_sandbox_child as child
+    import sage_sandbox_child as child  # pyright: ignore[reportMissingImports]
 
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, /proc/1/mem or /proc/1/fd by a job
     sock = socket.socket(fileno=ctrl_fd)
@@ -118,7 +118,7 @@ def main():
     import os
     import sys
 
-    import sage_sandbox_child as child
+    import sage_sandbox_child as child  # pyright: ignore[reportMissingImports]
 
     setup_fd, ctrl_fd = int(sys.argv[1]), int(sys.argv[2])
     setup = __import__("marshal").loads(child._read_all(os, setup_fd))
