@@ -40,6 +40,7 @@ class Session:
         self.given = dict(engines or {})      # engines used as they are, for every run (scripted, timed)
         self._warehouse: Warehouse | None = None
         self._engines: dict[str, Engines] = {}
+        self._configs: dict[str, SageConfig] = {}  # each run's stored config, read and validated once
         self.ray, self._own_ray = ray, ray is None  # the Ray fan-out (flows/fanout.py), once a run asks for it
         self._token = None
 
@@ -52,10 +53,18 @@ class Session:
         return self._warehouse
 
     def create_run(self, cfg: SageConfig, run_id: str | None = None) -> str:
-        return create_run(self.warehouse, cfg, run_id)
+        run_id = create_run(self.warehouse, cfg, run_id)
+        self._configs.pop(run_id, None)  # its stored schedule or placement may have changed
+        return run_id
 
     def run_config(self, run_id: str, overrides: list[str] | tuple[str, ...] = ()) -> SageConfig:
-        return load_run_config(self.warehouse, run_id, overrides)
+        """The run's stored config (plus `overrides`). Without overrides it is read and validated once per
+        session: every stage context of every iteration uses it, and only `create_run` changes it."""
+        if overrides:
+            return load_run_config(self.warehouse, run_id, overrides)
+        if run_id not in self._configs:
+            self._configs[run_id] = load_run_config(self.warehouse, run_id)
+        return self._configs[run_id]
 
     # -- contexts for stages
 

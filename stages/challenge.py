@@ -12,7 +12,6 @@ Fails: engine errors propagate (the flow retries); model output never fails the 
 
 from __future__ import annotations
 
-
 from sage.configs.names import Purpose, Role, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate
@@ -27,20 +26,33 @@ def references(ctx: StageContext) -> list[dict]:
                        content_id("challenge-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration))
 
 
+def parse_checks(engines, answers: list[str]) -> list[float]:
+    """The math checker's score of each answer against itself (1.0: it parses); a chunk for `ctx.fanout`."""
+    return engines.mathcheck.check_many([(a, a) for a in answers])
+
+
+def reference_chunk(engines, jobs: list) -> list:
+    """Each reference solution's outputs over two sandbox runs, or None (`reference_outputs`); a chunk for
+    `ctx.fanout`."""
+    from sage.engines.verify.outputs import reference_outputs
+
+    return reference_outputs(engines.sandbox, jobs)
+
+
 def _check_math(ctx: StageContext, items: list[dict]) -> None:
     """A reference answer is valid when the math checker finds it equivalent to itself: it parses, within
-    the checker's time and memory limits (in its worker processes, never here)."""
+    the checker's time and memory limits (in its worker processes, never here), wherever the flow fans out."""
     answers = [(it["fields"].get("answer") or "").strip() for it in items]
-    scores = ctx.mathcheck.check_many([(a, a) for a in answers]) if answers else []
+    scores = [s for chunk in ctx.fanout.map(parse_checks, answers) for s in chunk]
     for it, a, s in zip(items, answers, scores):
         it["valid"] = bool(a) and s == 1.0
         it["error"] = None if it["valid"] else ("no reference answer" if not a else "reference answer does not parse")
 
 
 def _check_code(ctx: StageContext, items: list[dict]) -> None:
-    """Run each code question's reference solution twice in the sandbox; agreeing, error-free outputs that
-    survive storage as JSON become the expected outputs."""
-    from sage.engines.verify.outputs import reference_outputs, storable
+    """Run each code question's reference solution twice in the sandbox (wherever the flow fans out); agreeing,
+    error-free outputs that survive storage as JSON become the expected outputs."""
+    from sage.engines.verify.outputs import storable
     from sage.engines.verify.sandbox import Job
 
     runnable = [it for it in items if it["fields"].get("solution") and it["fields"].get("inputs")]
@@ -49,7 +61,8 @@ def _check_code(ctx: StageContext, items: list[dict]) -> None:
             it["valid"], it["error"] = False, "no reference solution or no test inputs"
     jobs = [Job(it["fields"]["solution"], it["fields"].get("entry_point") or "", it["fields"]["inputs"])
             for it in runnable]
-    for it, outputs in zip(runnable, reference_outputs(ctx.sandbox, jobs)):
+    outputs_of = [outputs for chunk in ctx.fanout.map(reference_chunk, jobs) for outputs in chunk]
+    for it, outputs in zip(runnable, outputs_of):
         stored = storable(outputs)
         it["valid"], it["outputs"] = stored is not None, stored
         it["error"] = None if stored is not None else (
@@ -59,10 +72,15 @@ def _check_code(ctx: StageContext, items: list[dict]) -> None:
 def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
     parents = {r["question_id"] for r in rollouts}
     domain_of = {qid: q["domain"] for qid, q in questions_by_id(ctx.wh, list(parents)).items()}
+    missing = sorted(parents - set(domain_of))
+    if missing:  # the references were sampled from the pool: a missing one means the warehouse lost rows
+        raise LookupError(f"challenge rollouts of iteration {ctx.iteration} name reference question(s) the "
+                          f"warehouse does not hold: {', '.join(missing[:3])}; the question a new one varies "
+                          f"decides its domain and verifier, so nothing is guessed")
     items = []
     for r in rollouts:
         fields = r["parsed"]
-        items.append({"rollout": r, "domain": domain_of.get(r["question_id"], "math"), "fields": fields,
+        items.append({"rollout": r, "domain": domain_of[r["question_id"]], "fields": fields,
                       "question": (fields.get("question") or "").strip()})
     _check_math(ctx, [it for it in items if it["domain"] == "math" and it["question"]])
     _check_code(ctx, [it for it in items if it["domain"] == "code" and it["question"]])

@@ -46,14 +46,19 @@ def parse_benchmark(spec: str) -> tuple[str, str | None]:
 
 
 def load_problems(ctx: StageContext, spec: str, limit: int | None = None) -> list[Problem]:
-    """The first `limit` problems of a benchmark, code verifiers completed (references run in the sandbox;
-    problems whose reference is nondeterministic are dropped)."""
+    """The first `limit` problems of a benchmark, code verifiers completed (references run in the sandbox,
+    wherever the flow fans out; problems whose reference is nondeterministic are dropped)."""
     name, path = parse_benchmark(spec)
     problems = load_benchmark(name, limit=limit, path=path)
     if any(p.domain == "code" and "outputs" not in p.verifier and p.verifier.get("kind") != "stdin"
            for p in problems):
-        problems = complete_code_verifiers(problems, ctx.sandbox)
+        problems = [p for chunk in ctx.fanout.map(completed_chunk, problems) for p in chunk]
     return problems
+
+
+def completed_chunk(engines, problems: list[Problem]) -> list[Problem]:
+    """`complete_code_verifiers` on a chunk of problems with the worker's sandbox; a chunk for `ctx.fanout`."""
+    return complete_code_verifiers(problems, engines.sandbox)
 
 
 # ------------------------------------------------------------------------------------------ decoding

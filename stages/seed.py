@@ -105,10 +105,23 @@ def distinct_math(n: int, seed: int, split: str, generators: dict | None,
     return [item for name in names for item in picked[name]], short
 
 
+def execute_chunk(engines, jobs: list) -> list:
+    """The sandbox's result of each job; a chunk for `ctx.fanout`."""
+    return engines.sandbox.execute(jobs)
+
+
+def reference_chunk(engines, jobs: list) -> list:
+    """Each reference solution's (outputs, None) or (None, why) over two sandbox runs (`reference_runs`); a
+    chunk for `ctx.fanout`."""
+    from sage.engines.verify.outputs import reference_runs
+
+    return reference_runs(engines.sandbox, jobs)
+
+
 def _complete_code(ctx: StageContext, items: list[SeedItem]) -> tuple[list[SeedItem], list[tuple[SeedItem, str]]]:
-    """Fill in inputs (from generators) and outputs (from reference solutions) in the sandbox. Returns the
-    items that are usable and the code items that are not, each with the reason."""
-    from sage.engines.verify.outputs import reference_runs, storable
+    """Fill in inputs (from generators) and outputs (from reference solutions) in the sandbox, wherever the flow
+    fans out. Returns the items that are usable and the code items that are not, each with the reason."""
+    from sage.engines.verify.outputs import storable
     from sage.engines.verify.sandbox import Job
 
     dropped: list[tuple[SeedItem, str]] = []
@@ -119,14 +132,16 @@ def _complete_code(ctx: StageContext, items: list[SeedItem]) -> tuple[list[SeedI
             params = function_params(item.solution or "", item.verifier["entry_point"]) or []
             jobs.append(Job(input_generator_job_code(item.input_generator, params), INPUTS_ENTRY,
                             [[ctx.cfg.seeds.seed + k, CODEIO_INPUTS_PER_TASK]]))
-        for item, res in zip(gen, ctx.sandbox.execute(jobs)):
+        results = [res for chunk in ctx.fanout.map(execute_chunk, jobs) for res in chunk]
+        for item, res in zip(gen, results):
             if res.errors[0] is None and isinstance(res.outputs[0], list):
                 item.verifier["inputs"] = storable(res.outputs[0])
             else:
                 dropped.append((item, f"the input generator failed ({res.errors[0] or res.status})"))
     todo = [i for i in items if "outputs" not in i.verifier and i.solution and i.verifier.get("inputs")]
     jobs = [Job(i.solution, i.verifier["entry_point"], i.verifier["inputs"]) for i in todo]
-    for item, (outputs, why) in zip(todo, reference_runs(ctx.sandbox, jobs)):
+    runs = [run for chunk in ctx.fanout.map(reference_chunk, jobs) for run in chunk]
+    for item, (outputs, why) in zip(todo, runs):
         stored = storable(outputs)
         if stored is not None:
             item.verifier["outputs"] = stored
