@@ -21,13 +21,10 @@ resident memory once the model is loaded, before the pass.
 iteration K instead of random ones (`--rows N`: the first N of them), in the order the train stage would. The
 `--set` overrides must be the run's own where they choose rows or their temperatures (`train.roles`,
 `roles.<role>.temperature`), and K should be 1: the rows carry the sampling log-probs of the policy that drew
-them, and a later iteration's were drawn with an adapter this fresh one is not. With `--shared`, each round
-also runs our trainer with `train.share_prefix` on: shared prefixes against rows run whole (the default), side
-by side; `--update-order by_prompt` makes each update of every loop the samples of whole questions
-(`train.update_order`), where a shared prefix is the whole prompt. For example, the Solver-only rows of the learning experiment's lever 5
-(DIR: its `bench.learning --out`; every row a Solver prompt, eight samples a question):
+them, and a later iteration's were drawn with an adapter this fresh one is not. For example, the Solver-only
+rows of the learning experiment's lever 5 (DIR: its `bench.learning --out`):
 
-    .venv/bin/python bench/train.py --dtype bf16 --minibatch 1 --grad-accum 8 --repeats 1 --shared \
+    .venv/bin/python bench/train.py --dtype bf16 --minibatch 1 --grad-accum 8 --repeats 1 \
         --from-run DIR --iteration 1 --set 'train.roles=[solver]' --set roles.solver.temperature=0.7 --rows 32
 
 `--head TOKENS` times the LM head alone (log-probs and entropy, forward and backward) through TRL's kernel and
@@ -49,8 +46,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from sage.configs.schema import TrainConfig  # noqa: E402
-from sage.engines.train.rows import TrainRow  # noqa: E402
 from sage.engines.llm.models import quiet_v6  # noqa: E402
+from sage.engines.train.rows import TrainRow  # noqa: E402
 from sage.engines.train.step import load_policy, resolve_device, train_model  # noqa: E402
 
 
@@ -141,7 +138,8 @@ def plain_peft_step(model, rows: list[TrainRow], cfg: TrainConfig, *, device: st
     sync()
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "n_updates": len(losses),
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+            "n_updates": len(losses),
             "loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms), "grad_norms": norms}
 
 
@@ -165,14 +163,12 @@ def head_pass(kernel: str, hidden, weight, targets, temperature: float = 0.7) ->
     return time.process_time() - c0, float(h.grad.float().norm())
 
 
-def trl_row_order(rows: list[TrainRow], cfg: TrainConfig, seed: int = 0) -> list[TrainRow]:
-    """The order our trainer's sampler visits rows in (its seeded permutation, of whole prompts with
-    `train.update_order: by_prompt`), so both loops see the same updates."""
-    from sage.engines.train.rows import block_sampler_class, prompt_groups
+def trl_row_order(rows: list[TrainRow], seed: int = 0) -> list[TrainRow]:
+    """The order our trainer's sampler visits rows in (its seeded permutation), so both loops see the same
+    updates."""
+    from sage.engines.train.trainer import BlockRepeatSampler
 
-    groups = prompt_groups(rows) if cfg.update_order == "by_prompt" else None
-    order = block_sampler_class()(n_rows=len(rows), block=len(rows), repeats=1, dummy=-1, shuffle=True, seed=seed,
-                                  groups=groups)
+    order = BlockRepeatSampler(n_rows=len(rows), block=len(rows), repeats=1, dummy=-1, shuffle=True, seed=seed)
     return [rows[i] for i in order if i >= 0]
 
 
@@ -181,7 +177,7 @@ def random_llama(out_dir: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.tiny import build_tokenizer
+    from sage.engines.llm.tiny import build_tokenizer
 
     if (out_dir / "config.json").exists():
         return out_dir
@@ -230,11 +226,10 @@ def _one_pass(loop: str, path: str, rows: list[TrainRow], cfg: TrainConfig, devi
     model = load_policy(path, None, cfg, seed=0, dtype=dtype)
     loaded_mb = _rss_mb()
     if loop == "plain":
-        out = plain_peft_step(model, trl_row_order(rows, cfg), cfg, device=device, pad_id=pad_id)
+        out = plain_peft_step(model, trl_row_order(rows), cfg, device=device, pad_id=pad_id)
     else:
         t0 = time.perf_counter()
-        out = train_model(model, path, rows, cfg.model_copy(update={"share_prefix": loop == "shared"}), seed=0,
-                          device=device)
+        out = train_model(model, path, rows, cfg, seed=0, device=device)
         out["wall_seconds"] = time.perf_counter() - t0  # with building the trainer (tokenizer, TRL setup)
         out["wall_tokens_per_s"] = out["tokens"] / out["wall_seconds"]
     out["rss_loaded_mb"] = loaded_mb
@@ -274,10 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iteration", type=int, default=1, help="with --from-run: whose rows")
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     help="with --from-run: config overrides that choose the rows (train.roles, ...)")
-    ap.add_argument("--shared", action="store_true", help="also run ours with train.share_prefix on")
-    ap.add_argument("--update-order", choices=("shuffled", "by_prompt"), default="shuffled",
-                    help="train.update_order of every loop: by_prompt puts each prompt's rows in one update")
-    ap.add_argument("--only", choices=("plain", "trl", "shared"), default=None,
+    ap.add_argument("--only", choices=("plain", "trl"), default=None,
                     help="run this loop alone and print its result as JSON (what --peak-rss runs in a child)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -294,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = AutoConfig.from_pretrained(path).vocab_size
     pad_id = AutoTokenizer.from_pretrained(path).pad_token_id or 0
     cfg = TrainConfig(lora_rank=a.rank, lora_alpha=2 * a.rank, lr=1e-5, minibatch_size=a.minibatch,
-                      grad_accum=a.grad_accum, loss_weighting="token_mean",  # the plain loop's token mean
-                      update_order=a.update_order)
+                      grad_accum=a.grad_accum, loss_weighting="token_mean")  # the plain loop's token mean
     if a.from_run:
         rows = run_rows(a.from_run, a.iteration, a.overrides)[:a.rows or None]
     else:
@@ -309,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         best = {k: min(head_pass(k, hidden, weight, targets) for _ in range(a.repeats)) for k in ("trl", "ours")}
         print(f"[bench] LM head, {a.head} tokens x {weight.size(0)} words, {str(weight.dtype).removeprefix('torch.')}: "
               f"TRL {best['trl'][0] * 1e3:.0f} ms, ours {best['ours'][0] * 1e3:.0f} ms (CPU, best of {a.repeats}; "
-              f"{best['trl'][0] / best['ours'][0]:.2f}x), gradient norms {best['trl'][1]:.6g} and {best['ours'][1]:.6g}")
+              f"{best['trl'][0] / best['ours'][0]:.2f}x), gradient norms {best['trl'][1]:.6g} and "
+              f"{best['ours'][1]:.6g}")
         return 0
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -338,13 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] rep {rep} {label}: {r['seconds']:.2f} s (cpu {r['cpu_seconds']:.2f} s), "
               f"{r['tokens_per_s']:.0f} tok/s{extra}, loss {r['loss']:.4f}, grad_norm {r['grad_norm']:.4f}", flush=True)
 
-    plain_runs, trl_runs, shared_runs = [], [], []
+    plain_runs, trl_runs = [], []
     for rep in range(a.repeats):
-        if a.shared:
-            shared = _one_pass("shared", path, rows, cfg, device, dtype, pad_id)
-            shared_runs.append(shared)
-            report(rep, "ours, shared prefixes (share_prefix on)", shared,
-                   f", {shared['prefix_tokens_saved']} prefix tokens not recomputed")
         plain = _one_pass("plain", path, rows, cfg, device, dtype, pad_id)
         plain_runs.append(plain)
         report(rep, "plain PEFT loop", plain)
@@ -366,18 +353,6 @@ def main(argv: list[str] | None = None) -> int:
               "runs": {"plain": plain_runs, "trl": [{k: v for k, v in r.items() if k != "steps"} for r in trl_runs]},
               "goal": 0.9, "ok": ratio >= 0.9,
               "grad_norm_plain": plain_runs[0]["grad_norm"], "grad_norm_trl": trl_runs[0]["grad_norm"]}
-    if shared_runs:
-        best_shared = max(r["tokens_per_s"] for r in shared_runs)
-        cpu_shared = min(r["cpu_seconds"] for r in shared_runs)
-        shared_norms = [s["grad_norm"] for s in shared_runs[0]["steps"]]
-        result.update({"shared_tokens_per_s": best_shared, "shared_cpu_seconds": cpu_shared,
-                       "shared_vs_whole": best_shared / best_trl, "shared_vs_whole_cpu": cpu_trl / cpu_shared,
-                       "prefix_tokens_saved": shared_runs[0]["prefix_tokens_saved"]})
-        result["runs"]["shared"] = [{k: v for k, v in r.items() if k != "steps"} for r in shared_runs]
-        print(f"[bench] shared prefixes vs rows whole: {best_shared:.0f} vs {best_trl:.0f} tok/s "
-              f"({best_shared / best_trl:.2f}x; CPU {cpu_shared:.2f} vs {cpu_trl:.2f} s, "
-              f"{cpu_trl / cpu_shared:.2f}x), {shared_runs[0]['prefix_tokens_saved']} of {n_tok} tokens not "
-              f"recomputed; per-update grad norms shared {[round(x, 4) for x in shared_norms]}")
     trl_norms = [s["grad_norm"] for s in trl_runs[0]["steps"]]
     print(f"[bench] per-update grad norms (same rows per update): plain "
           f"{[round(x, 4) for x in plain_runs[0]['grad_norms']]}, TRL {[round(x, 4) for x in trl_norms]}")
@@ -387,14 +362,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{best_wall:.0f} tok/s, ratio {best_wall / best_plain:.3f}; by CPU time: plain {cpu_plain:.2f} s, "
           f"TRL {cpu_trl:.2f} s, ratio {cpu_plain / cpu_trl:.3f}")
     if a.peak_rss:
-        for loop in ("plain", "trl") + (("shared",) if a.shared else ()):
+        for loop in ("plain", "trl"):
             child = _peak_rss(loop, [x for x in argv if x != "--peak-rss"])
             result[f"{loop}_peak_rss_mb"] = child["peak_rss_mb"]
             result[f"{loop}_rss_loaded_mb"] = child["rss_loaded_mb"]
         print(f"[bench] peak RSS of one pass in a fresh process: plain {result['plain_peak_rss_mb']:.0f} MiB, "
               f"TRL {result['trl_peak_rss_mb']:.0f} MiB (after loading the model: "
-              f"{result['plain_rss_loaded_mb']:.0f} and {result['trl_rss_loaded_mb']:.0f} MiB)"
-              + (f"; ours with shared prefixes {result['shared_peak_rss_mb']:.0f} MiB" if a.shared else ""))
+              f"{result['plain_rss_loaded_mb']:.0f} and {result['trl_rss_loaded_mb']:.0f} MiB)")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2))
     return 0

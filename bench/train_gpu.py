@@ -1,7 +1,7 @@
 """GPU check of the train step: a random-weight Qwen2 of 0.5B (or 7B) shape, bf16, LoRA r=128, 8 x 1024 tokens.
 
-Runs our TRL step (`sage.engines.train.step.train_model`, the code path of `train_step` minus loading and saving) and the
-plain PEFT loop of `bench/train.py` on the same batch, twice each (the first run of each is cold: CUDA/cuBLAS
+Runs our TRL step (`sage.engines.train.step.train_model`, the code path of `train_step` minus loading and saving) and
+the plain PEFT loop of `bench/train.py` on the same batch, twice each (the first run of each is cold: CUDA/cuBLAS
 warm-up), and prints time, tokens/s and peak memory. Nothing downloads: the model is built from a config, the
 tokenizer is the tiny test one (only its pad id is used). Needs CUDA; one command, well under 10 minutes:
 
@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.train import make_rows, plain_peft_step
     from sage.configs.schema import TrainConfig
+    from sage.engines.llm.tiny import build_tokenizer
     from sage.engines.train.step import lora_config, train_model
-    from tests.tiny import build_tokenizer
 
     cfg = TrainConfig(lora_rank=a.rank, lora_alpha=2 * a.rank, lr=1e-6, minibatch_size=a.minibatch,
                       grad_accum=a.grad_accum, gradient_checkpointing=not a.no_checkpointing)
@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
     name = torch.cuda.get_device_name() if cuda else "CPU (dry run)"
     print(f"[gpu] {name} | Qwen2 {a.shape} shape, {n_params / 1e9:.2f}B params, LoRA r={a.rank} "
-          f"({n_lora / 1e6:.1f}M trainable), {'bf16' if cuda else 'fp32'}, checkpointing={cfg.gradient_checkpointing} | {a.rows} rows x "
+          f"({n_lora / 1e6:.1f}M trainable), {'bf16' if cuda else 'fp32'}, "
+          f"checkpointing={cfg.gradient_checkpointing} | {a.rows} rows x "
           f"({a.prompt_len}+{a.completion_len}) = {tokens} tokens, minibatch {a.minibatch} x grad_accum "
           f"{a.grad_accum} | model built in {time.perf_counter() - t0:.1f} s", flush=True)
 

@@ -1,7 +1,8 @@
 """Where training's resident memory goes, on the rows a real iteration stored: RSS sampled every 10 ms while
 one training pass runs in this (fresh) process, printed after each optimizer update.
 
-    .venv/bin/python -m bench.train_memory RUN_DIR [--iteration 1] [--same N] [--rows N] [--trim] [--set section.field=value]
+    .venv/bin/python -m bench.train_memory RUN_DIR [--iteration 1] [--same N] [--rows N] [--trim] \
+        [--set section.field=value]
 
 RUN_DIR is a `sage run` project directory (its warehouse holds the iteration's scored rollouts). `--same N`
 trains the first 8 rows N times instead (the same row lengths every update), `--trim` returns freed heap
@@ -79,7 +80,7 @@ def main() -> None:
             print(line, flush=True)
 
         start = time.perf_counter()
-        step._train(model, model_path, rows, cfg.train, seed=0, device="cpu", optimizer_state=None, on_step=on_step)
+        step.train_model(model, model_path, rows, cfg.train, seed=0, device="cpu", on_step=on_step)
         time.sleep(0.05)
     print(f"training {time.perf_counter() - start:.1f} s; peak MB by phase: "
           f"{ {phase: peak >> 20 for phase, peak in memory.peaks.items()} }")

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sage.configs.identity import EXCLUDED, config_hash, identity_diff
+from sage.configs.identity import EXCLUDED, config_hash, drop_retired, identity_diff
 from sage.configs.schema import SageConfig
 
 PROFILES_DIR = Path(__file__).parent
@@ -89,6 +89,10 @@ def load_config(profile: str | Path = DEFAULT_PROFILE, overrides: list[str] | tu
 
 
 def config_from_dict(data: dict, source: str = "dict") -> SageConfig:
+    try:
+        data = drop_retired(data)
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None
     try:
         return SageConfig.model_validate(data)
     except ValidationError as e:

@@ -27,7 +27,6 @@ EXCLUDED: dict[str, str] = {
     "model.max_lora_rank": "the largest adapter vLLM accepts; train.lora_rank decides the adapter",
     "train.isolate": "training in its own process or in the flow's: same update",
     "train.gradient_checkpointing": "recompute activations to save memory: same update",
-    "train.share_prefix": "a prompt prefix rows share run once per update or once per row: same update",
     "validate.every": "the validation schedule; the validation set stays in the identity",
     "validate.patience": "when early stopping ends the run, not what an iteration computes",
     "sandbox.backend": "which isolation runs the code; the limits that decide verdicts stay in",
@@ -36,9 +35,41 @@ EXCLUDED: dict[str, str] = {
 }
 
 
+#: Fields the schema no longer has (finished experiments; docs/decisions.md, "Removed options") -> the value every
+#: run recorded with them computed its rows under today's code with, and whether the field was in the identity.
+#: A stored config holding that value loads as if the field were absent; the identity keeps the identity ones at
+#: that value, so run ids and resumes are what they were before the removal.
+RETIRED: dict[str, tuple[object, bool]] = {
+    "model.compile": (False, True),
+    "train.update_order": ("shuffled", True),
+    "train.share_prefix": (False, False),
+}
+
+
+def drop_retired(data: dict) -> dict:
+    """`data` (a config as a nested dict, from a stored run or a profile) without the `RETIRED` fields. Raises
+    ValueError for one set to anything else: what it asked for no longer exists."""
+    data = json.loads(json.dumps(data))
+    for key, (value, _) in RETIRED.items():
+        section, _, field = key.partition(".")
+        if isinstance(data.get(section), dict) and field in data[section]:
+            stored = data[section].pop(field)
+            if stored != value:
+                raise ValueError(f"{key} = {json.dumps(stored)} names an option that was removed (docs/decisions.md, "
+                                 f"'Removed options'); delete it from the profile, or start a new run without it")
+    return data
+
+
 def identity(cfg: SageConfig | dict) -> dict:
-    """The config as a nested dict without the `EXCLUDED` fields."""
+    """The config as a nested dict without the `EXCLUDED` fields (the identity `RETIRED` fields at their value)."""
     data = cfg.model_dump(mode="json") if isinstance(cfg, SageConfig) else json.loads(json.dumps(cfg))
+    for key, (value, kept) in RETIRED.items():
+        section, _, field = key.partition(".")
+        if isinstance(data.get(section), dict):
+            if kept:
+                data[section].setdefault(field, value)
+            else:
+                data[section].pop(field, None)
     for key in EXCLUDED:
         section, _, field = key.partition(".")
         if field:

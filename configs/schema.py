@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sage.configs.names import Role
 
 
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -32,9 +31,6 @@ class ModelConfig(_Section):
     max_model_len: int = Field(4096, ge=256, description="Longest prompt + completion, in tokens.")
     token_budget: int = Field(32768, ge=512, description="hf backend: most padded tokens (batch x length) in "
                               "one generate call; longer batches are split.")
-    compile: bool = Field(False, description="hf backend: torch.compile each decoder layer instead of the fused "
-                          "eager layers (slower on a 2-core CPU and not bit-identical to transformers' generate "
-                          "in bf16).")
     tensor_parallel_size: int = Field(1, ge=1, description="vllm: GPUs per engine (tensor parallelism).")
     data_parallel_size: int = Field(1, ge=1, description="vllm: engine replicas (data parallelism).")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of GPU memory the "
@@ -58,7 +54,7 @@ class RoleConfig(_Section):
         "`constrain` every sample is drawn without the grammar and the schedule has nothing to do.")
 
     @model_validator(mode="after")
-    def _check_unconstrained(self) -> "RoleConfig":
+    def _check_unconstrained(self) -> RoleConfig:
         if any(not 0 <= v <= 1 for v in self.unconstrained):
             raise ValueError(f"unconstrained: each share must be within [0, 1] (got {self.unconstrained})")
         return self
@@ -119,7 +115,7 @@ class RewardsConfig(_Section):
     eps: float = Field(1e-6, gt=0, description="TRR++: A = (r - mean) / (std + eps).")
 
     @model_validator(mode="after")
-    def _weights_sum_to_one(self) -> "RewardsConfig":
+    def _weights_sum_to_one(self) -> RewardsConfig:
         for name, parts in {"planner": ("planner_critic", "planner_format"),
                             "solver": ("solver_plan", "solver_gt", "solver_format")}.items():
             total = sum(getattr(self, p) for p in parts)
@@ -159,24 +155,6 @@ class TrainConfig(_Section):
                             "rollout of the iteration once.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for memory during training.")
-    share_prefix: bool = Field(False, description="Run the prompt prefix that an update's rows share (a role's "
-                               "system prompt and worked example; the whole prompt for samples of one question) "
-                               "once per update instead of once per row: the same loss and gradients within "
-                               "rounding, fewer tokens computed (engines/train/prefix.py). One process without "
-                               "gradient checkpointing only; elsewhere rows are run whole. With `update_order: "
-                               "by_prompt` an update's rows share their whole prompt: the train stage of a "
-                               "`cpu.yaml` iteration 1.87x faster and 0.35 GB less peak memory; with shuffled "
-                               "updates 1.15-1.22x under load, 1.04x calm, the same peak memory (docs/performance.md, "
-                               "shared prefixes row). Off by default.")
-    update_order: Literal["shuffled", "by_prompt"] = Field(
-        "shuffled", description="Which rows share an optimizer update. `shuffled`: a seeded permutation of all "
-        "rows. `by_prompt`: a seeded permutation of the prompts, each prompt's rows (the samples of one question) "
-        "together, so an update holds whole questions where their sizes allow, as TRL's GRPO sampler keeps a "
-        "prompt's generations together; with `share_prefix` each question's prompt then runs once per update "
-        "(docs/performance.md, shared prefixes row). Under TRR++, whose advantages are normalised per role, not "
-        "per question, a question's answers often share one sign, so such an update pushes one way: with "
-        "`cpu.yaml` the policy moved about ten times as far per iteration and validation fell below the base "
-        "model from iteration 8 (docs/learning.md, lever 7). Default `shuffled`.")
     mmap_threshold_kb: int | None = Field(
         None, ge=4, le=32768, description="On glibc, while training, serve every allocation of at least this many "
         "KiB by its own mmap, returned to the system when freed (`mallopt(M_MMAP_THRESHOLD)`, process-wide; "
@@ -194,13 +172,13 @@ class TrainConfig(_Section):
 
 
     @model_validator(mode="after")
-    def _roles_once(self) -> "TrainConfig":
+    def _roles_once(self) -> TrainConfig:
         if len(set(self.roles)) != len(self.roles):
             raise ValueError(f"train.roles names a role twice: {[str(r) for r in self.roles]}; list each once")
         return self
 
     @model_validator(mode="after")
-    def _role_mean_needs_dapo(self) -> "TrainConfig":
+    def _role_mean_needs_dapo(self) -> TrainConfig:
         if self.loss_weighting == "role_mean" and self.loss_type != "dapo":
             raise ValueError(f"train.loss_weighting role_mean weighs token sums, which only train.loss_type dapo "
                              f"keeps; got loss_type {self.loss_type!r}: set train.loss_type=dapo or "
@@ -279,7 +257,7 @@ class OrchestrationConfig(_Section):
                            "workers.")
 
     @model_validator(mode="after")
-    def _local_instance_only(self) -> "OrchestrationConfig":
+    def _local_instance_only(self) -> OrchestrationConfig:
         if self.ray_num_cpus is not None and self.ray_address is not None:
             raise ValueError(f"orchestration.ray_num_cpus sizes a private local Ray instance, but ray_address is "
                              f"{self.ray_address!r}; drop ray_num_cpus (the cluster's nodes declare their CPUs "
@@ -307,7 +285,7 @@ class SageConfig(_Section):
                                                description="Where fan-out work runs: here or on Ray.")
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "SageConfig":
+    def _cross_checks(self) -> SageConfig:
         if self.model.backend == "vllm" and self.model.max_lora_rank < self.train.lora_rank:
             raise ValueError(f"model.max_lora_rank ({self.model.max_lora_rank}) is below train.lora_rank "
                              f"({self.train.lora_rank}); raise model.max_lora_rank or lower train.lora_rank")

@@ -85,13 +85,9 @@ class HFLLM:
         self._grammars: dict[str, object] = {}
         # Fused layers on CPUs only: their bit-identity with the modules was checked on oneDNN, not on cuBLAS,
         # whose kernel choice depends on the matmul shape. None or not _fused_ok: the model's own modules.
-        # `model.compile`: the modules' layer under torch.compile instead (on a 2-core CPU it was slower than
-        # the fused layers and not bit-identical to `generate` in bf16).
-        cpu = self.device.type == "cpu"
-        fuse = self.fast and cpu and not cfg.compile
+        fuse = self.fast and self.device.type == "cpu"
         self._fused = FusedDecoder.build(self.base, self.dtype, self.device) if fuse else None
         self._fused_ok = self._fused is not None
-        self._module_layer = torch.compile(module_layer, dynamic=True) if cfg.compile else module_layer
 
     @staticmethod
     def _sliding(config) -> bool:
@@ -341,7 +337,7 @@ class HFLLM:
         if mask is not None:  # SDPA turns a boolean mask into this additive one on every call; once per step
             mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, float("-inf"))
         layers = self._fused.layers if self._fused_ok else \
-            [functools.partial(self._module_layer, layer) for layer in decoder.layers]
+            [functools.partial(module_layer, layer) for layer in decoder.layers]
         for layer, (kc, vc) in zip(layers, state):
             h = layer(h, cos, sin, kc, vc, start, end, mask)
         if self._fused_ok:

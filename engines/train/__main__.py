@@ -1,11 +1,11 @@
 """`python -m sage.engines.train --in rows.parquet --out ADAPTER --model PATH --config JSON`: one training step
 in its own process.
 
-The train stage runs this when `train.isolate` is set (so generation and training never hold GPU memory at
-once) and under `accelerate launch ... -m sage.engines.train` for data-parallel training. The rows come as a
-Parquet file (`sage.engines.train.rows.write_rows`), the adapter goes to `--out` (replaced atomically), the
+`sage.engines.train.launch` runs this when `train.isolate` is set (so generation and training never hold GPU
+memory at once) and under `accelerate launch ... -m sage.engines.train` for data-parallel training. The rows come
+as a Parquet file (`sage.engines.train.rows.write_rows`), the adapter goes to `--out` (replaced atomically), the
 metrics to `--metrics` as JSON when asked, and with `--steps FILE` each optimizer update as one JSON line
-appended to FILE as it ends, which the train stage reads while the process runs.
+appended to FILE as it ends, which `launch` reads while the process runs.
 """
 
 from __future__ import annotations

@@ -1,30 +1,27 @@
-"""Attention for training on a CPU (`use_cpu_attention`): the scores as whole matrices through bf16 matmuls,
-with the probabilities kept once, in the model's dtype, for the backward pass.
+"""Attention for training on a CPU (`use_cpu_attention`): the scores as whole matrices through bf16 matmuls, the
+probabilities kept once, in the model's dtype, for the backward pass.
 
-Why: on a CPU, torch's `scaled_dot_product_attention` runs its flash kernel, whose backward is tiled for GPUs and
-runs far below the CPU's bf16 matmul rate; transformers' `eager` attention is faster but keeps the float32
-softmax output as well as its bf16 copy for backward (three times the memory of the probabilities alone).
-Here each layer computes `softmax(q k^T * scale + mask)` in the query's dtype (the CPU kernel accumulates in
-float32 and rounds once), so the probabilities are kept once, as the tensor the value matmul saves anyway;
-grouped-query heads multiply their shared key and value heads directly instead of repeating them. Training
-rows of a few hundred tokens make the score matrices small (9 heads x 810 x 810 for SmolLM2's longest rows).
+On a CPU, torch's `scaled_dot_product_attention` runs its flash kernel, whose backward is tiled for GPUs and runs
+far below the CPU's bf16 matmul rate; transformers' `eager` attention is faster but keeps the float32 softmax
+output beside its bf16 copy (three times the memory of the probabilities alone). Here each layer computes
+`softmax(q k^T * scale + mask)` in the query's dtype (the CPU kernel accumulates in float32 and rounds once),
+and grouped-query heads multiply their shared key and value heads directly instead of repeating them.
 
-It is registered with transformers' attention and mask interfaces as `sage_cpu_train` (masks as for `sdpa`:
-none for a causal unpadded batch, a boolean keep-mask otherwise) and set on a model only for the length of a
-training pass on a CPU.
-
-Packed rows: given `cu_seq_lens_q` (the keyword transformers' flash attention takes, cumulative row lengths of a
-batch of one packed sequence, no padding anywhere), each row attends causally to its own tokens only, one score
-matrix per row; the block-diagonal mask transformers builds for packed position ids is then not needed and not
-read. `packs(model)` says whether a model's attention takes rows packed this way.
+Registered with transformers' attention and mask interfaces as `sage_cpu_train` (masks as for `sdpa`), set on a
+model only for the length of a training pass. It also takes packed rows: given `cu_seq_lens_q` (the keyword
+transformers' flash attention takes: cumulative row lengths of one packed sequence, no padding) each row attends
+causally to its own tokens only; `packs(model)` says whether a model's attention takes rows packed this way.
 """
 
 from __future__ import annotations
 
 import contextlib
 
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
 NAME = "sage_cpu_train"
-_REGISTERED = False
 _BIAS: dict = {}  # causal biases by shape (`_causal_bias`), freed when a training pass ends
 #: Attention implementations that attend packed rows (`cu_seq_lens_q`) each to its own tokens.
 PACKING = (NAME, "flash_attention_2", "flash_attention_3")
@@ -34,8 +31,6 @@ def _causal_bias(lq: int, lk: int, dtype, device):
     """[Lq, Lk]: 0 where query i may see key j (j <= i + Lk - Lq), the dtype's minimum elsewhere. Kept by shape:
     every layer of a forward pass asks for the same ones (a pass of packed rows, one per row length); a few
     hundred tokens make each small."""
-    import torch
-
     key = (lq, lk, dtype, device)
     if key not in _BIAS:
         if len(_BIAS) > 256:
@@ -59,8 +54,6 @@ def attention_forward(module, query, key, value, attention_mask, scaling: float,
     float mask broadcastable to [B, 1, Lq, Lk]; or, with `cu_seq_lens_q` [R + 1], one sequence of R packed rows
     (B = 1, Lq = Lk), each attending causally to its own tokens (the mask is not read). Returns
     ([B, Lq, H, D], None)."""
-    import torch
-
     if cu_seq_lens_q is not None:
         bounds = cu_seq_lens_q.tolist()
         if query.size(0) != 1 or query.size(2) != key.size(2) or bounds[-1] != query.size(2):
@@ -73,8 +66,6 @@ def attention_forward(module, query, key, value, attention_mask, scaling: float,
 
 def _attend(module, query, key, value, attention_mask, scaling: float, dropout: float):
     """`attention_forward` for one batch of rows: [B, Lq, H, D]."""
-    import torch
-
     b, h, lq, d = query.shape
     kv, lk = key.size(1), key.size(2)
     g = h // kv
@@ -97,18 +88,6 @@ def _attend(module, query, key, value, attention_mask, scaling: float, dropout: 
     return out.view(b, h, lq, d).transpose(1, 2).contiguous()
 
 
-def _register() -> None:
-    global _REGISTERED
-    if _REGISTERED:
-        return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(NAME, attention_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
-    _REGISTERED = True
-
-
 @contextlib.contextmanager
 def use_cpu_attention(model, active: bool = True):
     """Within the block, `model` (a transformers model, or a PEFT model around one) attends with
@@ -118,7 +97,8 @@ def use_cpu_attention(model, active: bool = True):
     if not active or previous == NAME:
         yield
         return
-    _register()
+    AttentionInterface.register(NAME, attention_forward)  # idempotent: the registries are dicts by name
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
     base.set_attn_implementation(NAME)
     try:
         yield

@@ -1,10 +1,8 @@
 """The rows a training step learns from, as stored: `TrainRow`, their Parquet file (`read_rows` /
-`write_rows`, what the train stage hands a training process), their checks, how many optimizer
-updates they make (`rows_per_update`, `num_updates`) and in what order (`block_sampler_class`, `prompt_groups`;
-`longest_first` within an update, so rows of similar length share a padded forward pass; `dealt` for passes
-that pack their rows, so each pass carries about the same tokens).
+`write_rows`, what the train stage hands a training process), their checks, how many optimizer updates they
+make (`rows_per_update`, `num_updates`) and the per-role weights of `train.loss_weighting: role_mean`.
 
-Nothing here imports torch or TRL at module import, so the train stage can plan and write rows without loading either.
+Nothing here imports torch or TRL, so the train stage can plan and write rows without loading either.
 """
 
 from __future__ import annotations
@@ -93,94 +91,3 @@ def write_rows(rows: list[TrainRow], path: str | os.PathLike) -> None:
         "temperature": pa.array([float(r.temperature) for r in rows], type=pa.float64()),
     })
     pq.write_table(table, path)
-
-
-def longest_first(batch: dict) -> dict:
-    """A generation batch (its tensors one row per row) with the rows ordered by real tokens (prompt +
-    completion), longest first; ties keep their order."""
-    import torch
-
-    lengths = batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)
-    return reordered(batch, torch.sort(lengths, descending=True, stable=True).indices)
-
-
-def dealt(batch: dict, parts: int) -> dict:
-    """A generation batch ordered longest first, its rows dealt to `parts` equal contiguous micro-batches in snake
-    order (1, 2, .., parts, parts, .., 2, 1, ...), so that each micro-batch carries about the same tokens.
-
-    For passes that pack their rows end to end (no padding): a pass's activations grow with its tokens, so the
-    largest pass sets training's peak memory; longest first would pack the update's longest rows together.
-    Which rows make up the update, and so the update itself, is unchanged."""
-    import torch
-
-    rows = batch["prompt_mask"].size(0)
-    if parts <= 1 or rows % parts:
-        return batch
-    per = rows // parts
-    slots: list[list[int]] = [[] for _ in range(parts)]
-    for position in range(rows):
-        lap, i = divmod(position, parts)
-        slots[i if lap % 2 == 0 else parts - 1 - i].append(position)
-    assert all(len(s) == per for s in slots)
-    return reordered(batch, torch.tensor([p for s in slots for p in s]))
-
-
-def reordered(batch: dict, order) -> dict:
-    """A generation batch (its tensors one row per row) with its rows in `order` (a tensor of row indices); the
-    entries that are not one per row (`num_items_in_batch`) as they are."""
-    import torch
-
-    rows = len(order)
-    return {k: v[order.to(v.device)] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == rows else v
-            for k, v in batch.items()}
-
-
-def prompt_groups(rows: list[TrainRow]) -> list[int]:
-    """A group id per row, the same for rows with the same prompt (the samples of one question), numbered in
-    order of first appearance: what `train.update_order: by_prompt` keeps together."""
-    ids: dict[tuple, int] = {}
-    return [ids.setdefault(tuple(r.prompt_ids), len(ids)) for r in rows]
-
-
-def block_sampler_class():
-    """The torch `Sampler` class of a pass's row order (built on first use: torch is imported only then)."""
-    from torch.utils.data import Sampler
-
-    class BlockRepeatSampler(Sampler):
-        """Rows in a seeded random (or the given) order, in blocks of `block` indices, each block `repeats` times.
-
-        With `groups` (a group id per row, `prompt_groups`) the seeded order is one of the groups, each group's
-        rows together in their given order, so a block holds whole groups where their sizes allow. A short
-        last block is filled with `dummy` (an index whose row the trainer masks out entirely).
-        """
-
-        def __init__(self, n_rows: int, block: int, repeats: int, dummy: int, shuffle: bool, seed: int,
-                     groups: list[int] | None = None):
-            self.n_rows, self.block, self.repeats, self.dummy = n_rows, block, repeats, dummy
-            self.shuffle, self.seed, self.groups = shuffle, seed, groups
-
-        def __iter__(self):
-            import torch
-
-            if not self.shuffle:
-                order = list(range(self.n_rows))
-            elif self.groups is None:
-                g = torch.Generator().manual_seed(self.seed)
-                order = torch.randperm(self.n_rows, generator=g).tolist()
-            else:
-                members: dict[int, list[int]] = {}
-                for i, group in enumerate(self.groups):
-                    members.setdefault(group, []).append(i)
-                g = torch.Generator().manual_seed(self.seed)
-                keys = list(members)
-                order = [i for k in torch.randperm(len(keys), generator=g).tolist() for i in members[keys[k]]]
-            for start in range(0, self.n_rows, self.block):
-                chunk = order[start:start + self.block]
-                chunk += [self.dummy] * (self.block - len(chunk))
-                for _ in range(self.repeats):
-                    yield from chunk
-
-        def __len__(self) -> int:
-            return math.ceil(self.n_rows / self.block) * self.block * self.repeats
-
-    return BlockRepeatSampler

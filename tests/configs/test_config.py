@@ -1,7 +1,11 @@
+import json
+
 import pytest
 
 from sage.configs import ConfigError, config_from_dict, config_hash, load_config
 from sage.configs.schema import SageConfig
+
+pytestmark = pytest.mark.fast
 
 
 def test_profiles_load_with_paper_defaults():
@@ -94,7 +98,7 @@ OUT = ["run.iterations", "run.dir", "run.batch_rows", "model.cache_dir", "train.
 
 def test_run_identity_fields_in_and_out():
     from sage.configs import EXCLUDED
-    from sage.configs.identity import identity
+    from sage.configs.identity import RETIRED, identity
 
     assert set(OUT) <= set(EXCLUDED) and all(reason.strip() for reason in EXCLUDED.values())
     kept = {f"{section}.{field}" for section, fields in identity(load_config("cpu")).items() for field in fields}
@@ -103,7 +107,9 @@ def test_run_identity_fields_in_and_out():
         assert name.split(".")[0] + "." + name.split(".")[1] in kept, name
     every = {f"{section}.{f}" for section, info in type(load_config("cpu")).model_fields.items()
              for f in info.annotation.model_fields}
-    assert kept | {e for e in every if any(e == x or e.startswith(x + ".") for x in EXCLUDED)} == every
+    retired = {key for key, (_, in_identity) in RETIRED.items() if in_identity}  # kept at their one value
+    assert retired <= kept
+    assert (kept - retired) | {e for e in every if any(e == x or e.startswith(x + ".") for x in EXCLUDED)} == every
 
 
 @pytest.mark.parametrize("override", ["run.iterations=5", "run.batch_rows=7", "train.isolate=true",
@@ -133,3 +139,20 @@ def test_placement_stays_out_of_the_run_identity(tmp_path):
             s.create_run(load_config("cpu", base + ["train.lr=0.5", "iteration.alpha=0.9"]), run_id)
         assert "iteration.alpha: 0.7 -> 0.9" in str(e.value) and f"train.lr: {local.train.lr} -> 0.5" in str(e.value)
         assert "--run NAME" in str(e.value) and "run.iterations" not in str(e.value)
+
+
+def test_a_config_stored_before_an_option_was_removed_loads_with_its_hash():
+    """Runs recorded while `model.compile`, `train.update_order` and `train.share_prefix` existed resume: at the
+    value they all ran with, the fields load as absent and the run's hash (its default id) is unchanged."""
+    from sage.configs import config_json
+
+    new = load_config("cpu", [])
+    stored = json.loads(config_json(new))
+    stored["model"]["compile"] = False
+    stored["train"].update(update_order="shuffled", share_prefix=False)
+    assert config_from_dict(stored) == new
+    assert config_hash(stored) == config_hash(new)
+    stored["train"]["update_order"] = "by_prompt"
+    assert config_hash(stored) != config_hash(new)
+    with pytest.raises(ConfigError, match=r"run r: train.update_order = \"by_prompt\" names an option that was removed"):
+        config_from_dict(stored, source="run r")

@@ -200,14 +200,14 @@ def test_a_bf16_step_is_the_step_without_the_cpu_paths_within_bf16_tolerance(tin
     norms within bf16 tolerance, and the adapter moved the same way."""
     import torch
 
-    from sage.engines.train import attention, build, logprobs
+    from sage.engines.train import logprobs, step, trainer
 
     cfg = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-3, minibatch_size=minibatch, grad_accum=grad_accum)
     rows = _rows(12)
     fast, fast_delta = _bf16_step(tiny_model, rows, cfg)
-    assert build.adapter_compute_dtype(torch.bfloat16) == torch.bfloat16
-    monkeypatch.setattr(build, "adapter_compute_dtype", lambda dtype: None)
-    monkeypatch.setattr(attention, "use_cpu_attention", lambda model, active=True: contextlib.nullcontext())
+    assert trainer.adapter_compute_dtype(torch.bfloat16) == torch.bfloat16
+    monkeypatch.setattr(trainer, "adapter_compute_dtype", lambda dtype: None)
+    monkeypatch.setattr(step, "use_cpu_attention", lambda model, active=True: contextlib.nullcontext())
     monkeypatch.setattr(logprobs, "use_trl_kernel", lambda device, softcap: True)
     ref, ref_delta = _bf16_step(tiny_model, rows, cfg)
 
@@ -216,7 +216,9 @@ def test_a_bf16_step_is_the_step_without_the_cpu_paths_within_bf16_tolerance(tin
         assert a["loss"] == pytest.approx(b["loss"], rel=3e-2, abs=2e-3)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=3e-2)
         assert a["grad_norm"] > 0
-    flat = lambda d: torch.cat([d[n].flatten().float() for n in sorted(d)])  # noqa: E731
+    def flat(d):
+        return torch.cat([d[n].flatten().float() for n in sorted(d)])
+
     assert set(fast_delta) == set(ref_delta)
     cos = torch.nn.functional.cosine_similarity(flat(fast_delta), flat(ref_delta), dim=0)
     assert float(flat(fast_delta).norm()) > 0 and float(cos) > 0.98

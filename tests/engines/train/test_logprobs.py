@@ -46,7 +46,7 @@ def _direct_logprobs(model, row: TrainRow):
 def trainer_and_batch(tiny_model):
     import torch
 
-    from sage.engines.train.build import build_trainer
+    from sage.engines.train.trainer import build_trainer
 
     rows = _rows([0.7, 1.3, 0.7, 1.3])
     model = load_policy(str(tiny_model), None, _cfg(), seed=0)
@@ -120,7 +120,7 @@ def test_at_temperature_one_the_loss_and_gradients_are_trl_fused_heads(tiny_mode
     import torch
     from trl import GRPOTrainer
 
-    from sage.engines.train.build import build_trainer
+    from sage.engines.train.trainer import build_trainer
 
     rows = _rows([1.0] * 6, seed=11)
     cfg = _cfg(minibatch_size=6)
@@ -150,7 +150,7 @@ def test_stored_logprobs_are_the_behaviour_policy_at_any_temperature(tiny_model)
     (the current policy's detached log-probs)."""
     import torch
 
-    from sage.engines.train.build import build_trainer
+    from sage.engines.train.trainer import build_trainer
 
     cfg = _cfg(minibatch_size=2)
     for temperature, stored, used in ((1.0, 2, True), (0.7, 2, True), (0.7, 1, False)):

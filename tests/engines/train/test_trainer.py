@@ -16,7 +16,7 @@ import pytest
 from sage.configs.schema import TrainConfig
 from sage.engines.train.rows import TrainRow, write_rows
 from sage.engines.train.step import METRICS_FILE, load_policy, train_model, train_step
-from sage.engines.train.trl_trainer import BATCH_KEYS, OPTIONAL_BATCH_KEYS
+from sage.engines.train.trainer import BATCH_KEYS, OPTIONAL_BATCH_KEYS
 
 ROOT = Path(__file__).resolve().parents[3]
 LINEAR = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -187,7 +187,7 @@ def test_stored_logprobs_are_the_old_policy(tiny_model):
 def test_every_row_once_and_empty_completions_skipped(tiny_model, monkeypatch):
     """11 rows (2 with empty completions) -> 9 used; minibatch 2 x grad_accum 2 -> 3 updates (the last one on one
     real row and a masked dummy), each row seen exactly once."""
-    from sage.engines.train.trl_trainer import StoredRowsTrainer as cls
+    from sage.engines.train.trainer import StoredRowsTrainer as cls
 
     seen = []
     original = cls._generate_and_score_completions
@@ -207,57 +207,13 @@ def test_every_row_once_and_empty_completions_skipped(tiny_model, monkeypatch):
     assert sorted(i for i in seen if i >= 0) == list(range(9))
 
 
-def test_by_prompt_updates_train_each_questions_samples_together(tiny_model, monkeypatch):
-    """`train.update_order: by_prompt`: 3 questions x 4 samples stored interleaved, updates of 4 rows (2 x 2):
-    each update's rows are the samples of one question, and every row is trained once."""
-    from sage.engines.train.trl_trainer import StoredRowsTrainer as cls
-
-    batches = []
-    original = cls._generate_and_score_completions
-
-    def spy(self, inputs):
-        batches.append([int(x["row"]) for x in inputs])
-        return original(self, inputs)
-
-    monkeypatch.setattr(cls, "_generate_and_score_completions", spy)
-    prompts = [[5, 6, 7, 8 + q] for q in range(3)]
-    rows = [TrainRow(prompt_ids=prompts[q], completion_ids=[20 + k, 30, 40], advantage=0.5 - k / 4, role="solver")
-            for k in range(4) for q in range(3)]
-    cfg = _cfg(minibatch_size=2, grad_accum=2, update_order="by_prompt")
-    model = load_policy(str(tiny_model), None, cfg, seed=0)
-    m = train_model(model, str(tiny_model), rows, cfg, device="cpu")
-    assert m["n_updates"] == 3 and len(batches) == 3
-    assert sorted(i for b in batches for i in b) == list(range(12))
-    assert all(len({tuple(rows[i].prompt_ids) for i in b}) == 1 for b in batches)
-
-
 def test_sampler_blocks_padding_and_seed():
-    from sage.engines.train.rows import block_sampler_class
+    from sage.engines.train.trainer import BlockRepeatSampler as S
 
-    S = block_sampler_class()
     s = S(n_rows=5, block=4, repeats=2, dummy=5, shuffle=False, seed=0)
     assert list(s) == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 5, 5, 4, 5, 5, 5] and len(s) == 16
     a = list(S(n_rows=9, block=3, repeats=1, dummy=9, shuffle=True, seed=7))
     assert sorted(a) == list(range(9)) and a == list(S(9, 3, 1, 9, True, 7)) and a != list(range(9))
-
-
-def test_by_prompt_order_keeps_each_questions_rows_in_one_update():
-    from sage.engines.train.rows import TrainRow, block_sampler_class, prompt_groups
-
-    # 4 questions x 3 samples, interleaved as the solve stage could store them
-    rows = [TrainRow(prompt_ids=[1, 2, q], completion_ids=[5], advantage=0.0) for _ in range(3) for q in range(4)]
-    groups = prompt_groups(rows)
-    assert groups == [0, 1, 2, 3] * 3
-    S = block_sampler_class()
-    order = list(S(n_rows=12, block=3, repeats=1, dummy=12, shuffle=True, seed=5, groups=groups))
-    assert sorted(order) == list(range(12)) and order == list(S(12, 3, 1, 12, True, 5, groups))
-    blocks = [order[k:k + 3] for k in range(0, 12, 3)]
-    assert all(len({groups[i] for i in b}) == 1 for b in blocks)
-    # the seed permutes the questions
-    firsts = {tuple(groups[i] for i in list(S(12, 3, 1, 12, True, seed, groups))[::3]) for seed in range(6)}
-    assert len(firsts) > 1
-    plain = list(S(n_rows=12, block=3, repeats=1, dummy=12, shuffle=True, seed=5))
-    assert not all(len({groups[i] for i in plain[k:k + 3]}) == 1 for k in range(0, 12, 3))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -294,7 +250,16 @@ def test_trl_contract_pinned():
     import trl
     from trl import GRPOTrainer
 
-    assert trl.__version__.startswith("1.16."), f"trl {trl.__version__}: re-check engines/train/trl_trainer.py's overrides"
+    from sage.engines.train.trainer import StoredRowsTrainer
+
+    # The methods the module docstring lists, and no others, replace TRL's (each still exists in TRL).
+    overrides = {name for name, value in vars(StoredRowsTrainer).items()
+                 if callable(value) and hasattr(GRPOTrainer, name) and name != "__init__"}
+    assert overrides == {"_get_train_sampler", "_generate_and_score_completions", "_prepare_inputs",
+                         "_get_per_token_logps_and_entropies", "_compute_loss", "create_optimizer",
+                         "create_scheduler"}, overrides
+
+    assert trl.__version__.startswith("1.16."), f"trl {trl.__version__}: re-check engines/train/trainer.py's overrides"
     sig = inspect.signature(GRPOTrainer._generate_and_score_completions)
     assert list(sig.parameters) == ["self", "inputs"], sig
     assert list(inspect.signature(GRPOTrainer._get_train_sampler).parameters) == ["self", "dataset"]
@@ -313,9 +278,10 @@ def test_trl_contract_pinned():
         assert needle in prep, f"GRPOTrainer._prepare_inputs changed: {needle!r} missing"
     # We replace the log-prob method `_compute_loss` calls (same signature, entropy asked for), and score with
     # TRL's chunked log-prob kernel (engines/train/logprobs.py).
-    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
-    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, maybe_gather_lm_head_ctx  # noqa: F401
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction, _use_triton
+    from trl.trainer import utils
 
+    assert callable(_use_triton) and callable(utils.maybe_gather_lm_head_ctx) and utils._CHUNKED_LOGPROB_CHUNK_SIZE > 0
     assert list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)[:7] == [
         "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy"]
     assert "compute_entropy=True" in inspect.getsource(GRPOTrainer._compute_loss)
@@ -330,7 +296,7 @@ def test_one_step_contract(tiny_model):
 
     import torch
 
-    from sage.engines.train.build import build_trainer
+    from sage.engines.train.trainer import build_trainer
 
     cfg = _cfg(minibatch_size=2, grad_accum=2, kl_beta=0.1)
     rows = _rows(3, seed=5)
@@ -397,7 +363,7 @@ def test_micro_batches_by_length_and_the_update_does_not_depend_on_the_cut(tiny_
 
     import torch
 
-    from sage.engines.train.build import build_trainer
+    from sage.engines.train.trainer import build_trainer
 
     rows = _rows(12, seed=7)
     split, whole = _cfg(minibatch_size=2, grad_accum=3), _cfg(minibatch_size=6, grad_accum=1)
@@ -429,7 +395,7 @@ def test_dealt_spreads_the_longest_rows_over_the_micro_batches():
     about the same tokens; every row stays, each once."""
     import torch
 
-    from sage.engines.train.rows import dealt, longest_first
+    from sage.engines.train.trainer import dealt, longest_first
 
     lengths = torch.tensor([5, 90, 40, 70, 10, 60, 20, 80])
     batch = {"prompt_mask": (torch.arange(100)[None, :] < lengths[:, None]).long(),
@@ -451,7 +417,7 @@ def test_packed_micro_batches_are_dealt_by_length(tiny_model):
     import torch
 
     from sage.engines.train.attention import use_cpu_attention
-    from sage.engines.train.build import build_trainer
+    from sage.engines.train.trainer import build_trainer
 
     rows = _rows(12, seed=7)
     cfg = _cfg(minibatch_size=2, grad_accum=3)

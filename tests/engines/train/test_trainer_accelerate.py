@@ -1,21 +1,20 @@
 """Data-parallel training: the train step under `accelerate launch` with two CPU processes (gloo), started by the
-train stage's own code (`configs/accelerate/cpu-2proc.yaml`), checked against one process on the same global
-batch. fp32 throughout, so the two may differ only by float rounding."""
+code the train stage runs (`launch.train` with `configs/accelerate/cpu-2proc.yaml`), checked against one process
+on the same global batch. fp32 throughout, so the two may differ only by float rounding."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-from types import SimpleNamespace
 
 import pytest
 
 from sage.configs import ConfigError
-from sage.configs.schema import SageConfig, TrainConfig
+from sage.configs.schema import TrainConfig
+from sage.engines.train.launch import ACCELERATE_DIR, accelerate_config_path, train, trainer_command
 from sage.engines.train.rows import rows_per_update
 from sage.engines.train.step import METRICS_FILE, load_policy, train_step
-from sage.stages.train import ACCELERATE_DIR, _train_isolated, accelerate_config_path, trainer_command
 from tests.engines.train.test_trainer import _rows
 
 TRAIN = dict(lora_rank=4, lora_alpha=8, lr=1e-3)
@@ -32,14 +31,13 @@ def _lora(path) -> dict:
 
 
 def _launch(tiny_model, directory, accelerate_config: str, batch: dict = PER_PROCESS) -> dict:
-    """The train stage's isolated path with `train.accelerate_config` set."""
-    cfg = SageConfig(run={"seed": SEED}, model={"dtype": "float32"},
-                     train={**TRAIN, **batch, "accelerate_config": accelerate_config})
+    """What the train stage runs with `train.accelerate_config` set (iteration 1: seed run.seed + 1)."""
+    cfg = TrainConfig(**TRAIN, **batch, accelerate_config=accelerate_config)
     out = directory / "adapters" / "iteration-1"
     out.parent.mkdir(parents=True)
     steps: list[dict] = []
-    metrics = _train_isolated(SimpleNamespace(cfg=cfg, iteration=1, adapter=None), str(tiny_model), _rows(**ROWS),
-                              out, steps.append)
+    metrics = train(str(tiny_model), None, str(out), _rows(**ROWS), cfg, seed=SEED + 1, dtype="float32",
+                    on_step=steps.append)
     assert [s["step"] for s in steps] == list(range(1, metrics["n_updates"] + 1))  # one report per update
     return {"metrics": metrics, "out": out}
 

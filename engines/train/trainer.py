@@ -1,0 +1,370 @@
+"""The TRL side of a training step: `StoredRowsTrainer`, a `GRPOTrainer` subclass fed stored rows in the order of
+`BlockRepeatSampler`, and `build_trainer`, which configures it for one pass over the rows and captures TRL's
+per-update logs (`UpdateLog`).
+
+SAGE scores and normalises advantages itself (TRR++: per role), so TRL must neither generate nor score nor
+re-normalise anything. TRL is pinned to 1.16; `tests/engines/train/test_trainer.py` checks the shapes of the
+private methods below. The overrides, each with its reason:
+
+- `_get_train_sampler`: TRL's `RepeatSampler` repeats each prompt `num_generations` times and drops a short last
+  block; stored rows are each trained once. `BlockRepeatSampler` yields a seeded permutation of the rows in
+  blocks of one generation batch (one update: `minibatch_size * grad_accum * processes` rows), each block
+  `grad_accum` times in a row as TRL's `_prepare_inputs` expects, a short last block padded with a dummy index.
+  Under `accelerate launch` process k gets the k-th contiguous slice of each block.
+- `_generate_and_score_completions`: the batch comes from the stored rows, not from generation (`stored_batch`:
+  TRL's layout, the stored advantage, scaled per role with `role_mean`, each row's sampling temperature, the
+  stored sampling log-probs as `old_per_token_logps` when every row has them, else TRL's ratio is 1, the
+  on-policy gradient). Dummy rows become fully masked rows, so every process has a batch of the same shape.
+- `_prepare_inputs`: TRL's, except that it cuts the generation batch into micro-batches by length instead of at
+  random: longest first, so rows of similar length share a padded pass; where passes pack their rows (the CPU
+  attention), dealt in snake order (`dealt`), so the largest pass, which sets the peak memory, is not the
+  update's longest rows together. Which rows make an update stays the sampler's choice.
+- `_get_per_token_logps_and_entropies`: scores through `logprobs.completion_logprobs`, each row at its own
+  sampling temperature (TRL's is one number, kept at 1.0), only the completion tokens that exist, the entropy
+  only when asked for; under bf16 autocast where the base is bf16.
+- `_compute_loss`: hands the micro-batch's temperatures to the method above (TRL's call has no place for them)
+  and drops the padding columns the micro-batch does not use, then calls TRL's.
+- `create_optimizer`, `create_scheduler` (public hooks): load AdamW's and the scheduler's state carried from the
+  previous iteration's adapter, so the optimisation continues across iterations.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+from datasets import Dataset
+from torch.utils.data import Sampler
+from transformers import AutoTokenizer, TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import split_tensor_dict, use_adapter
+
+from sage.configs.schema import TrainConfig
+from sage.engines.llm.models import adapter_compute_dtype
+from sage.engines.train.attention import packs
+from sage.engines.train.logprobs import add_completion_head, completion_logprobs
+from sage.engines.train.rows import TrainRow, role_weights
+
+#: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
+BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
+              "temperatures")
+OPTIONAL_BATCH_KEYS = ("old_per_token_logps", "ref_per_token_logps")
+
+
+class BlockRepeatSampler(Sampler):
+    """Row indices in a seeded random (or the given) order, in blocks of `block`, each block `repeats` times in a
+    row; a short last block is filled with `dummy` (an index whose row the trainer masks out entirely)."""
+
+    def __init__(self, n_rows: int, block: int, repeats: int, dummy: int, shuffle: bool, seed: int):
+        self.n_rows, self.block, self.repeats, self.dummy = n_rows, block, repeats, dummy
+        self.shuffle, self.seed = shuffle, seed
+
+    def __iter__(self):
+        order = list(range(self.n_rows))
+        if self.shuffle:
+            order = torch.randperm(self.n_rows, generator=torch.Generator().manual_seed(self.seed)).tolist()
+        for start in range(0, self.n_rows, self.block):
+            chunk = order[start:start + self.block]
+            chunk += [self.dummy] * (self.block - len(chunk))
+            for _ in range(self.repeats):
+                yield from chunk
+
+    def __len__(self) -> int:
+        return math.ceil(self.n_rows / self.block) * self.block * self.repeats
+
+
+def reordered(batch: dict, order: torch.Tensor) -> dict:
+    """A generation batch (its tensors one row per row) with its rows in `order`; the entries that are not one
+    per row (`num_items_in_batch`) as they are."""
+    rows = len(order)
+    return {k: v[order.to(v.device)] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == rows else v
+            for k, v in batch.items()}
+
+
+def longest_first(batch: dict) -> dict:
+    """A generation batch with its rows ordered by real tokens (prompt + completion), longest first; ties keep
+    their order."""
+    lengths = batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)
+    return reordered(batch, torch.sort(lengths, descending=True, stable=True).indices)
+
+
+def dealt(batch: dict, parts: int) -> dict:
+    """A generation batch ordered longest first, its rows dealt to `parts` equal contiguous micro-batches in snake
+    order (1, 2, .., parts, parts, .., 2, 1, ...), so that each micro-batch carries about the same tokens (as it
+    is, when `parts` is 1 or does not divide the rows)."""
+    rows = batch["prompt_mask"].size(0)
+    if parts <= 1 or rows % parts:
+        return batch
+    slots: list[list[int]] = [[] for _ in range(parts)]
+    for position in range(rows):
+        lap, i = divmod(position, parts)
+        slots[i if lap % 2 == 0 else parts - 1 - i].append(position)
+    return reordered(batch, torch.tensor([p for s in slots for p in s]))
+
+
+def stored_batch(rows: list[TrainRow | None], pad: int, weights: list[float] | None, logprobs: bool) -> dict:
+    """The tensors (on the CPU) of a generation batch of stored rows in TRL's layout: left-padded prompts,
+    right-padded completions, advantages (times `weights` when given), temperatures, and the stored log-probs as
+    `old_per_token_logps` when `logprobs`. A None row is a dummy: one attended prompt token, no completion."""
+    real = [r for r in rows if r is not None]
+    size = len(rows)
+    p_len = max([len(r.prompt_ids) for r in real] + [1])
+    c_len = max([len(r.completion_ids) for r in real] + [1])
+    out = {"prompt_ids": torch.full((size, p_len), pad, dtype=torch.long),
+           "prompt_mask": torch.zeros((size, p_len), dtype=torch.long),
+           "completion_ids": torch.full((size, c_len), pad, dtype=torch.long),
+           "completion_mask": torch.zeros((size, c_len), dtype=torch.long),
+           "advantages": torch.zeros(size, dtype=torch.float32),
+           "temperatures": torch.ones(size, dtype=torch.float32)}
+    if logprobs:
+        out["old_per_token_logps"] = torch.zeros((size, c_len), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        if r is None:  # no fully masked sequence: attention needs one key per row
+            out["prompt_mask"][i, -1] = 1
+            continue
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        out["prompt_ids"][i, p_len - p:] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        out["prompt_mask"][i, p_len - p:] = 1
+        out["completion_ids"][i, :c] = torch.tensor(r.completion_ids, dtype=torch.long)
+        out["completion_mask"][i, :c] = 1
+        out["advantages"][i] = float(r.advantage) * weights[i] if weights is not None else float(r.advantage)
+        out["temperatures"][i] = float(r.temperature)
+        if logprobs:
+            out["old_per_token_logps"][i, :c] = torch.tensor(r.logprobs, dtype=torch.float32)
+    return out
+
+
+def step_record(logs: dict, step: int, updates: int, tokens: int | None, seconds: float) -> dict:
+    """One optimizer update as the train stage stores it (`train_steps`): `step` of `updates` in this pass,
+    TRL's logged loss, grad norm, entropy, clip fraction (`clip_ratio/region_mean`) and learning rate, the
+    tokens of the update's rows, and the wall-clock seconds since the previous update ended."""
+    def number(key):
+        value = logs.get(key)
+        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+    return {"step": step, "updates": updates, "loss": number("loss"), "grad_norm": number("grad_norm"),
+            "entropy": number("entropy"), "clip_fraction": number("clip_ratio/region_mean"),
+            "learning_rate": number("learning_rate"), "tokens": tokens, "seconds": seconds}
+
+
+class UpdateLog(TrainerCallback):
+    """Keeps TRL's per-update logs of one pass (`steps`) and hands each update's `step_record` to `on_step` on the
+    main process as the update ends. TRL does not log tokens: `block_tokens` (each update's tokens, from the
+    trainer's seeded sampler) is filled once the trainer exists."""
+
+    def __init__(self, on_step: Callable[[dict], None] | None = None):
+        self.steps: list[dict] = []
+        self.block_tokens: list[int] = []
+        self.on_step = on_step
+        self._last = time.perf_counter()  # when the previous update (or training) ended
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return
+        self.steps.append({k: (float(v) if isinstance(v, (int, float)) else v) for k, v in logs.items()})
+        now = time.perf_counter()
+        if self.on_step is not None and state.is_world_process_zero:
+            k = state.global_step
+            tokens = self.block_tokens[k - 1] if k <= len(self.block_tokens) else None
+            self.on_step(step_record(logs, k, state.max_steps, tokens, now - self._last))
+        self._last = now
+
+
+class StoredRowsTrainer(GRPOTrainer):
+    """`GRPOTrainer` fed stored rollouts: no generation, no reward functions, no advantage normalisation (see the
+    module docstring). The model is a `PeftModel`; the train dataset holds one column, `row`: an index into
+    `rows`, -1 for the dummy row."""
+
+    def __init__(self, *args, rows: list[TrainRow], role_mean: bool = False, optimizer_state: dict | None = None,
+                 compute_dtype=None, **kwargs):
+        self.sage_rows = list(rows)
+        self.sage_compute_dtype = compute_dtype  # bf16 base + float32 LoRA: the adapter computes in bf16 too
+        self.sage_role_mean = role_mean
+        self.sage_roles = sorted({r.role for r in rows})  # the same on every process: all read all rows
+        self.sage_optimizer_state = optimizer_state  # {"optimizer": ..., "scheduler": ...} carried in
+        self.sage_seen: list[int] = []  # indices into `rows` this process trained on, in order
+        # Decided once for all rows, not per batch: a per-batch choice would depend on how the rows are split
+        # over processes. The backends store log-probs at the row's sampling temperature, the one it trains at.
+        self.sage_use_logprobs = bool(rows) and all(r.logprobs is not None for r in rows)
+        self.sage_temperatures = None  # of the rows being scored (set by `_compute_loss`, `_ref_logps`)
+        super().__init__(*args, **kwargs)
+        if self.aux_loss_enabled:
+            raise ValueError("the stored-rows trainer does not add a mixture-of-experts router loss; train a "
+                             "dense model or set the model's router_aux_loss_coef to 0")
+        add_completion_head(self.model.get_base_model())
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        if self.sage_optimizer_state is not None:
+            optimizer.load_state_dict(self.sage_optimizer_state["optimizer"])
+        return optimizer
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        fresh = self.lr_scheduler is None
+        scheduler = super().create_scheduler(num_training_steps, optimizer)
+        if fresh and self.sage_optimizer_state is not None and self.sage_optimizer_state.get("scheduler"):
+            scheduler.load_state_dict(self.sage_optimizer_state["scheduler"])
+        return scheduler
+
+    def _get_train_sampler(self, dataset=None):
+        n = len(self.sage_rows)
+        return BlockRepeatSampler(n, self.args.generation_batch_size, self.args.steps_per_generation *
+                                  self.num_iterations, dummy=n, shuffle=bool(self.shuffle_dataset), seed=self.args.seed)
+
+    def _prepare_inputs(self, generation_batch):
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        spg = self.args.steps_per_generation
+        if self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None:
+            batch = longest_first(self._generate_and_score_completions(generation_batch))
+            if packs(self.model):  # packed passes: the same tokens each, not the longest rows together
+                batch = dealt(batch, spg)
+            self._buffered_inputs = split_tensor_dict(batch, spg)
+        return self._buffered_inputs[self._step % spg]
+
+    def _generate_and_score_completions(self, inputs):
+        device = self.accelerator.device
+        spg = self.args.steps_per_generation
+        indices = [int(x["row"]) for x in inputs]
+        self.sage_seen.extend(i for i in indices if i >= 0)
+        # Dummy rows stay in the batch as masked rows, so every process has a batch of the same shape (TRL
+        # gathers per-row metrics across processes) and the per-sequence losses (grpo, dr_grpo) divide by
+        # the same row count whether the block is split over processes or not.
+        size = math.ceil(len(indices) / spg) * spg
+        rows: list[TrainRow | None] = [self.sage_rows[i] if i >= 0 else None for i in indices]
+        rows += [None] * (size - len(rows))
+        pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
+        weights = self._role_weights(rows) if self.sage_role_mean else None
+        output = {k: v.to(device) for k, v in stored_batch(rows, pad, weights, self.sage_use_logprobs).items()}
+        output["num_items_in_batch"] = self.accelerator.gather(output["completion_mask"].sum()).sum()
+        if self.beta != 0.0:
+            output["ref_per_token_logps"] = self._ref_logps(output)
+        return output
+
+    def _role_weights(self, rows: list[TrainRow | None]) -> list[float]:
+        """Per-row advantage multipliers that give each role the same weight in the update (`rows.role_weights`),
+        from each role's completion tokens in the block over all processes. TRL's `dapo` divides the token sum by
+        the block's tokens, and the clipped loss is linear in a positive advantage scale, so this is exact."""
+        counts = torch.zeros(len(self.sage_roles), dtype=torch.float64, device=self.accelerator.device)
+        for r in rows:
+            if r is not None:
+                counts[self.sage_roles.index(r.role)] += len(r.completion_ids)
+        counts = self.accelerator.gather(counts[None, :]).sum(dim=0).tolist()
+        return role_weights([None if r is None else r.role for r in rows], dict(zip(self.sage_roles, counts)))
+
+    @torch.no_grad()
+    def _ref_logps(self, batch):
+        """The reference policy's log-probs (`beta != 0`): with the adapter disabled (the base model) for a new
+        adapter, through TRL's "ref" copy of it for a retrained one (TRL builds no reference model for PEFT)."""
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        self.sage_temperatures = batch["temperatures"]
+        model = self.accelerator.unwrap_model(self.model)
+        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+            return self._get_per_token_logps_and_entropies(self.model, input_ids, attention_mask,
+                                                           batch["completion_ids"].size(1),
+                                                           batch_size=self.args.per_device_train_batch_size)[0]
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
+        """TRL's method, for text rows: each row at its temperature (`sage_temperatures`, set by the caller for
+        these rows), in chunks of `batch_size` rows. Returns (log-probs, entropies or None, None)."""
+        temperatures = self.sage_temperatures
+        if temperatures is None or len(temperatures) != input_ids.size(0):
+            raise RuntimeError("per-row temperatures were not set for this batch")
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            end = start + batch_size
+            with self._autocast(input_ids.device):
+                lp, ent = completion_logprobs(model, input_ids[start:end], attention_mask[start:end],
+                                              logits_to_keep, temperatures[start:end], entropy=compute_entropy)
+            logps.append(lp)
+            entropies.append(ent)
+        return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+
+    def _autocast(self, device):
+        """The forward's autocast: to the base model's dtype when that is bf16 (the float32 LoRA weights are cast
+        to it, their gradients and AdamW stay float32), else the accelerator's (mixed precision or off)."""
+        if self.sage_compute_dtype is None:
+            return self.accelerator.autocast()
+        return torch.autocast(device_type=device.type, dtype=self.sage_compute_dtype)
+
+    def _compute_loss(self, model, inputs):
+        # A micro-batch keeps the padding of its whole generation batch; drop the columns it does not use.
+        pm, cm = inputs["prompt_mask"], inputs["completion_mask"]
+        p_used = pm.any(dim=0).nonzero()
+        p0 = int(p_used[0]) if len(p_used) else pm.size(1) - 1
+        c_used = cm.any(dim=0).nonzero()
+        c1 = int(c_used[-1]) + 1 if len(c_used) else 1
+        if p0 > 0 or c1 < cm.size(1):
+            inputs = dict(inputs)
+            inputs["prompt_ids"] = inputs["prompt_ids"][:, p0:]
+            inputs["prompt_mask"] = pm[:, p0:]
+            for key in ("completion_ids", "completion_mask", "old_per_token_logps", "ref_per_token_logps",
+                        "sampling_per_token_logps", "importance_sampling_ratio", "tool_mask"):
+                value = inputs.get(key)
+                if isinstance(value, torch.Tensor) and value.dim() == 2:
+                    inputs[key] = value[:, :c1]
+        self.sage_temperatures = inputs["temperatures"]
+        return super()._compute_loss(model, inputs)
+
+
+def _unused_reward(prompts=None, completions=None, **kwargs):
+    """TRL requires a reward function; stored rows are already scored, so this is never called."""
+    raise RuntimeError("StoredRowsTrainer never scores completions")
+
+
+def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str,
+                  torch_dtype, optimizer_state: dict | None = None, on_step: Callable[[dict], None] | None = None):
+    """A `StoredRowsTrainer` for one pass over `rows` (all with a non-empty completion): TRL's `GRPOConfig` with one
+    update per generation batch, a constant learning rate, no reward scaling, the rows' indices as its dataset;
+    and the list it fills with TRL's per-update logs as `train()` runs. `optimizer_state` ({"optimizer",
+    "scheduler"} state dicts of the previous iteration's trainer) is loaded into the new optimizer and scheduler.
+    `on_step` gets each update's `step_record` as it ends. The caller removes `trainer.args.output_dir`."""
+    bs, ga = cfg.minibatch_size, cfg.grad_accum
+    if bs * ga == 1:  # TRL needs num_generations >= 2 dividing the generation batch
+        bs = 2
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="sage-trl-"),
+        per_device_train_batch_size=bs, gradient_accumulation_steps=ga, steps_per_generation=ga,
+        # the smallest divisor >= 2 of the generation batch: TRL requires one, nothing here uses it
+        num_generations=next(g for g in range(2, bs * ga + 1) if bs * ga % g == 0),
+        num_iterations=1,
+        max_steps=1,  # set below, once the number of processes is known
+        learning_rate=cfg.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, optim="adamw_torch",
+        max_grad_norm=cfg.max_grad_norm, epsilon=cfg.clip_eps_low, epsilon_high=cfg.clip_eps_high,
+        beta=cfg.kl_beta, loss_type=cfg.loss_type, scale_rewards="none",
+        max_completion_length=max(len(r.completion_ids) for r in rows),  # dr_grpo's constant normaliser
+        temperature=1.0,  # each row's own temperature is applied by `_get_per_token_logps_and_entropies`
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        bf16=torch_dtype == torch.bfloat16 and not device.startswith("cpu"), use_cpu=device.startswith("cpu"),
+        report_to=[], save_strategy="no", logging_steps=1, logging_strategy="steps", disable_tqdm=True,
+        seed=seed, data_seed=seed, shuffle_dataset=True, remove_unused_columns=False,
+        ddp_find_unused_parameters=False,  # every LoRA weight is used in every pass: DDP need not search
+        dataloader_num_workers=0, log_completions=False,
+    )
+    args.max_steps = math.ceil(len(rows) / args.generation_batch_size)  # one update per generation batch
+    log = UpdateLog(on_step)
+    trainer = StoredRowsTrainer(
+        model=model, reward_funcs=_unused_reward, args=args,
+        train_dataset=Dataset.from_dict({"row": list(range(len(rows))) + [-1]}),
+        processing_class=AutoTokenizer.from_pretrained(tokenizer_path), rows=rows, callbacks=[log],
+        role_mean=cfg.loss_weighting == "role_mean", optimizer_state=optimizer_state,
+        compute_dtype=adapter_compute_dtype(torch_dtype))
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    # Each update's tokens, over all processes: the sampler is seeded and the same on every process, and yields
+    # each block `steps_per_generation` times in a row.
+    indices, block = list(trainer._get_train_sampler()), args.generation_batch_size
+    for start in range(0, len(indices), block * args.steps_per_generation * trainer.num_iterations):
+        log.block_tokens.append(sum(len(rows[i].prompt_ids) + len(rows[i].completion_ids)
+                                    for i in indices[start:start + block] if 0 <= i < len(rows)))
+    return trainer, log.steps
