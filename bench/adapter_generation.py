@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.startup import ROOT, _tree_of
+from bench.startup import ROOT, tree_of
 
 QUESTIONS = ["What is 7 * 8?", "Find the sum of the first 20 odd numbers.", "What is 12% of 250?",
              "Solve x + 7 = 19 for x.", "What is the greatest common divisor of 18 and 24?",
@@ -103,7 +103,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"now": None}
         if args.revision:
-            trees[args.revision] = _tree_of(args.revision, Path(tmp) / "rev")
+            trees[args.revision] = tree_of(args.revision, Path(tmp) / "rev")
         best: dict[str, dict] = {}
         for _ in range(args.rounds):
             for name, tree in trees.items():

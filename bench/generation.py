@@ -9,8 +9,8 @@ tokens/s of each (best of `--repeat` interleaved runs: other processes on a smal
 noisy), their ratio, how many rows produced identical tokens, and % of a roofline measured in the same run:
 per decode step, time >= max(2 * params * batch / matmul FLOP/s, (weight bytes + KV bytes read) / copy
 bandwidth). `--sampled` adds our tokens/s at temperature 1 (the pipeline's setting). `--quick`: 64 new
-tokens, one run each. `--breakdown`: where a decode step of our fused path spends its time. Never run as a
-test.
+tokens, one run each. `--breakdown`: where a decode step of our backend spends its time, by operator (torch's
+profiler). Never run as a test.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import torch
 from sage.configs.schema import ModelConfig
 from sage.engines.llm import GenRequest
 from sage.engines.llm.hf import HFLLM
-from sage.engines.llm.sampling import argmax
 
 TOPICS = ["7*8", "the sum of the first 20 odd numbers", "a function that reverses a string",
           "why the sky is blue", "12% of 250", "the derivative of x^3", "a prime greater than 100",
@@ -110,57 +109,53 @@ def measure(llm: HFLLM, batch: int, args, flops: float, bw: float) -> str:
     return row
 
 
-def breakdown(args, batch: int = 64, prompt_len: int = 40, steps: int = 100) -> None:
-    """Where a decode step of the fused path spends its time: wall-clock timers around the matmuls, SDPA,
-    norms, rope and activation of every layer, and a greedy token choice, over `steps` steps after a prefill
-    of `prompt_len` random tokens per row."""
-    import collections
+# The parts of a decode step, by operator name (aten and oneDNN): what is left is other per-element work (the
+# rotary embedding, residual adds, copies, indexing).
+PARTS = {"matmuls": {"mm", "addmm", "addmm_", "linear", "matmul", "bmm", "_linear_pointwise"},
+         "attention": {"scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                       "_scaled_dot_product_attention_math", "_scaled_dot_product_efficient_attention"},
+         "RMSNorm": {"rms_norm", "_fused_rms_norm"},
+         "activation": {"silu", "silu_", "gelu"},
+         "token choice": {"argmax", "max", "topk", "sort", "softmax", "_softmax", "log_softmax", "_log_softmax",
+                          "multinomial"}}
 
-    import sage.engines.llm.hf_fast as hf_fast
 
-    spent = collections.Counter()
+def profile(llm: HFLLM, requests: list[GenRequest]) -> tuple[float, dict[str, float], int]:
+    """(wall seconds, operator self time in seconds per part of PARTS and "other operators", completion tokens)
+    of one `generate` call under torch's profiler."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
-    def timed(name, fn):
-        def wrapper(*a, **kw):
-            t = time.perf_counter()
-            out = fn(*a, **kw)
-            spent[name] += time.perf_counter() - t
-            return out
-        return wrapper
+    spent = dict.fromkeys([*PARTS, "other operators"], 0.0)
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        results = llm.generate(requests)
+        wall = time.perf_counter() - start
+    for event in prof.key_averages():
+        op = event.key.split("::")[-1]
+        part = next((name for name, ops in PARTS.items() if op in ops), "other operators")
+        spent[part] += event.self_cpu_time_total / 1e6
+    return wall, spent, sum(len(r.completions[0].token_ids) for r in results)
 
+
+def breakdown(args, batch: int = 64, steps: int = 100, warm: int = 5) -> None:
+    """Where a decode step of the `hf` backend spends its time: torch's profiler over two greedy `generate` calls
+    of the same `batch` prompts, `warm` and `warm + steps` new tokens; their difference is `steps` decode steps
+    (the prefill and the first steps cancel), split by the operators' self time into PARTS, other operators,
+    and the time outside any operator (Python, the decode loop)."""
     llm = HFLLM(ModelConfig(name=args.model, dtype=args.dtypes[-1], token_budget=1 << 20))
-    if not llm._fused_ok:
-        raise SystemExit(f"{args.model} does not run the fused path on this machine: nothing to break down")
-    saved = hf_fast._attend, hf_fast._rope, hf_fast.FusedLinear.__call__
-    hf_fast._attend, hf_fast._rope = timed("sdpa", hf_fast._attend), timed("rope", hf_fast._rope)
-    hf_fast.FusedLinear.__call__ = timed("matmuls", hf_fast.FusedLinear.__call__)
-    for layer in llm._fused.layers:
-        layer.norm1, layer.norm2, layer.act = timed("norms", layer.norm1), timed("norms", layer.norm2), \
-            timed("activation", layer.act)
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(100, llm.vocab_size // 2, (batch, prompt_len), generator=gen)
-    state = llm._new_state(batch, prompt_len + steps + 5)
-    lens, tok = torch.full((batch,), prompt_len), ids[:, -1:]
-    try:
-        with torch.inference_mode():
-            llm._forward(ids, torch.arange(prompt_len).expand(batch, -1), None, state, 0, prompt_len)
-            for t in range(steps + 5):
-                if t == 5:  # after warm-up
-                    spent.clear()
-                    start = time.perf_counter()
-                s = prompt_len + t
-                logits = llm._forward(tok, (lens + t).view(-1, 1), None, state, s, s + 1)
-                t0 = time.perf_counter()
-                tok = argmax(logits.float()).view(-1, 1)
-                spent["token choice"] += time.perf_counter() - t0
-            total = time.perf_counter() - start
-    finally:
-        hf_fast._attend, hf_fast._rope, hf_fast.FusedLinear.__call__ = saved
-    print(f"{llm.dtype}, batch {batch}, keys {prompt_len + 5}..{prompt_len + steps + 5}: "
-          f"{1e3 * total / steps:.1f} ms per decode step")
-    for name, sec in spent.most_common():
-        print(f"  {name:<13} {1e3 * sec / steps:6.1f} ms")
-    print(f"  {'rest':<13} {1e3 * (total - sum(spent.values())) / steps:6.1f} ms")
+    msgs = [[{"role": "user", "content": f"Explain {TOPICS[i % len(TOPICS)]} (case {i})."}] for i in range(batch)]
+    llm.generate([GenRequest(m, max_new_tokens=2, temperature=0) for m in msgs])  # warm-up: oneDNN builds kernels
+    short = profile(llm, [GenRequest(m, max_new_tokens=warm, temperature=0) for m in msgs])
+    long = profile(llm, [GenRequest(m, max_new_tokens=warm + steps, temperature=0) for m in msgs])
+    total = long[0] - short[0]
+    spent = {part: long[1][part] - short[1][part] for part in long[1]}
+    full = long[2] - short[2] == batch * steps
+    print(f"{llm.dtype}, batch {batch}, {steps} decode steps after {warm}: {1e3 * total / steps:.1f} ms per decode "
+          f"step" + ("" if full else f" ({long[2] - short[2]} of {batch * steps} tokens: rows ended early)"))
+    for name, sec in sorted(spent.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<16} {1e3 * sec / steps:6.1f} ms")
+    print(f"  {'outside operators':<16} {1e3 * (total - sum(spent.values())) / steps:6.1f} ms")
 
 
 def run(args) -> None:
@@ -194,7 +189,7 @@ def main() -> None:
     p.add_argument("--sampled", action="store_true", help="also time our backend sampling at temperature 1")
     p.add_argument("--quick", action="store_true", help="64 new tokens, one run each")
     p.add_argument("--breakdown", action="store_true",
-                   help="instead: time the parts of a batch-64 decode step of our fused path (last of --dtypes)")
+                   help="instead: time the parts of a batch-64 decode step of our backend (last of --dtypes)")
     args = p.parse_args()
     if args.quick:
         args.new_tokens, args.repeat = 64, 1

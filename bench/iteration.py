@@ -43,7 +43,7 @@ class Timed:
 
 class PeakMemory:
     """Samples the resident memory of this process and its children every `every` seconds and keeps the peak
-    per stage (the stage `current` names: set by the stage wrapper below), of this process alone (`own`: what
+    per stage (the stage `current` names: set by `stage_namer`), of this process alone (`own`: what
     GNU time's maximum RSS reports for `sage run`) and with its children (`peaks`: forked workers' shared pages
     count twice)."""
 
@@ -76,19 +76,24 @@ class PeakMemory:
         self._thread.join()
 
 
-def _track_stages(memory: PeakMemory) -> None:
-    """Name the running stage for `memory`: wraps the flow's `run_recorded` (bench only)."""
-    from sage.flows import iteration
+def stage_namer(memory: PeakMemory):
+    """A quiet display that names the running stage for `memory`: the flows wrap every stage in the session
+    display's `stage(iteration, name)`."""
+    from contextlib import contextmanager
 
-    inner = iteration.run_recorded
+    from sage.flows.progress import QUIET, Display
 
-    def run_recorded(ctx, stage, fn, **kw):
-        memory.current = str(stage)
-        try:
-            return inner(ctx, stage, fn, **kw)
-        finally:
-            memory.current = "between stages"
-    iteration.run_recorded = run_recorded
+    class StageNamer(Display):
+        @contextmanager
+        def stage(self, iteration: int, name: str):
+            memory.current = str(name)
+            try:
+                with super().stage(iteration, name) as shown:
+                    yield shown
+            finally:
+                memory.current = "between stages"
+
+    return StageNamer(mode=QUIET)
 
 
 def _warm_up_prefect() -> None:
@@ -130,7 +135,7 @@ def main() -> None:
     from sage.flows.session import Session
     from sage.flows.record import run_recorded
     from sage.stages import seed as seed_stage
-    from tests.tiny import build_tiny_model
+    from sage.engines.llm.tiny import build_tiny_model
     from sage.warehouse.queries import stage_states
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,13 +157,13 @@ def main() -> None:
         engines = {}
         engines["sandbox"] = Timed(Sandbox(cfg.sandbox), "sandbox", ("execute",), totals)
         engines["mathcheck"] = Timed(MathChecker(cfg.mathcheck), "math checks", ("check_many",), totals)
-        with Session(cfg.run.dir, engines=engines) as s:
+        memory = PeakMemory()
+        with Session(cfg.run.dir, engines=engines, display=stage_namer(memory)) as s:
             run_id = s.create_run(cfg, "bench")
             ctx = s.context(run_id, 0)
             run_recorded(ctx, "seed", seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)  # not timed
             _warm_up_prefect()  # the ephemeral API server starts once per process, not per iteration
-            with PeakMemory() as memory:
-                _track_stages(memory)
+            with memory:
                 for k in range(1, args.iterations + 1):
                     totals.clear()
                     memory.peaks, memory.own = {}, {}

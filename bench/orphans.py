@@ -1,7 +1,8 @@
-"""How often does SIGKILL of a pipeline leave a sandbox or math worker running? The owner of
-`tests/engines/verify/test_orphans.py` (a bwrap sandbox running a job that loops forever, and a math checker)
-is killed at a random moment 0-0.6 s after it starts them, N times; a run counts when any process it started
-still runs 33 s later (those are then killed). The test kills once, at one moment; this finds the rare ones.
+"""How often does SIGKILL of a pipeline leave a sandbox or math worker running? An owner process (a bwrap
+sandbox running a job that loops forever, and a math checker: the scenario of
+`tests/engines/verify/test_orphans.py`) is killed at a random moment 0-0.6 s after it starts them, N times; a
+run counts when any process it started still runs 33 s later (those are then killed). The test kills once, at
+one moment; this finds the rare ones.
 
     .venv/bin/python -m bench.orphans [--runs N] [--seed S] [--backend bwrap]
 """
@@ -18,8 +19,20 @@ import time
 
 import psutil
 
-from tests.engines.verify.test_orphans import OWNER
-from tests.processes import running
+# The process whose SIGKILL is under test: it starts a sandbox job that never ends and a math checker's workers.
+OWNER = """
+import sys, threading, time
+from sage.configs.schema import MathCheckConfig, SandboxConfig
+from sage.engines.verify.mathcheck import MathChecker
+from sage.engines.verify.sandbox import Job, Sandbox
+sandbox = Sandbox(SandboxConfig(backend=sys.argv[1], timeout_s=300, cpu_s=300))
+checker = MathChecker(MathCheckConfig(timeout_s=300))
+forever = Job("def f():\\n    while True: pass", "f", [[]])
+threading.Thread(target=lambda: sandbox.execute([forever]), daemon=True).start()
+threading.Thread(target=lambda: checker.check_many([("1", "1")] * 4), daemon=True).start()
+print("started", flush=True)
+time.sleep(600)
+"""
 
 
 def descendants(pid: int, seen: dict[int, psutil.Process]) -> None:
@@ -28,6 +41,19 @@ def descendants(pid: int, seen: dict[int, psutil.Process]) -> None:
             seen.setdefault(p.pid, p)
     except psutil.Error:
         pass
+
+
+def running(procs: list[psutil.Process]) -> list[tuple[int, list[str]]]:
+    """pid and command line of each process that still runs (not exited, not a zombie), each read inside one
+    guard: a watched process can exit or turn zombie between any two reads of it."""
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append((p.pid, p.cmdline()))
+        except psutil.NoSuchProcess:  # ZombieProcess is a NoSuchProcess
+            pass
+    return out
 
 
 def one_run(backend: str, kill_after_s: float) -> list[tuple[int, list[str]]]:

@@ -24,7 +24,7 @@ PACKAGES = {"configs": "configs", "engines": "engines", "flows": "flows", "stage
 HEAVY = ("torch", "transformers", "prefect", "pandas", "pyarrow", "pydantic", "yaml", "duckdb")
 
 
-def _tree_of(revision: str, into: Path) -> Path:
+def tree_of(revision: str, into: Path) -> Path:
     """A `sage` package importable from `into` (put on PYTHONPATH), holding `revision`'s files."""
     src = into / "src"
     src.mkdir(parents=True)
@@ -78,7 +78,7 @@ def main() -> None:
         from sage.warehouse import Warehouse
 
         Warehouse.open(tmp / "warehouse.duckdb").close()
-        before = _tree_of(a.revision, tmp / "rev") if a.revision else None
+        before = tree_of(a.revision, tmp / "rev") if a.revision else None
         commands = {'sql "select 1"': ["sql", "--dir", str(tmp), "select 1"],
                     "status": ["status", "--dir", str(tmp)], "config": ["config"]}
         head = f"{'command (best of ' + str(a.n) + ')':<28}{'now':>9}"

@@ -52,7 +52,7 @@ class SeedItem:
     question: str
     verifier: dict[str, Any]          # math: {"answer"}; code: {"entry_point", "inputs", "outputs"?}
     source: str
-    split: str = "seed"               # seed | validation | test (bench/heldout.py's fresh test set)
+    split: str = "seed"               # seed | validation | test (experiments/heldout.py's fresh test set)
     solution: str | None = None       # code: reference solution (run in the sandbox for outputs)
     input_generator: str | None = field(default=None, repr=False)  # codeio: code that makes the inputs
     where: str | None = field(default=None, repr=False)            # a user's file: PATH:LINE of the row

@@ -10,7 +10,7 @@ reply scores 1.0 there and fits the role's constraint regex). Challenger, Planne
 earlier turn: the same template filled with the example's fields as a user message, the reply as the
 assistant's, then the real task. Shown inline ("Example reply:" after the task), SmolLM2-135M copied it
 into unrelated answers, which then looped to the token limit; after a separate turn it answers the last
-message (`bench/prompts.py` measures both). Those examples are tasks unlike the seeds' (a train's
+message (`experiments/prompts.py` measures both). Those examples are tasks unlike the seeds' (a train's
 speed, counting vowels) and write no placeholder such as `\\boxed{...}`, which the model wrote literally.
 The Critic keeps its inline example: as a turn it copied no less and told good questions from bad ones no
 better.

@@ -16,7 +16,7 @@ import pytest
 
 from sage.warehouse import Warehouse
 from tests.flows.test_training_loop import SMALL
-from tests.processes import running
+from bench.orphans import running  # one helper for the tests and the benchmark that watch processes exit
 
 
 def _start(tiny_model, directory) -> tuple[subprocess.Popen, list[str]]:

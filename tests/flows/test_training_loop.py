@@ -10,7 +10,7 @@ import time
 import pytest
 
 from sage.warehouse import Warehouse
-from tests.tiny import TINY_RUN
+from sage.engines.llm.tiny import TINY_RUN
 
 SMALL = [*TINY_RUN, "validate.n_math=2", "validate.n_code=2", "train.minibatch_size=4"]
 

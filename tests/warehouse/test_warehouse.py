@@ -127,7 +127,7 @@ def test_second_writer_gets_clear_error_and_file_untouched(tmp_path):
     wh.insert_batch("runs", [_run_row()])
     wh.checkpoint()
     size, mtime = path.stat().st_size, path.stat().st_mtime_ns
-    code = ("import sys\nfrom warehouse import Warehouse, WarehouseBusy\n"
+    code = ("import sys\nfrom sage.warehouse import Warehouse, WarehouseBusy\n"
             "try:\n    Warehouse.open(sys.argv[1])\nexcept WarehouseBusy as e:\n    print(e); sys.exit(3)\n")
     r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 3

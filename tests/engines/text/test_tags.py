@@ -24,6 +24,8 @@ from sage.engines.text.tags import (
     role_regex,
 )
 
+pytestmark = pytest.mark.fast
+
 CODE_OK = """<question>Add two integers.</question>
 <signature>def add(a: int, b: int) -> int</signature>
 <solution>
@@ -460,7 +462,7 @@ def test_role_regex_has_no_bounded_repetition_of_an_alternation(budget):
 @pytest.fixture(scope="module")
 def xgr_compiler():
     xgr = pytest.importorskip("xgrammar")
-    from tests.tiny import build_tokenizer
+    from sage.engines.llm.tiny import build_tokenizer
 
     tok = build_tokenizer()
     return xgr, xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok)))

@@ -13,20 +13,7 @@ import psutil
 import pytest
 
 from sage.engines.verify.isolation import backend_possible
-from tests.processes import running
-
-OWNER = """
-import sys, threading, time
-from sage.configs.schema import MathCheckConfig, SandboxConfig
-from sage.engines.verify.mathcheck import MathChecker
-from sage.engines.verify.sandbox import Job, Sandbox
-sandbox = Sandbox(SandboxConfig(backend=sys.argv[1], timeout_s=300, cpu_s=300))
-checker = MathChecker(MathCheckConfig(timeout_s=300))
-threading.Thread(target=lambda: sandbox.execute([Job("def f():\\n    while True: pass", "f", [[]])]), daemon=True).start()
-threading.Thread(target=lambda: checker.check_many([("1", "1")] * 4), daemon=True).start()
-print("started", flush=True)
-time.sleep(600)
-"""
+from bench.orphans import OWNER, running  # the owner script the benchmark times, and its process reader
 
 
 @pytest.mark.parametrize("backend", ["bwrap", "unshare", "rlimit"])

@@ -32,7 +32,7 @@ from sage.engines.verify.isolation import UIDS
 from sage.engines.verify.outputs import outputs_equal, reference_outputs, score_outputs
 from sage.engines.verify.sandbox import ExecResult, Job, Sandbox, available_backends
 from sage.engines.verify.child import Opaque, decode_value, encode_value
-from tests.processes import running
+from bench.orphans import running  # one helper for the tests and the benchmark that watch processes exit
 
 BACKENDS = available_backends()
 TIMEOUT_S = 2.0

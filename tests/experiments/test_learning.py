@@ -1,5 +1,5 @@
-"""bench/learning.py: its statistics on known values, and a two-iteration run on the tiny model that a second
-invocation resumes without recomputing anything; bench/heldout.py on that run's checkpoint."""
+"""experiments/learning.py: its statistics on known values, and a two-iteration run on the tiny model that a
+second invocation resumes without recomputing anything; experiments/heldout.py on that run's checkpoint."""
 
 import csv
 import json
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.learning import mcnemar_exact, wilson
-from bench.learning_report import kept_iteration
+from experiments.learning import mcnemar_exact, wilson
+from experiments.learning_report import kept_iteration
 from sage.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,10 +47,10 @@ def test_exact_mcnemar_matches_scipy():
         assert mcnemar_exact(b, c) == pytest.approx(stats.binomtest(b, b + c, 0.5).pvalue, rel=1e-12)
 
 
-def _bench(out: Path) -> subprocess.CompletedProcess:
+def _learning(out: Path) -> subprocess.CompletedProcess:
     # grammar annealing from the second iteration on: the Solver's and the Planner's training samples all drawn
     # without the grammar
-    return subprocess.run([sys.executable, "-m", "bench.learning", "--model", "tiny", "--iterations", "2",
+    return subprocess.run([sys.executable, "-m", "experiments.learning", "--model", "tiny", "--iterations", "2",
                            "--set", "roles.solver.unconstrained=[0.0, 1.0]",
                            "--set", "roles.planner.unconstrained=[0.0, 1.0]", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -65,8 +65,8 @@ def _counts(out: Path) -> tuple[int, int]:
 def tiny_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     # Its own private Prefect server, as a user gets: the session-wide test server is a child of this process,
     # and the sandbox tests (later in the order) count stray children.
-    out = tmp_path_factory.mktemp("bench") / "learning"
-    return out, _bench(out)
+    out = tmp_path_factory.mktemp("experiments") / "learning"
+    return out, _learning(out)
 
 
 def test_two_iterations_on_the_tiny_model_then_a_resume_that_recomputes_nothing(tiny_run):
@@ -94,7 +94,7 @@ def test_two_iterations_on_the_tiny_model_then_a_resume_that_recomputes_nothing(
     assert "| val_pass1 |" in (out / "learning.md").read_text()
 
     cache, counts = (out / "measures.json").read_text(), _counts(out)
-    second = _bench(out)
+    second = _learning(out)
     assert second.returncode == 0, second.stderr[-3000:]
     again = json.loads((out / "measures.json").read_text())
     assert again["iterations"] == json.loads(cache)["iterations"]  # every measure came from the cache
@@ -105,8 +105,8 @@ def test_two_iterations_on_the_tiny_model_then_a_resume_that_recomputes_nothing(
 
 
 def _heldout(out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bench.heldout", "--out", str(out), "--n", "12", "--iteration", "2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, "-m", "experiments.heldout", "--out", str(out), "--n", "12",
+                           "--iteration", "2"], cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
 def _outcome(wh, iteration: int) -> dict[str, bool]:

@@ -1,13 +1,14 @@
 """The checkpoint a learning run keeps, against the base model, on a fresh test set it was never chosen on.
 
-    .venv/bin/python -m bench.heldout --out DIR [--n N] [--iteration K ... | --all]
+    .venv/bin/python -m experiments.heldout --out DIR [--n N] [--iteration K ... | --all]
 
-`bench/learning.py` picks the best checkpoint on its validation set, so that set's score of the pick is biased
-upwards (the best of N noisy scores) and its McNemar test against the base model is too optimistic. This
-measures the pick again on test problems that took no part in any choice: `--n` math problems of the run's
-own generators (default 300, or fewer when a generator has not that many left: as many as keep every
-generator's share equal, which it says; an explicit `--n` that does not fit is an error naming the short ones) (`seeds.math_generators`), as many of each generator as the others (the validation set's
-mix), drawn from generator seeds disjoint from the seed and validation splits (`SPLIT_OFFSETS`), and none
+`experiments/learning.py` picks the best checkpoint on its validation set, so that set's score of the pick is
+biased upwards (the best of N noisy scores) and its McNemar test against the base model is too optimistic. This
+measures the pick again on test problems that took no part in any choice: `--n` math problems of the run's own
+generators (`seeds.math_generators`; default 300, or fewer when a generator has not that many left: as many as
+keep every generator's share equal, which it says; an explicit `--n` that does not fit is an error naming the
+short ones), as many of each generator as the others (the validation set's mix), drawn from generator seeds
+disjoint from the seed and validation splits (`SPLIT_OFFSETS`), and none
 with the text of a question the run's warehouse holds (seed, validation or generated). The base model and
 the checkpoints asked for (default: the one validation kept, `checkpoints.is_best`; `--all`: every
 trained one) each answer every problem through the real `validate` stage (greedy, the Solver's prompt and
@@ -26,7 +27,7 @@ import json
 import time
 from pathlib import Path
 
-from bench.learning import validation, wilson
+from experiments.learning import validation, wilson
 
 
 DEFAULT_N = 300
@@ -76,11 +77,12 @@ def _read_run(out: Path) -> dict:
 
     path = out / "warehouse.duckdb"
     if not path.exists():
-        raise SystemExit(f"{path} does not exist: --out is the folder of a `bench.learning` run")
+        raise SystemExit(f"{path} does not exist: --out is the folder of a `experiments.learning` run")
     with Warehouse.open(path, read_only=True) as wh:
         runs = [r["run_id"] for r in wh.rows("SELECT run_id FROM runs ORDER BY run_id")]
         if len(runs) != 1:
-            raise SystemExit(f"{path} holds {len(runs)} runs ({', '.join(runs)}); a bench.learning folder holds one")
+            raise SystemExit(f"{path} holds {len(runs)} runs ({', '.join(runs)}); an experiments.learning folder "
+                             f"holds one")
         run_id = runs[0]
         return {"run_id": run_id, "cfg": load_run_config(wh, run_id),
                 "adapters": {r["iteration"]: r["adapter_out"] for r in wh.rows(
@@ -160,7 +162,7 @@ def report(result: dict, command: str) -> str:
 
     kept = result["kept"]
     lines = [f"# Checkpoints against the base model on {total(0)[1]} fresh test problems (run {result['run_id']})",
-             "", f"- command: `.venv/bin/python -m bench.heldout {command}`",
+             "", f"- command: `.venv/bin/python -m experiments.heldout {command}`",
              f"- the kept checkpoint (chosen on validation): iteration {kept}; adapters: "
              f"{Path(its[ks[-1]]['adapter']).parent if its[ks[-1]]['adapter'] else '-'}", "",
              row("iteration", [f"{k}{' (kept)' if k == kept else ''}" for k in ks]), "|---|" + "---:|" * len(ks),
@@ -178,7 +180,7 @@ def main() -> None:
     import sys
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="the folder of a bench.learning run")
+    ap.add_argument("--out", required=True, help="the folder of an experiments.learning run")
     ap.add_argument("--n", type=int, help=f"test problems (default {DEFAULT_N}, or as many as every generator "
                                            f"has left, balanced)")
     ap.add_argument("--iteration", type=int, action="append", default=[],

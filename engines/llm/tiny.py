@@ -1,7 +1,8 @@
 """A tiny random Llama-style model and byte-level BPE tokenizer, built locally (nothing downloads).
 
-Every test that needs a model uses `build_tiny_model(dir)` through the `tiny_model` fixture in
-`conftest.py`; benchmarks may call it directly. Deterministic: the same call builds the same weights.
+What the tests, the benchmarks and the experiments run every model path on where the real model would be too
+slow: `build_tiny_model(dir)` (tests get it through the `tiny_model` fixture), and `TINY_RUN`, the `--set`
+overrides that size a `sage run` for it. Deterministic: the same call builds the same weights.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ _CORPUS = [
 
 
 # `--set` overrides that size a `sage run` of `cpu.yaml` for the tiny model: a few rows per stage, short
-# outputs, a rank-4 LoRA. Used by the flow tests and `bench.learning --model tiny`; later overrides win.
+# outputs, a rank-4 LoRA. Used by the flow tests and `experiments.learning --model tiny`; later overrides win.
 TINY_RUN = ["seeds.n_math=12", "seeds.n_code=4", "validate.n_math=4", "validate.n_code=4", "iteration.n_challenge=4",
             "iteration.n_plan=4", "iteration.n_probe=2", "iteration.n_solve=2", "roles.challenger.max_new_tokens=96",
             "roles.planner.max_new_tokens=48", "roles.critic.max_new_tokens=32", "roles.solver.max_new_tokens=64",

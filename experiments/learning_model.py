@@ -1,4 +1,4 @@
-"""The model-side measures of `bench/learning.py`: how far the policy moved (KL to the base model, log-prob
+"""The model-side measures of `experiments/learning.py`: how far the policy moved (KL to the base model, log-prob
 change of the rollouts with the highest and lowest advantages) and whether it writes the role tags by itself.
 
 `Scorer` teacher-forces stored token ids through the base model in float32, with or without a LoRA adapter

@@ -1,4 +1,4 @@
-"""bench/learning.py's results: the measures cache (`measures.json`), and the table and curves made from it.
+"""experiments/learning.py's results: the measures cache (`measures.json`), and the table and curves made from it.
 
 `measures.json` keeps every measure of every iteration with the parameters it was taken with, so a resumed
 run computes only what is missing; `learning.csv`, `learning.md` and the PNG curves are rewritten from it.

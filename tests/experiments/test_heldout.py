@@ -1,12 +1,12 @@
-"""bench/heldout.py's test set: fresh, balanced across generators, reproducible, and a clear error when a
+"""experiments/heldout.py's test set: fresh, balanced across generators, reproducible, and a clear error when a
 generator has too few problems left (the run on a tiny model is in test_learning.py)."""
 
 from collections import Counter
 
 import pytest
 
-from bench.heldout import fitting_n
-from bench.heldout import fresh_problems as draw
+from experiments.heldout import fitting_n
+from experiments.heldout import fresh_problems as draw
 from sage.configs import load_config
 from sage.engines.data.seeds import default_math
 from sage.warehouse import norm_hash

@@ -2,7 +2,7 @@
 Challenger's reward of admitted vs rejected questions (admitted must earn more), and validation per checkpoint
 (greedy pass@1, a code answer counting only when every test passes, and mean s_gt).
 
-    .venv/bin/python -m bench.rewards DIR     # DIR: the run directory (holding warehouse.duckdb)
+    .venv/bin/python -m experiments.rewards DIR     # DIR: the run directory (holding warehouse.duckdb)
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 QUERIES = {
     "admission": """
         SELECT iteration, coalesce(rejection_reason, 'admitted') AS outcome, count(*) AS questions
-        FROM questions WHERE origin = 'generated' AND admitted IS NOT NULL GROUP BY ALL ORDER BY iteration, questions DESC""",
+        FROM questions WHERE origin = 'generated' AND admitted IS NOT NULL
+        GROUP BY ALL ORDER BY iteration, questions DESC""",
     "Challenger reward, admitted vs rejected": """
         SELECT q.admitted, count(*) AS questions, round(avg(s.reward), 3) AS mean_reward,
                round(max(s.reward), 3) AS max_reward, round(max(s.advantage), 3) AS max_advantage
@@ -21,7 +22,8 @@ QUERIES = {
         WHERE q.origin = 'generated' AND q.admitted IS NOT NULL GROUP BY ALL ORDER BY 1""",
     "validation per checkpoint": """
         SELECT r.iteration, count(*) AS problems,
-               round(avg(CASE WHEN v.s_gt >= 1 THEN 1.0 ELSE 0.0 END), 3) AS pass_at_1, round(avg(v.s_gt), 3) AS mean_s_gt
+               round(avg(CASE WHEN v.s_gt >= 1 THEN 1.0 ELSE 0.0 END), 3) AS pass_at_1,
+               round(avg(v.s_gt), 3) AS mean_s_gt
         FROM rollouts r JOIN verdicts v USING (rollout_id) WHERE r.purpose = 'validate' GROUP BY 1 ORDER BY 1""",
 }
 
