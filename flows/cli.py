@@ -1,4 +1,5 @@
-"""The `sage` command line. Every command has --help and a line in README.md (a test keeps both true)."""
+"""The `sage` command line. Every command has --help, a row in README.md's command table and a section of
+docs/cli.md generated from its --help (tests keep all three true)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,9 @@ import pytest
 
 from sage.flows.cli import app
 
-README = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+CLI_MD = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
 COMMANDS = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
 
 
@@ -17,15 +19,56 @@ def _sage(*args):
 
 
 @pytest.mark.parametrize("name", COMMANDS)
-def test_every_command_has_help_and_a_readme_line(name):
+def test_every_command_has_help_a_readme_row_and_a_reference_section(name):
+    """Each command: its `--help` works, the README's commands table has a one-line row linking to its section of
+    docs/cli.md, and that section holds the generated help (tests/flows/test_cli_reference.py checks it is current)."""
     r = _sage(name, "--help")
     assert r.returncode == 0 and "Usage" in r.stdout
-    assert re.search(rf"^- `sage {name}\b[^`]*` — \S", README, re.M), f"README has no line for `sage {name}`"
+    row = rf"^\| \[`sage {re.escape(name)}`\]\(docs/cli\.md#sage-{re.escape(name)}\) \| \S[^\n]* \|$"
+    assert re.search(row, README, re.M), f"README's commands table has no row for `sage {name}`"
+    section = CLI_MD.split(f"\n## `sage {name}`\n", 1)
+    assert len(section) == 2, f"docs/cli.md has no section `sage {name}`"
+    assert f'<!-- [[[cog help("{name}")]]] -->' in section[1].split("\n## ", 1)[0]
 
 
 def test_readme_starts_with_the_commands():
+    """`make run` and `make test` are the README's first two commands; the head names the other test tiers."""
     head = README.split("\n## ")[0]
-    assert "make test" in head
+    first_block = re.search(r"```bash\n(.*?)```", head, re.S).group(1)
+    assert [line.split("#")[0].strip() for line in first_block.splitlines()][:2] == ["make run", "make test"]
+    assert "make test-fast" in head and "make lint" in head
+
+
+def test_readme_is_a_manual():
+    """The README stays a manual: short, with short table cells; measurements and experiments live in docs/."""
+    lines = README.splitlines()
+    assert len(lines) <= 380, f"README has {len(lines)} lines: move detail to docs/ (about 350 at most)"
+    cells = [(n, c.strip()) for n, line in enumerate(lines, 1) if line.startswith("|") for c in line.split("|")[1:-1]]
+    long = [(n, len(c)) for n, c in cells if len(c) > 220]
+    assert not long, f"README table cells over 220 characters (line, length): {long}"
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    heads = re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/cli.md", "docs/learning.md", "docs/performance.md",
+                                 "docs/decisions.md"])
+def test_local_links_resolve(doc):
+    """Every relative link and image of the README and docs/ points at a file that exists (and a heading that
+    exists, where it names one)."""
+    path = ROOT / doc
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        assert dest.exists(), f"{doc} links to {target}, which does not exist"
+        if anchor and dest.suffix == ".md":
+            assert anchor in _anchors(dest), f"{doc} links to {target}: no such heading"
 
 
 def test_status_on_empty_warehouse_says_how_to_start(tmp_path):
