@@ -9,6 +9,8 @@ from sage.flows.record import run_recorded
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse import Warehouse
 
+pytestmark = pytest.mark.fast
+
 
 def test_a_finished_stage_is_checkpointed_into_the_file(tmp_path):
     """At the end of every stage the write-ahead log is folded into the database file, so a damaged log can

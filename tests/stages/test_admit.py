@@ -10,6 +10,8 @@ from sage.stages import admit
 from sage.stages.context import StageContext
 from sage.warehouse import Warehouse, content_id, norm_hash
 
+pytestmark = pytest.mark.fast
+
 SEED = "What is the greatest common divisor of 12 and 18?"
 VALIDATION = "What is the least common multiple of 4 and 6?"
 BENCH = "Find the sum of all positive divisors of 36."

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 import sage.engines.llm
 from sage.configs import load_config
 from sage.stages.context import Engines
+
+pytestmark = pytest.mark.fast
 
 
 class _Model:

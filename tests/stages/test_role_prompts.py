@@ -11,6 +11,8 @@ from sage.stages.context import Engines, StageContext
 from sage.warehouse import Warehouse, norm_hash
 from tests.scripted import ScriptedLLM
 
+pytestmark = pytest.mark.fast
+
 SEED_CODE = "Write a function that returns the sum of the squares of a list of integers."
 GENERATED = "Return the product of the digits of a positive integer."
 

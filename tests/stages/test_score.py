@@ -22,6 +22,8 @@ from sage.stages.score import (
 )
 from sage.warehouse.ids import content_id
 
+pytestmark = pytest.mark.fast
+
 W = RewardsConfig()
 ALPHA = IterationConfig().alpha      # 0.7
 BETA = IterationConfig().beta        # 0.3

@@ -6,6 +6,8 @@ import pytest
 from sage.warehouse import Warehouse
 from sage.warehouse.checkpoints import Checkpoint, CheckpointNotFound, resolve_checkpoint
 
+pytestmark = pytest.mark.fast
+
 
 def test_checkpoint_names_resolve_from_the_checkpoints_table(tmp_path):
     with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:

@@ -1,10 +1,14 @@
 """`scores` rows carry the reward-formula version in their id: old and new rewards never share a row, a
 re-score is visible beside the old rows, and training and `role_rewards` read the newest version only."""
 
+import pytest
+
 from sage.stages.score import REWARD_VERSION, score_id
 from sage.warehouse import Warehouse
 from sage.warehouse.db import migrations
 from sage.warehouse.queries import training_rows
+
+pytestmark = pytest.mark.fast
 
 
 def _rollout(rid: str) -> dict:

@@ -11,6 +11,8 @@ from sage.engines.data.benchmarks import BenchmarkUnavailable, load_benchmark
 from sage.engines.data.files import RowFileError, read_records
 from sage.engines.data.seeds import SeedFileError, load_file
 
+pytestmark = pytest.mark.fast
+
 MATH = {"domain": "math", "question": "What is 2+3?", "answer": "5"}
 GSM = {"question": "What is 2+3?", "answer": "2+3=5\n#### 5"}
 

@@ -8,6 +8,8 @@ import pytest
 from sage.engines.text.answers import BOXED_OR_FBOX, extract_answer, last_boxed
 from sage.engines.text.tags import parse_solver
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("text,answer", [
     ("so \\boxed{\\frac{1}{2}} and finally \\boxed{x^{2}}", "x^{2}"),

@@ -1,0 +1,135 @@
+"""solve (stages/solve.py) on a ScriptedLLM and an in-memory warehouse: which new questions the difficulty probe
+answers (valid verifier, s_q >= alpha), the Solver's answers to planned questions with the plan shown only when
+it passed the gate, the parsed answers, re-runs and batches."""
+
+from __future__ import annotations
+
+import pytest
+
+from sage.configs.names import Purpose, Role, Stage
+from sage.stages import plan, solve
+from sage.stages.prompts import TEMPLATE_VERSION
+from sage.stages.rollouts import Unit
+from sage.warehouse import content_id, norm_hash, seed_from_id
+from tests.scripted import prompt_text
+
+pytestmark = pytest.mark.fast
+
+# the Solver's samples of every question, and the answers parsed from them
+ANSWERS = ["Six and one. <answer>\\boxed{7}</answer>", "So it is \\boxed{8}.", "I do not know."]
+PARSED = [("\\boxed{7}", 1.0), ("\\boxed{8}", 0.0), (None, 0.0)]
+
+
+def question(qid: str, text: str, origin: str = "generated", **extra) -> dict:
+    row = dict(question_id=qid, origin=origin, domain="math", text=text, verifier={"answer": "7"},
+               norm_hash=norm_hash(text))
+    if origin == "generated":
+        row.update(run_id="r", iteration=1, rollout_id=f"rollout-{qid}")
+    return {**row, **extra}
+
+
+def solver(req) -> list[str]:
+    return ANSWERS[:req.n]
+
+
+def snapshot(ctx) -> list[dict]:
+    return ctx.wh.rows("SELECT * EXCLUDE (created_at) FROM rollouts ORDER BY rollout_id")
+
+
+def test_the_probe_answers_questions_that_can_earn_difficulty(scripted_stage):
+    ctx, llm = scripted_stage(solver, "iteration.n_probe=3")      # alpha 0.7
+    ctx.wh.insert_batch("questions", [
+        question("good", "What is 3+4?", s_q=0.9, verifier_valid=True),
+        question("at_alpha", "What is 2+5?", s_q=0.7, verifier_valid=True),
+        question("low", "What is 1+6?", s_q=0.6, verifier_valid=True),
+        question("invalid", "What is 0+7?", s_q=0.9, verifier_valid=False),
+        question("unscored", "What is 7+0?", verifier_valid=True),
+        question("later", "What is 5+2?", s_q=0.9, verifier_valid=True, iteration=2),
+        question("other_run", "What is 4+3?", s_q=0.9, verifier_valid=True, run_id="other"),
+        question("seed", "What is 6+1?", "seed")])
+    report = solve.run_probe(ctx)
+
+    rows = ctx.wh.records("SELECT * FROM rollouts ORDER BY question_id, sample_index")
+    probed = [(q, j) for q in ("at_alpha", "good") for j in range(3)]     # alpha itself passes
+    assert [(r["question_id"], r["sample_index"]) for r in rows] == probed
+    assert all((r["stage"], r["role"], r["purpose"], r["template"], r["plan_id"])
+               == (Stage.PROBE, Role.SOLVER, Purpose.PROBE, TEMPLATE_VERSION["solver_math"], None) for r in rows)
+    assert [(r["parsed"]["answer"], r["format_reward"]) for r in rows] == PARSED * 2
+    assert [r["completion_text"] for r in rows] == ANSWERS * 2
+    for r in rows:      # one request per question; its samples share the request's seed, each has its own id
+        unit = Unit("solver_math", r["question_id"], "math", {}, n=3)
+        assert r["rollout_id"] == unit.rollout_id(ctx, Purpose.PROBE, r["sample_index"])
+        assert r["seed"] == seed_from_id(content_id(ctx.cfg.run.seed, unit.unit_id(ctx, Purpose.PROBE)))
+    assert llm.calls == [2] and [r.n for r in llm.requests] == [3, 3]
+    assert all("Plan (follow it)" not in prompt_text(r) for r in llm.requests)
+    assert (report.stage, report.rows_in, report.rows_out) == (Stage.PROBE, 2, 6)
+
+    before = snapshot(ctx)
+    again = solve.run_probe(ctx)
+    assert again.rows_out == 0 and llm.calls == [2] and snapshot(ctx) == before
+
+
+# pool question: whether its plan passed the gate
+GATED = {"What is 2+2?": True, "What is 10-3?": False, "Compute 6*7.": True}
+
+
+def plan_of(problem: str) -> str:
+    return f"1. Read: {problem}\n2. Compute."
+
+
+def problem_of(task: str) -> str:
+    return task.split("Problem:\n", 1)[1].split("\n", 1)[0]
+
+
+def planner_and_solver(req) -> str | list[str]:
+    task = prompt_text(req)
+    if "numbered plan" in task:
+        return f"<plan>\n{plan_of(problem_of(task))}\n</plan>"
+    return solver(req)
+
+
+def planned(scripted_stage, *overrides: str):
+    """A context whose iteration planned every pool question, each plan's gate decided as GATED says."""
+    ctx, llm = scripted_stage(planner_and_solver, "iteration.n_plan=10", "iteration.n_solve=2", *overrides)
+    ctx.wh.insert_batch("questions", [question(f"p{k}", t, "seed") for k, t in enumerate(GATED)])
+    plan.run(ctx)
+    plans = ctx.wh.rows("SELECT r.rollout_id, r.question_id, q.text FROM rollouts r JOIN questions q USING "
+                        "(question_id) WHERE r.purpose = 'plan'")
+    ctx.wh.insert_batch("plans", [dict(plan_id=p["rollout_id"], run_id="r", iteration=1, question_id=p["question_id"],
+                                       s_p=0.9 if GATED[p["text"]] else 0.1, passed=GATED[p["text"]]) for p in plans])
+    llm.calls.clear()
+    llm.requests.clear()
+    return ctx, llm, {p["rollout_id"]: p["text"] for p in plans}
+
+
+def test_the_solver_sees_a_plan_only_when_it_passed_the_gate(scripted_stage):
+    ctx, llm, plans = planned(scripted_stage)
+    report = solve.run_solve(ctx)
+
+    rows = ctx.wh.records("SELECT * FROM rollouts WHERE purpose = 'solve' ORDER BY plan_id, sample_index")
+    assert [(r["plan_id"], r["sample_index"]) for r in rows] == [(p, j) for p in sorted(plans) for j in range(2)]
+    for r in rows:
+        shown = GATED[plans[r["plan_id"]]]
+        kind = "solver_math_plan" if shown else "solver_math"
+        assert (r["stage"], r["role"], r["template"]) == (Stage.SOLVE, Role.SOLVER, TEMPLATE_VERSION[kind])
+        assert (f"Plan (follow it):\n{plan_of(plans[r['plan_id']])}" in r["prompt_text"]) == shown
+        assert (r["parsed"]["answer"], r["format_reward"]) == PARSED[r["sample_index"]]
+    # the request's last message is the task: the plan is in it exactly when it passed
+    tasks = [prompt_text(r) for r in llm.requests]
+    assert sorted(("Plan (follow it):" in t, problem_of(t)) for t in tasks) == sorted((v, k) for k, v in GATED.items())
+    assert llm.calls == [3] and [r.n for r in llm.requests] == [2, 2, 2]
+    assert report.rows_in == 3 and report.rows_out == 6 and report.info == {"with_plan": 2}
+
+
+def test_a_solve_rerun_regenerates_only_what_is_missing(scripted_stage):
+    ctx, llm, _ = planned(scripted_stage, "run.batch_rows=2")
+    solve.run_solve(ctx)
+    assert llm.calls == [2, 1]                          # whole batches of run.batch_rows units
+    before = snapshot(ctx)
+    assert solve.run_solve(ctx).rows_out == 0 and llm.calls == [2, 1] and snapshot(ctx) == before
+    lost = next(r for r in before if r["purpose"] == "solve" and r["sample_index"] == 1)
+    ctx.wh.execute("DELETE FROM rollouts WHERE rollout_id = ?", [lost["rollout_id"]])
+    report = solve.run_solve(ctx)
+    # the unit is asked again whole (n samples, the same seed); only the missing sample is written
+    assert report.rows_out == 1 and llm.calls == [2, 1, 1] and llm.requests[-1].n == 2
+    assert llm.requests[-1].seed == lost["seed"] and snapshot(ctx) == before
