@@ -9,7 +9,7 @@ This loop keeps what matters of it and adds what the pipeline needs:
   and rendered with the tokenizer's chat template. On the fast path the rows of one prompt (a request's n
   samples) prefill it once and copy its keys and values, and a prefix every prompt of the batch shares (the
   role's instructions and worked example: 158 of validation's ~183 tokens a prompt) is prefilled once for
-  the whole batch (at least `SHARED_PREFIX_MIN` tokens; `engines/llm/batch.py`).
+  the whole batch (at least `SHARED_PREFIX_MIN` tokens; `layout`).
 - Llama-style decoders (llama, qwen2, qwen3, mistral without a sliding window) run a fast path: the
   model's layers with fused q/k/v and gate/up matmuls (`engines/llm/hf_fast.py`; LoRA adapters added
   unmerged, others through the model's own modules), a preallocated KV cache written in place, attention
@@ -39,17 +39,82 @@ import contextlib
 import functools
 import gc
 import inspect
+import os
+from dataclasses import dataclass, field
 
 import torch
 
 from sage.configs.schema import ModelConfig
 from sage.engines.llm.base import Completion, GenRequest, GenResult, ProgressFn, sample_seed
-from sage.engines.llm.batch import Row, batches, layout
 from sage.engines.llm.hf_fast import FusedDecoder, module_layer
 from sage.engines.llm.models import adapter_compute_dtype, quiet_v6, resolve_dtype, resolve_model, trim_heap
 from sage.engines.llm.sampling import argmax, draw, log_normalizer, uniform
 
 FAST_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
+
+# The fewest tokens of a batch-wide shared prompt prefix worth a prefill pass of its own: shorter ones save
+# less than that pass's fixed cost (and a chat template's system header alone is ~15-20 tokens).
+SHARED_PREFIX_MIN = 32
+
+
+@dataclass
+class Row:
+    """One sample of a request: its prompt, sampling settings and what it has generated so far."""
+
+    request: int
+    index: int
+    prompt_ids: list[int]
+    max_new: int
+    temperature: float
+    top_p: float
+    seed: int
+    regex: str | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+    matcher: object = None
+
+
+def batches(rows: list[Row], token_budget: int):
+    """`rows` longest first (prompt + most new tokens), in batches of at most `token_budget` padded tokens."""
+    rows = sorted(rows, key=lambda r: (-(len(r.prompt_ids) + r.max_new), r.request, r.index))
+    batch, width = [], 0
+    for row in rows:
+        w = max(width, len(row.prompt_ids) + row.max_new)
+        if batch and (len(batch) + 1) * w > token_budget:
+            yield batch
+            batch, w = [], len(row.prompt_ids) + row.max_new
+        batch.append(row)
+        width = w
+    if batch:
+        yield batch
+
+
+def layout(rows: list[Row], P: int, N: int, pad_id: int, share: bool = True) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The batch's prompt ids (B, P), its key mask (B, P + N), and the length of the prefix its prompts
+    share in slots [0, shared).
+
+    Prompts are left-padded to P. When the distinct prompts of the batch share a prefix of at least
+    `SHARED_PREFIX_MIN` tokens (with `share`: the backend's fast path), it goes first in every row and the
+    padding goes between it and the rest, `[prefix][padding][rest]`, so its keys and values sit in the same
+    slots of every row and one pass computes them for all (`HFLLM._prefill`). Positions follow the unpadded
+    tokens, so each row's tokens keep the positions they have alone; the prefix keeps at least one token of
+    each prompt out of it (the pass over the rest gives each row's next-token logits)."""
+    shared = 0
+    if share and len({tuple(r.prompt_ids) for r in rows}) > 1:
+        shared = min(len(os.path.commonprefix([r.prompt_ids for r in rows])),
+                     min(len(r.prompt_ids) for r in rows) - 1)
+        shared = shared if shared >= SHARED_PREFIX_MIN else 0
+    ids = torch.full((len(rows), P), pad_id, dtype=torch.long)
+    keymask = torch.zeros((len(rows), P + N), dtype=torch.bool)
+    if shared:
+        ids[:, :shared] = torch.tensor(rows[0].prompt_ids[:shared])
+        keymask[:, :shared] = True
+    for b, r in enumerate(rows):
+        rest = r.prompt_ids[shared:]
+        ids[b, P - len(rest):] = torch.tensor(rest)
+        keymask[b, P - len(rest):] = True
+    return ids, keymask, shared
 
 
 class HFLLM:
@@ -209,7 +274,7 @@ class HFLLM:
         """The prompts' forward pass into cache slots [0, P): logits of each row's last prompt position. On the
         fast path rows with the same prompt (the samples of one request, adjacent in a batch) are run once and
         their keys, values and logits copied to each: a request of n samples prefills once, not n times. A
-        prefix all rows share (slots [0, shared), see `batch.layout`) runs once, for one row, and its keys and values
+        prefix all rows share (slots [0, shared), see `layout`) runs once, for one row, and its keys and values
         are copied to every row; the rest of each prompt then attends to them from the cache."""
         if not self.fast:
             return self._forward(ids, positions, keymask, state, 0, P)
