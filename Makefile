@@ -45,7 +45,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/basedpyright
 
-test: setup
+test: setup lint
 	$(BIN)/pytest -q
 
 # The under-a-minute tier for the edit-test loop: stage logic on a scripted model, no subprocess, server or model.

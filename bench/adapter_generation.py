@@ -41,8 +41,10 @@ QUESTIONS = ["What is 7 * 8?", "Find the sum of the first 20 odd numbers.", "Wha
 def child(args) -> dict:
     """One fresh process: build the backend and the adapter, time base and adapter generation."""
     import sage  # noqa: F401  (first: its OpenMP settings must be in place before torch starts)
+    # isort: split
     import torch
     from peft import LoraConfig, get_peft_model
+
     from sage.configs import load_config
     from sage.engines.llm import GenRequest
     from sage.engines.llm.hf import HFLLM

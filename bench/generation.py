@@ -19,7 +19,10 @@ import argparse
 import time
 
 import sage  # noqa: F401  (first: its OpenMP settings must be in place before torch starts)
+
+# isort: split
 import torch
+
 from sage.configs.schema import ModelConfig
 from sage.engines.llm import GenRequest
 from sage.engines.llm.hf import HFLLM

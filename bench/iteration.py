@@ -67,7 +67,7 @@ class PeakMemory:
             self.peaks[self.current] = max(self.peaks.get(self.current, 0), rss)
             self.own[self.current] = max(self.own.get(self.current, 0), own)
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         self._thread.start()
         return self
 
@@ -129,13 +129,13 @@ def main() -> None:
     import sage.engines.llm as llm_package
     from sage.configs import load_config
     from sage.engines.llm import load_llm
+    from sage.engines.llm.tiny import build_tiny_model
     from sage.engines.verify.mathcheck import MathChecker
     from sage.engines.verify.sandbox import Sandbox
     from sage.flows.evolve import evolve_flow
-    from sage.flows.session import Session
     from sage.flows.record import run_recorded
+    from sage.flows.session import Session
     from sage.stages import seed as seed_stage
-    from sage.engines.llm.tiny import build_tiny_model
     from sage.warehouse.queries import stage_states
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,15 +22,15 @@ import time
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # as flows/ does: an offline tool
 
-from prefect import flow  # noqa: E402
+from prefect import flow
 
-from sage.configs import load_config  # noqa: E402
-from sage.configs.schema import SandboxConfig  # noqa: E402
-from sage.engines.data.humaneval import expected_outputs, load_humaneval, record_missing_inputs  # noqa: E402
-from sage.engines.verify.sandbox import Sandbox  # noqa: E402
-from sage.flows.session import Session  # noqa: E402
-from sage.stages.context import StageContext  # noqa: E402
-from sage.stages.verify import verdicts  # noqa: E402
+from sage.configs import load_config
+from sage.configs.schema import SandboxConfig
+from sage.engines.data.humaneval import expected_outputs, load_humaneval, record_missing_inputs
+from sage.engines.verify.sandbox import Sandbox
+from sage.flows.session import Session
+from sage.stages.context import StageContext
+from sage.stages.verify import verdicts
 
 
 def code_rows() -> list[dict]:

@@ -199,7 +199,7 @@ def pick_model(name: str) -> tuple[str, str]:
             from sage.engines.llm.models import resolve_model
 
             return resolve_model(name, ModelConfig().cache_dir), name
-        except Exception as exc:  # noqa: BLE001 - any failure: fall back, and say so
+        except Exception as exc:  # any failure: fall back, and say so
             print(f"[bench] {name} unavailable ({type(exc).__name__}: {exc}); using a random mid-size Llama",
                   file=sys.stderr)
     path = random_llama(Path(tempfile.gettempdir()) / "sage-bench-llama-30m")

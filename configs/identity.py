@@ -90,7 +90,8 @@ def identity_diff(stored: SageConfig | dict, new: SageConfig | dict) -> list[str
     for section in sorted(set(a) | set(b)):
         x, y = a.get(section), b.get(section)
         if isinstance(x, dict) and isinstance(y, dict):
-            out += [_line(f"{section}.{f}", x.get(f), y.get(f)) for f in sorted(set(x) | set(y)) if x.get(f) != y.get(f)]
+            out += [_line(f"{section}.{f}", x.get(f), y.get(f))
+                    for f in sorted(set(x) | set(y)) if x.get(f) != y.get(f)]
         elif x != y:
             out.append(_line(section, x, y))
     return out

@@ -9,7 +9,7 @@ about DuckDB or Prefect.
 - `data/`: problems from outside: seeds, benchmarks (and how their code checks run), HumanEval.
 """
 
-# This folder is the package `sage.engines` (`sage/engines` links here); imported as a bare `engines` it would be a second
-# copy of every module, with its own enums and state.
+# This folder is the package `sage.engines` (`sage/engines` links here); imported as a bare `engines` it would be a
+# second copy of every module, with its own enums and state.
 if __name__ != "sage.engines":
     raise ImportError(f"import sage.engines, not {__name__}: this folder is the package sage.engines")

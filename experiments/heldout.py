@@ -29,7 +29,6 @@ from pathlib import Path
 
 from experiments.learning import validation, wilson
 
-
 DEFAULT_N = 300
 
 

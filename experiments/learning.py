@@ -184,11 +184,10 @@ def build_config(args) -> tuple[object, Path]:
 
 def measure(s, cache: Cache, args, run_id: str, k: int, state: dict) -> None:
     """Compute what `cache` lacks for iteration k, printing one line per measure computed."""
+    from experiments import learning_model as lm
     from sage.engines.llm.models import resolve_model
     from sage.stages.train import sampling_temperature
     from sage.warehouse.queries import iteration_adapter
-
-    from experiments import learning_model as lm
 
     wh, cfg = s.warehouse, s.run_config(run_id)
     adapter = iteration_adapter(wh, run_id, k) if k else None

@@ -19,9 +19,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sage.configs.schema import MathCheckConfig  # noqa: E402
-from sage.engines.data.benchmarks import load_benchmark  # noqa: E402
-from sage.engines.verify.mathcheck import MathChecker  # noqa: E402
+from sage.configs.schema import MathCheckConfig
+from sage.engines.data.benchmarks import load_benchmark
+from sage.engines.verify.mathcheck import MathChecker
 
 
 def pairs_of(golds: list[str], seed: int = 0) -> list[tuple[str, str, str]]:

@@ -26,17 +26,18 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sage.configs import load_config  # noqa: E402
-from sage.engines.text import tags  # noqa: E402
-from sage.engines.text.answers import last_boxed  # noqa: E402
-from sage.engines.llm.base import GenRequest  # noqa: E402
-from sage.stages.prompts import TEMPLATE_VERSION, render as current_render  # noqa: E402
-from sage.stages.rollouts import question_fields as solver_fields  # noqa: E402
+from sage.configs import load_config
+from sage.engines.llm.base import GenRequest
+from sage.engines.text import tags
+from sage.engines.text.answers import last_boxed
+from sage.stages.prompts import TEMPLATE_VERSION
+from sage.stages.prompts import render as current_render
+from sage.stages.rollouts import question_fields as solver_fields
 
 Render = Callable[..., list[dict]]
 GROUPS = ("solver math", "solver code", "challenger math", "challenger code", "planner", "critic")

@@ -15,8 +15,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from sage.engines.verify.isolation import die_with_parent
 

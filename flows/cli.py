@@ -8,14 +8,14 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import click
 import typer
 from typer.core import TyperGroup
 
-from sage.warehouse.db import warehouse_path
 from sage.flows.terminal import BUSY, console, err, expected_error, fail, print_rows, quiet_prefect_tracebacks
+from sage.warehouse.db import warehouse_path
 
 
 class _Commands(TyperGroup):
@@ -47,8 +47,10 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", help="Show a failure
     """SAGE: four roles (Challenger, Planner, Critic, Solver) evolve one LLM from seed problems."""
 
 
-ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="Profile name in configs/ (cpu, paper-7b) or a YAML path.")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override one field: section.field=value (repeatable).")]
+ConfigOpt = Annotated[str, typer.Option("--config", "-c",
+                                        help="Profile name in configs/ (cpu, paper-7b) or a YAML path.")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set",
+                                                  help="Override one field: section.field=value (repeatable).")]
 DirOpt = Annotated[Path, typer.Option("--dir", help="Project directory holding warehouse.duckdb.")]
 SkipBadOpt = Annotated[bool, typer.Option("--skip-bad", help="Load a seed file even when some of its code problems "
                                           "cannot be used (reported with file, line and reason, and skipped); "
@@ -114,7 +116,8 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = 
 def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"select * from curriculum_drift\".")],
         directory: DirOpt = Path("./sage-runs"),
         fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
-        write: Annotated[bool, typer.Option("--write", help="Open the warehouse for writing (default read-only).")] = False) -> None:
+        write: Annotated[bool, typer.Option("--write", help="Open the warehouse for writing (default read-only).")]
+        = False) -> None:
     """Run SQL against the warehouse and print the result as a table, CSV or JSON."""
     import duckdb
 
@@ -135,7 +138,7 @@ def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"select * f
 
 @app.command()
 def status(directory: DirOpt = Path("./sage-runs"),
-           run: Annotated[Optional[str], typer.Option("--run", help="Show only this run.")] = None) -> None:
+           run: Annotated[str | None, typer.Option("--run", help="Show only this run.")] = None) -> None:
     """List runs, their iterations and each stage's state."""
     from sage.warehouse.queries import question_counts, runs_overview, stage_states
 
@@ -166,8 +169,10 @@ def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
                   f"try: sage sql \"select * from curriculum_drift where run_id = '{run_id}'\" --dir {directory}")
 
 
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display: only warnings, errors and the final summary.")]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Also print Prefect's INFO log lines (above the live display) and a failure's traceback.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display: only warnings, errors and the "
+                                                              "final summary.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Also print Prefect's INFO log lines (above the live "
+                                                                  "display) and a failure's traceback.")]
 
 
 def _display(quiet: bool, verbose: bool, **shown):
@@ -184,9 +189,9 @@ def _display(quiet: bool, verbose: bool, **shown):
 
 def _run_flow(directory: str, fn, *args, engines: dict | None = None, display=None):
     """Run flow `fn` in a session for `directory` that shows progress on `display` (default: the terminal's),
-    reporting to the Prefect API of `flows/api_server.py`. SIGINT and SIGTERM stop it within seconds: the stage in flight ends
-    `interrupted` (its committed batches are kept), every helper this process started stops, and the command
-    says how to resume and exits 130 or 143."""
+    reporting to the Prefect API of `flows/api_server.py`. SIGINT and SIGTERM stop it within seconds: the stage in
+    flight ends `interrupted` (its committed batches are kept), every helper this process started stops, and the
+    command says how to resume and exits 130 or 143."""
     from sage.flows.api_server import prefect_api
     from sage.flows.progress import Display
     from sage.flows.record import Interrupted, ended, stopped_by_signals
@@ -208,8 +213,10 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None, display=No
 
 @app.command()
 def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = False,
-        iterations: Annotated[Optional[int], typer.Option("--iterations", "-n", min=1, help="Iterations to run, at least 1 (default: run.iterations).")] = None,
-        run_id: Annotated[Optional[str], typer.Option("--run", help="Run name (default: run-<config hash>, so the same config resumes).")] = None,
+        iterations: Annotated[int | None, typer.Option("--iterations", "-n", min=1, help="Iterations to run, at least "
+                                                       "1 (default: run.iterations).")] = None,
+        run_id: Annotated[str | None, typer.Option("--run", help="Run name (default: run-<config hash>, so the same "
+                                                   "config resumes).")] = None,
         quiet: QuietOpt = False, verbose: VerboseOpt = False) -> None:
     """Seed if needed, then run SAGE iterations as Prefect flows; resumes a run where it stopped."""
     from sage.flows.evolve import evolve_flow
@@ -221,7 +228,8 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
     _check_seed_file(cfg)
     with Session(directory) as s:
         rid = s.create_run(cfg, run_id)
-    console.print(f"run {rid}: {n} iteration(s) of {cfg.model.name} ({cfg.model.backend}); warehouse {warehouse_path(directory)}")
+    console.print(f"run {rid}: {n} iteration(s) of {cfg.model.name} ({cfg.model.backend}); "
+                  f"warehouse {warehouse_path(directory)}")
     summaries = _run_flow(directory, evolve_flow, directory, rid, n,
                           display=_display(quiet, verbose, run_id=rid, iterations=n))
     wh = _open(warehouse_path(directory), read_only=True)
@@ -235,7 +243,9 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
           run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage status`).")],
           iteration: Annotated[int, typer.Option("--iteration", "-i", help="Iteration number.")],
           directory: DirOpt = Path("./sage-runs"),
-          force: Annotated[bool, typer.Option("--force", help="Redo the stage even if it is done: replace its rows for the iteration; the stages after it become stale and the next `sage run` redoes them.")] = False,
+          force: Annotated[bool, typer.Option("--force", help="Redo the stage even if it is done: replace its rows for "
+                                              "the iteration; the stages after it become stale and the next `sage run` "
+                                              "redoes them.")] = False,
           quiet: QuietOpt = False, verbose: VerboseOpt = False) -> None:
     """Re-run exactly one stage of one iteration (skipped if done, unless --force)."""
     from sage.flows.iteration import RUNNABLE, stage_flow
@@ -256,7 +266,8 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
 @app.command()
 def report(run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage status`).")],
            directory: DirOpt = Path("./sage-runs"),
-           out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: <dir>/reports/<run>).")] = None) -> None:
+           out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: <dir>/reports/<run>).")]
+           = None) -> None:
     """Write PNG plots and an HTML page of a run's curriculum, rewards, gate and validation curve."""
     from sage.flows.report import write_report
     from sage.warehouse.runs import run_dirname
@@ -290,7 +301,8 @@ def export_parquet(run_id: Annotated[str, typer.Option("--run", help="Run id (se
 
 @app.command("config")
 def show_config(config: ConfigOpt = "cpu", set_: SetOpt = None,
-                schema: Annotated[bool, typer.Option("--schema", help="List every field with its help text.")] = False) -> None:
+                schema: Annotated[bool, typer.Option("--schema", help="List every field with its help text.")]
+                = False) -> None:
     """Print the resolved configuration (profile plus --set overrides) as YAML, or every field's help."""
     import yaml
 

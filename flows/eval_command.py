@@ -5,7 +5,7 @@ act on (bad config, busy warehouse, missing benchmark) ends through the command 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -26,17 +26,32 @@ def side_by_side(rows: list[dict]) -> list[dict]:
 
 
 def eval_command(
-        run_id: Annotated[Optional[str], typer.Option("--run", help="Run whose checkpoints to evaluate (see `sage status`); without it only the base model of --config.")] = None,
-        checkpoint: Annotated[Optional[list[str]], typer.Option("--checkpoint", help="base, best, latest or an iteration number (repeatable; default: base and best, or base without --run).")] = None,
-        benchmark: Annotated[Optional[list[str]], typer.Option("--benchmark", "-b", help="humaneval, math500, aime, gsm8k, mbppplus, olympiadbench, livecodebench; a hub set may name a local file: gsm8k=test.jsonl (repeatable; default: humaneval and math500).")] = None,
-        limit: Annotated[Optional[int], typer.Option("--limit", help="Evaluate only the first N problems of each benchmark.")] = None,
-        n: Annotated[int, typer.Option("--n", min=1, help="Samples per problem for pass@k (at roles.solver temperature); 1 = greedy pass@1 only.")] = 1,
-        k: Annotated[Optional[list[int]], typer.Option("--k", min=1, help="pass@k to report when --n > 1 (repeatable; default 1, 5, 10 and n where <= n).")] = None,
-        directory: Annotated[Optional[Path], typer.Option("--dir", help="Project directory holding warehouse.duckdb (default: run.dir of --config).")] = None,
-        config: Annotated[str, typer.Option("--config", "-c", help="Profile or YAML path for the model when evaluating without --run.")] = "cpu",
-        set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one field: section.field=value (repeatable; with --run, applied to the run's config).")] = None,
+        run_id: Annotated[str | None, typer.Option("--run", help="Run whose checkpoints to evaluate (see `sage "
+                                                   "status`); without it only the base model of --config.")] = None,
+        checkpoint: Annotated[list[str] | None, typer.Option("--checkpoint", help="base, best, latest or an iteration "
+                                                             "number (repeatable; default: base and best, or base "
+                                                             "without --run).")] = None,
+        benchmark: Annotated[list[str] | None, typer.Option("--benchmark", "-b", help="humaneval, math500, aime, "
+                                                            "gsm8k, mbppplus, olympiadbench, livecodebench; a hub set "
+                                                            "may name a local file: gsm8k=test.jsonl (repeatable; "
+                                                            "default: humaneval and math500).")] = None,
+        limit: Annotated[int | None, typer.Option("--limit", help="Evaluate only the first N problems of each "
+                                                  "benchmark.")] = None,
+        n: Annotated[int, typer.Option("--n", min=1, help="Samples per problem for pass@k (at roles.solver "
+                                       "temperature); 1 = greedy pass@1 only.")] = 1,
+        k: Annotated[list[int] | None, typer.Option("--k", min=1, help="pass@k to report when --n > 1 "
+                                                    "(repeatable; default 1, 5, 10 and n where <= n).")] = None,
+        directory: Annotated[Path | None, typer.Option("--dir", help="Project directory holding warehouse.duckdb "
+                                                       "(default: run.dir of --config).")] = None,
+        config: Annotated[str, typer.Option("--config", "-c", help="Profile or YAML path for the model when "
+                                            "evaluating without --run.")] = "cpu",
+        set_: Annotated[list[str] | None, typer.Option("--set", help="Override one field: section.field=value "
+                                                       "(repeatable; with --run, applied to the run's config).")]
+        = None,
 ) -> None:
-    """Evaluate the base model and checkpoints on benchmarks (greedy pass@1, pass@k with --n); print them side by side."""
+    """
+    Evaluate the base model and checkpoints on benchmarks (greedy pass@1, pass@k with --n); print them side by side.
+    """
     from rich.table import Table
 
     from sage.configs import load_config

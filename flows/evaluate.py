@@ -1,15 +1,15 @@
 """`sage eval`: the base model and checkpoints of a run on benchmarks, as a Prefect flow, side by side.
 
 One task per benchmark: its problems load once (code references run in the sandbox), then each checkpoint
-is evaluated on them. Every checkpoint name resolves before anything generates. Rows land in `evaluations` (see stages/evaluate.py for
-the id and what is stored); asking again for a stored evaluation generates nothing and shows the stored
-numbers. Without a run, the base model of `--config/--set` is evaluated (rows with run_id NULL). The command
-that starts it is in `eval_command.py`, which the CLI loads without Prefect.
+is evaluated on them. Every checkpoint name resolves before anything generates. Rows land in `evaluations` (see
+stages/evaluate.py for the id and what is stored); asking again for a stored evaluation generates nothing and
+shows the stored numbers. Without a run, the base model of `--config/--set` is evaluated (rows with run_id NULL).
+The command that starts it is in `eval_command.py`, which the CLI loads without Prefect.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Sequence
 
 from prefect import flow, task
 from prefect.cache_policies import NONE
@@ -39,8 +39,8 @@ def default_ks(n: int) -> list[int]:
 
 
 @task(task_run_name="evaluate-{benchmark}", cache_policy=NONE)
-def evaluate_task(directory: str, run_id: Optional[str], benchmark: str, checkpoints: list[str], limit: Optional[int],
-                  n: int, ks: list[int], config: str, overrides: Optional[list[str]]) -> list[tuple[str, str]]:
+def evaluate_task(directory: str, run_id: str | None, benchmark: str, checkpoints: Sequence[str], limit: int | None,
+                  n: int, ks: list[int], config: str, overrides: list[str] | None) -> list[tuple[str, str]]:
     """One benchmark for each checkpoint (its problems load once): (eval_id, checkpoint label) of every row."""
     with session.opened(directory) as s:
         cfg = eval_config(s, run_id, config, overrides)
@@ -56,9 +56,9 @@ def evaluate_task(directory: str, run_id: Optional[str], benchmark: str, checkpo
 
 
 @flow(name="sage-eval", flow_run_name="eval-{run_id}")
-def eval_flow(directory: str, run_id: Optional[str] = None, checkpoints: list[str] = list(DEFAULT_CHECKPOINTS),
-              benchmarks: list[str] = list(DEFAULT_BENCHMARKS), limit: Optional[int] = None, n: int = 1,
-              k: Optional[list[int]] = None, config: str = "cpu", overrides: Optional[list[str]] = None) -> list[dict]:
+def eval_flow(directory: str, run_id: str | None = None, checkpoints: Sequence[str] = DEFAULT_CHECKPOINTS,
+              benchmarks: Sequence[str] = DEFAULT_BENCHMARKS, limit: int | None = None, n: int = 1,
+              k: list[int] | None = None, config: str = "cpu", overrides: list[str] | None = None) -> list[dict]:
     """Evaluate each checkpoint ('base', 'best', 'latest', an iteration) on each benchmark (`name` or
     `name=local-file`): greedy pass@1, plus pass@k over n samples when n > 1. Returns the `evaluations`
     rows it stands for, each with a `label` (checkpoint as asked) and `setting` (greedy or sampled)."""

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -82,7 +82,7 @@ def export_command(
         run_id: Annotated[str, typer.Option("--run", help="Run id (see `sage status`).")],
         checkpoint: Annotated[str, typer.Option("--checkpoint", help="'best' (by validation), 'latest' or an "
                                                 "iteration number.")] = "best",
-        dest: Annotated[Optional[Path], typer.Option("--dest", help="New (or empty) directory to write; default "
+        dest: Annotated[Path | None, typer.Option("--dest", help="New (or empty) directory to write; default "
                                            "<dir>/exports/<run>-<checkpoint>[-merged].")] = None,
         directory: Annotated[Path, typer.Option("--dir", help="Project directory holding warehouse.duckdb.")]
         = Path("./sage-runs"),
@@ -100,7 +100,8 @@ def export_command(
         fail(str(e))
     try:
         if dest is None:
-            dest = Path(directory).expanduser() / "exports" / f"{run_dirname(run_id)}-{checkpoint}{'-merged' if merge else ''}"
+            dest = (Path(directory).expanduser() / "exports"
+                    / f"{run_dirname(run_id)}-{checkpoint}{'-merged' if merge else ''}")
         out = export_adapter(wh, run_id, checkpoint, dest, merge)
         target = resolve_checkpoint(wh, run_id, checkpoint)
     except ValueError as e:  # ExportError, an unknown run or checkpoint

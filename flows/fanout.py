@@ -10,9 +10,10 @@ back to the flow process in input order, which alone writes the warehouse.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from contextlib import nullcontext
 from importlib.util import find_spec
-from typing import Any, Iterator
+from typing import Any
 
 from sage.configs.schema import MathCheckConfig, OrchestrationConfig, SageConfig, SandboxConfig
 from sage.stages.fanout import ChunkFn

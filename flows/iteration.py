@@ -7,7 +7,7 @@ missing, and re-running it after success changes no row. `stage_flow` re-runs ex
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -22,8 +22,13 @@ from sage.flows.samples import samples_markdown
 from sage.flows.terminal import cell
 from sage.stages import admit, challenge, critique, plan, score, solve, train, validate, verify
 from sage.stages.context import StageContext, StageReport
-from sage.warehouse.queries import (finish_iteration, iteration_samples, iteration_states, iteration_summary,
-                                    start_iteration)
+from sage.warehouse.queries import (
+    finish_iteration,
+    iteration_samples,
+    iteration_states,
+    iteration_summary,
+    start_iteration,
+)
 from sage.warehouse.redo import later_iterations, stale_stages
 from sage.warehouse.runs import check_stage_target
 
@@ -71,7 +76,8 @@ SKIPPED = "skipped: done in warehouse"
 def summary_line(name: str, result: dict) -> str:
     """One line of what a stage did: rows in and out, then its key numbers (floats to 4 significant digits,
     control characters escaped)."""
-    numbers = ", ".join(f"{k} {cell(v)}" for k, v in result.items() if k not in ("rows_in", "rows_out") and v is not None)
+    numbers = ", ".join(f"{k} {cell(v)}" for k, v in result.items()
+                        if k not in ("rows_in", "rows_out") and v is not None)
     return f"{name}: {result['rows_in']} in, {result['rows_out']} out" + (f"; {numbers}" if numbers else "")
 
 

@@ -25,13 +25,13 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Column
 from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, Task, TextColumn, TimeElapsedColumn
+from rich.table import Column
 from rich.text import Text
 
 from sage.flows.terminal import plain
@@ -173,7 +173,7 @@ class Display:
 
     # -- the terminal while it runs
 
-    def __enter__(self) -> "Display":
+    def __enter__(self) -> Display:
         self._silence_tqdm()
         if self.mode == QUIET:
             self._route_logs(logging.WARNING)

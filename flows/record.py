@@ -11,8 +11,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.errors import is_interrupt

@@ -18,9 +18,9 @@ from __future__ import annotations
 import base64
 import html
 import io
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -28,8 +28,8 @@ from matplotlib.ticker import MaxNLocator
 
 from sage.flows.artifacts import artifact_key
 from sage.flows.samples import fenced, samples_html, samples_markdown
-from sage.warehouse.db import Warehouse
 from sage.warehouse import report_queries as q
+from sage.warehouse.db import Warehouse
 
 Tables = dict[str, list[dict]]
 REJECTION_REASONS = ("low_quality", "invalid_verifier", "duplicate", "near_duplicate", "contaminated", "unparseable")
@@ -97,7 +97,8 @@ def plot_quality(t: Tables) -> Figure | None:
         return None
     fig, ax = iteration_figure("Generated questions: mean quality s_q and difficulty")
     its = _column(rows, "iteration")
-    for name, label in (("mean_s_q", "mean s_q (Critic, 0-1)"), ("mean_difficulty", "mean difficulty (1 - probe s_gt)")):
+    for name, label in (("mean_s_q", "mean s_q (Critic, 0-1)"),
+                        ("mean_difficulty", "mean difficulty (1 - probe s_gt)")):
         if _has(rows, name):
             ax.plot(its, [float("nan") if v is None else v for v in _column(rows, name)], marker="o", label=label)
     ax.set_ylim(0, 1.05)

@@ -49,5 +49,6 @@ def samples_html(samples: list[dict]) -> str:
         for r in (x for x in samples if x["role"] == role):
             prompt, completion = (html.escape(_printable(r[k] or "")) for k in ("prompt_tail", "completion_text"))
             parts.append(f"<p><b>{html.escape(r['purpose'])}</b> ({html.escape(_numbers(r))})</p>"
-                         f"<details><summary>prompt (end)</summary><pre>{prompt}</pre></details><pre>{completion}</pre>")
+                         f"<details><summary>prompt (end)</summary><pre>{prompt}</pre></details>"
+                         f"<pre>{completion}</pre>")
     return "".join(parts)

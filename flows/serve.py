@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -75,12 +75,18 @@ def _check_cron(cron: str | None) -> None:
 
 
 def serve_command(
-        config: Annotated[str, typer.Option("--config", "-c", help="Profile name in configs/ (cpu, paper-7b) or a YAML path.")] = "cpu",
-        set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one field: section.field=value (repeatable).")] = None,
-        run_id: Annotated[Optional[str], typer.Option("--run", help="Run the deployments default to (default: run-<config hash>, as `sage run`).")] = None,
-        iterations: Annotated[Optional[int], typer.Option("--iterations", "-n", help="Iterations the evolve deployment runs (default: run.iterations).")] = None,
-        cron: Annotated[Optional[str], typer.Option("--cron", help="Schedule the evolve deployment, e.g. '0 */6 * * *' (a run resumes, so each tick continues it).")] = None,
-        register_only: Annotated[bool, typer.Option("--register-only", help="Create or update the deployments and return, without serving them.")] = False,
+        config: Annotated[str, typer.Option("--config", "-c", help="Profile name in configs/ (cpu, paper-7b) or a "
+                                            "YAML path.")] = "cpu",
+        set_: Annotated[list[str] | None, typer.Option("--set", help="Override one field: section.field=value "
+                                                       "(repeatable).")] = None,
+        run_id: Annotated[str | None, typer.Option("--run", help="Run the deployments default to (default: "
+                                                   "run-<config hash>, as `sage run`).")] = None,
+        iterations: Annotated[int | None, typer.Option("--iterations", "-n", help="Iterations the evolve deployment "
+                                                       "runs (default: run.iterations).")] = None,
+        cron: Annotated[str | None, typer.Option("--cron", help="Schedule the evolve deployment, e.g. '0 */6 * * *' "
+                                                 "(a run resumes, so each tick continues it).")] = None,
+        register_only: Annotated[bool, typer.Option("--register-only", help="Create or update the deployments and "
+                                                    "return, without serving them.")] = False,
 ) -> None:
     """Register Prefect deployments (evolve, iteration, stage, eval) on a running server and serve them."""
     from sage.configs import load_config
@@ -104,7 +110,8 @@ def serve_command(
         for d in deployments:
             d.apply()
         for d in deployments:
-            console.print(f"registered {d.flow_name}/{d.name}" + (f" (cron {cron})" if d.name == "evolve" and cron else ""))
+            console.print(f"registered {d.flow_name}/{d.name}"
+                          + (f" (cron {cron})" if d.name == "evolve" and cron else ""))
         console.print(f"start them from the UI ({url.removesuffix('/api')}) once `sage serve` is running")
         return
     from prefect import serve

@@ -1,6 +1,7 @@
 """The session a `sage` process works in: one project directory's warehouse (this process is its one writer for
-the session, holding the file only while it commits, so readers get in between), the engines of each run (a model loads once per process), the Ray fan-out when a run asks for it,
-and the live display (`flows/progress.py`) its stages report to.
+the session, holding the file only while it commits, so readers get in between), the engines of each run (a model
+loads once per process), the Ray fan-out when a run asks for it, and the live display (`flows/progress.py`) its
+stages report to.
 
 Flows and their tasks take plain parameters (directory, run id, iteration, stage name), as Prefect's own
 examples do, so deployments and the UI can start them and nothing unpicklable travels with a task to Ray.
@@ -13,11 +14,12 @@ set only inside that `with` block.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from sage.configs.schema import SageConfig
 from sage.flows.progress import QUIET, Display
@@ -27,7 +29,7 @@ from sage.warehouse import Warehouse, warehouse_path
 from sage.warehouse.queries import iteration_adapter
 from sage.warehouse.runs import create_run, load_run_config
 
-_CURRENT: ContextVar["Session | None"] = ContextVar("sage_session", default=None)
+_CURRENT: ContextVar[Session | None] = ContextVar("sage_session", default=None)
 
 
 class Session:
@@ -83,7 +85,8 @@ class Session:
             self._engines[key] = Engines(cfg, **self.given)
         engines = self._engines[key]
         return StageContext(cfg=cfg, wh=self.warehouse, run_id=run_id, iteration=iteration, adapter=adapter,
-                            progress=partial(self._report, iteration), engines=engines, fanout=self._fanout(cfg, engines))
+                            progress=partial(self._report, iteration), engines=engines,
+                            fanout=self._fanout(cfg, engines))
 
     def _report(self, iteration: int, *args, **kwargs) -> None:
         """A stage's progress goes to the display; a signal whose exception was swallowed stops it here."""
@@ -112,7 +115,7 @@ class Session:
             self._warehouse.close()
             self._warehouse = None
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         self._token = _CURRENT.set(self)
         return self
 

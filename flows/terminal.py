@@ -64,7 +64,8 @@ def print_rows(rows: list[dict], fmt: str = "table", title: str | None = None,
     empty result still shows its header; `count` adds "N rows" under the table, as DuckDB's shell does."""
     names = list(columns) if columns is not None else list(rows[0]) if rows else []
     if fmt == "json":
-        console.print_json(json.dumps(rows, default=str)) if sys.stdout.isatty() else print(json.dumps(rows, default=str))
+        console.print_json(json.dumps(rows, default=str)) if sys.stdout.isatty() \
+            else print(json.dumps(rows, default=str))
         return
     if fmt == "csv":
         import csv

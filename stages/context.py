@@ -8,8 +8,9 @@ fan-out (`stages/fanout.py`) is local unless the flow injects another.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from sage.configs.schema import SageConfig
 from sage.stages.fanout import Fanout, Local

@@ -21,10 +21,10 @@ from __future__ import annotations
 import re
 
 from sage.configs.names import Role
-from sage.engines.text import tags
 from sage.engines.data.benchmarks import BENCHMARKS, Problem, load_benchmark, pass_at_k
 from sage.engines.data.code_jobs import code_job, code_passes, complete_code_verifiers
 from sage.engines.llm.base import GenRequest
+from sage.engines.text import tags
 from sage.stages.context import StageContext, StageReport
 from sage.stages.prompts import TEMPLATE_VERSION
 from sage.stages.rollouts import prompt

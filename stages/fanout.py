@@ -11,7 +11,8 @@ own engines when local, a per-process cache on a Ray worker. Only the flow proce
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 ChunkFn = Callable[[Any, list], list]
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sage.configs.names import TRAINED_PURPOSES, Purpose, Role, Stage
-from sage.engines.text import tags
 from sage.engines.llm.base import GenRequest
+from sage.engines.text import tags
 from sage.stages.context import StageContext
 from sage.stages.prompts import TEMPLATE_VERSION, field_limit, render
 from sage.warehouse import content_id, seed_from_id

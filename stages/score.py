@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from sage.configs.names import Purpose, Role, Stage
 from sage.configs.schema import RewardsConfig

@@ -20,9 +20,18 @@ import json
 from sage.configs import ConfigError
 from sage.configs.names import Stage
 from sage.engines.data.files import file_digest
-from sage.engines.data.seeds import (CODEIO_INPUTS_PER_TASK, INPUTS_ENTRY, MATH_GENERATORS, SeedFileError, SeedItem,
-                                    default_code, default_math, function_params, input_generator_job_code,
-                                    load_source)
+from sage.engines.data.seeds import (
+    CODEIO_INPUTS_PER_TASK,
+    INPUTS_ENTRY,
+    MATH_GENERATORS,
+    SeedFileError,
+    SeedItem,
+    default_code,
+    default_math,
+    function_params,
+    input_generator_job_code,
+    load_source,
+)
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse import content_id, norm_hash
 from sage.warehouse.queries import existing_ids
@@ -161,7 +170,8 @@ def run(ctx: StageContext) -> StageReport:
         items, dropped = _complete_code(ctx, items)
         if dropped and not ctx.cfg.seeds.skip_bad:
             raise SeedFileError("\n".join([f"{len(dropped)} code problem(s) of {ctx.cfg.seeds.source} cannot be "
-                                             f"used (fix them, or load the rest with --skip-bad):"] + [f"  {i.where or i.source}: {why}" for i, why in dropped]))
+                                             f"used (fix them, or load the rest with --skip-bad):"]
+                                           + [f"  {i.where or i.source}: {why}" for i, why in dropped]))
     rows = [question_row(i) for i in items]
     have = existing_ids(ctx.wh, "questions", "question_id", [r["question_id"] for r in rows])
     rows = [r for r in rows if r["question_id"] not in have]

@@ -20,7 +20,8 @@ def run_probe(ctx: StageContext) -> StageReport:
     alpha = ctx.cfg.iteration.alpha
     questions = [q for q in generated_questions(ctx.wh, ctx.run_id, ctx.iteration)
                  if q["verifier_valid"] and q["s_q"] is not None and q["s_q"] >= alpha]
-    units = [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q), n=ctx.cfg.iteration.n_probe)
+    units = [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q),
+                  n=ctx.cfg.iteration.n_probe)
              for q in questions]
     _, written = generate(ctx, Stage.PROBE, Purpose.PROBE, units)
     return StageReport(Stage.PROBE, rows_in=len(questions), rows_out=written)

@@ -7,8 +7,9 @@ no plan, `validate.max_new_tokens`; purpose `validate`), verifies it with the ve
 and sandbox, and writes: the rollouts, their verdicts, and the iteration's `checkpoints` row's
 val_accuracy (pass@1: the share of answers with s_gt = 1, so a code answer counts only when every test
 passes), val_math and val_code (per domain; NULL for a domain without questions), and val_mean_s_gt (mean
-s_gt, partial credit included). val_accuracy decides `is_best` and early stopping. The row is created when training wrote none (iteration 0, or training off) with adapter_path
-'base' or the adapter's path; an existing row keeps its path and metrics.
+s_gt, partial credit included). val_accuracy decides `is_best` and early stopping. The row is created when
+training wrote none (iteration 0, or training off) with adapter_path 'base' or the adapter's path; an existing
+row keeps its path and metrics.
 Idempotency key: rollout id (run, iteration, 'validate', question, template) and verdict id = rollout id, so
 a re-run generates and verifies only what is missing and recomputes the same numbers.
 Fails: when training is on but iteration k has no adapter yet; engine errors propagate; bad answers score 0.

@@ -7,7 +7,7 @@ messages; token ids are the UTF-8 bytes, log-probs a constant. Never used outsid
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from sage.engines.llm.base import Completion, GenRequest, GenResult
 

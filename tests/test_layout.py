@@ -42,7 +42,8 @@ def _imports(path: Path, module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
             names.add(base)
             names |= {f"{base}.{a.name}" for a in node.names}
     return names

@@ -1,8 +1,8 @@
 """The DuckDB warehouse: the only place with SQL. See db.py (connection, migrations, writes), errors.py (what
 goes wrong, in words), ids.py (content-hash keys) and queries.py (named queries the stages and the CLI use)."""
 
-# This folder is the package `sage.warehouse` (`sage/warehouse` links here); imported as a bare `warehouse` it would be a second
-# copy of every module, with its own enums and state.
+# This folder is the package `sage.warehouse` (`sage/warehouse` links here); imported as a bare `warehouse` it would
+# be a second copy of every module, with its own enums and state.
 if __name__ != "sage.warehouse":
     raise ImportError(f"import sage.warehouse, not {__name__}: this folder is the package sage.warehouse")
 
@@ -10,4 +10,5 @@ from sage.warehouse.db import Warehouse, warehouse_path
 from sage.warehouse.errors import WarehouseBusy, WarehouseError, storage_error
 from sage.warehouse.ids import content_id, norm_hash, normalise_text, seed_from_id
 
-__all__ = ["Warehouse", "WarehouseBusy", "WarehouseError", "storage_error", "warehouse_path", "content_id", "norm_hash", "normalise_text", "seed_from_id"]
+__all__ = ["Warehouse", "WarehouseBusy", "WarehouseError", "storage_error", "warehouse_path", "content_id", "norm_hash",
+           "normalise_text", "seed_from_id"]

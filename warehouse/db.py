@@ -19,9 +19,10 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import duckdb
 
@@ -113,10 +114,10 @@ class Warehouse:
         self._depth = 0                 # nesting of held() blocks
         self._guard = threading.RLock()  # one thread at a time uses the connection
         self._writer = False            # whether this object holds the writer lock
-        self._schemas: dict[str, dict[str, "pa.DataType"]] = {}
+        self._schemas: dict[str, dict[str, pa.DataType]] = {}
 
     @classmethod
-    def open(cls, path: str | Path, read_only: bool = False, migrate: bool = True) -> "Warehouse":
+    def open(cls, path: str | Path, read_only: bool = False, migrate: bool = True) -> Warehouse:
         """Check the file (a damaged one raises `WarehouseDamaged`), apply pending migrations once, and return
         the warehouse with the file released. Opening for writing takes the writer lock: a second writer gets
         `WarehouseBusy` at once."""
@@ -211,7 +212,7 @@ class Warehouse:
         """Write the write-ahead log into the database file, so a damaged log can lose at most what came after."""
         self.execute("CHECKPOINT")
 
-    def __enter__(self) -> "Warehouse":
+    def __enter__(self) -> Warehouse:
         return self
 
     def __exit__(self, *exc) -> None:

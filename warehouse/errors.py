@@ -28,7 +28,7 @@ class WarehouseUnwritable(WarehouseError):
     """The file cannot be written: a full disk, a read-only file system, no permission."""
 
 
-def busy(path: str, pid: int) -> "WarehouseBusy":
+def busy(path: str, pid: int) -> WarehouseBusy:
     who = f"PID {pid}" if pid > 0 else "another process"
     return WarehouseBusy(f"warehouse in use by {who}: {path}. DuckDB allows one writer; wait for that process "
                          f"to finish (or stop it) and try again")

@@ -15,7 +15,7 @@ refused, so nothing unrelated is overwritten.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sage.warehouse.db import Warehouse
 
@@ -88,7 +88,7 @@ def export_run(wh: Warehouse, run_id: str, dest: str) -> dict[str, int]:
             con.execute(f"COPY ({select}) TO '{target}' ({options})", {"run": run_id})
     manifest = {"run_id": run_id, "schema_version": wh.schema_version(), "rows": counts,
                 "partitions": {t: p for t, (_, p) in TABLES.items()},
-                "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                "exported_at": datetime.now(UTC).isoformat(timespec="seconds")}
     text = json.dumps(manifest, indent=2)
     if fs is None:
         with open(f"{root}/{MANIFEST}", "w") as f:

@@ -19,8 +19,8 @@ import fcntl
 import os
 import struct
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 READ_WAIT_S = 10.0     # how long a reader waits for the writer to release the file before it gives up
 WAIT_NOTE_S = 5.0      # how long the writer waits for a reader before it says so (once)

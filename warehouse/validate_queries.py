@@ -2,7 +2,8 @@
 
 A checkpoint row is (run, iteration): iteration 0 is the base model (adapter_path 'base'), iteration k > 0
 the adapter iteration k trained (or 'base' again when training is off). Validation fills val_accuracy,
-val_math and val_code (greedy pass@1: s_gt = 1) and val_mean_s_gt; `mark_best` keeps exactly one `is_best` row per validated run.
+val_math and val_code (greedy pass@1: s_gt = 1) and val_mean_s_gt; `mark_best` keeps exactly one `is_best` row per
+validated run.
 """
 
 from __future__ import annotations

@@ -33,9 +33,10 @@ import json
 import pickle
 import textwrap
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sage.engines.data.assertions import CHECK_SEED
 from sage.engines.data.files import RowFileError, read_records
@@ -169,7 +170,8 @@ def _mbppplus(rows: list[dict]) -> list[Problem]:
         tid = str(r.get("task_id", i))
         pid = tid if tid.startswith("Mbpp/") else f"Mbpp/{tid}"
         if "base_input" in r:  # evalplus release format: no expected outputs, a reference solution
-            verifier = {"entry_point": r["entry_point"], "inputs": list(r["base_input"]) + list(r.get("plus_input") or []),
+            verifier = {"entry_point": r["entry_point"],
+                        "inputs": list(r["base_input"]) + list(r.get("plus_input") or []),
                         "reference": r["canonical_solution"], "compare": "evalplus", "atol": float(r.get("atol") or 0)}
             out.append(Problem("mbppplus", pid, "code", r["prompt"], verifier))
             continue
@@ -233,7 +235,8 @@ def _livecodebench(rows: list[dict]) -> list[Problem]:
                 raise BenchmarkUnavailable(f"livecodebench {r['question_id']}: functional tests but no "
                                            f"metadata.func_name")
             verifier = {"entry_point": metadata["func_name"], "method_of": "Solution",
-                        "inputs": [[json.loads(line) for line in t["input"].split("\n") if line.strip()] for t in tests],
+                        "inputs": [[json.loads(line) for line in t["input"].split("\n") if line.strip()]
+                                   for t in tests],
                         "outputs": [json.loads(t["output"]) for t in tests], "compare": "livecodebench"}
             if r.get("starter_code"):
                 question += f"\n\nComplete this code:\n```python\n{r['starter_code']}\n```"

@@ -41,7 +41,7 @@ def read_records(path: str | Path) -> list[tuple[str, Any]]:
 
         try:
             rows = pq.read_table(path).to_pylist()
-        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+        except Exception as e:  # pyarrow raises several types for a bad file
             raise RowFileError(f"{path}: not a readable Parquet file: {e}") from None
         return [(f"{path}:row {i + 1}", row) for i, row in enumerate(rows)]
     data = path.read_bytes()

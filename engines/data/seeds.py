@@ -88,7 +88,7 @@ def default_math(n: int, seed: int, split: str,
         for i in range(per):
             try:  # settings reasoning-gym takes but cannot generate with fail only here (e.g. weights of operators)
                 it = ds[i]
-            except Exception as e:  # noqa: BLE001 - the library's error, reported against the user's setting
+            except Exception as e:  # the library's error, reported against the user's setting
                 raise ConfigError(f"seeds.math_generators.{name}: reasoning-gym could not generate a problem with "
                                   f"{overrides}: {type(e).__name__}: {e}") from None
             items.append(SeedItem("math", it["question"].strip(), {"answer": str(it["answer"]).strip()},

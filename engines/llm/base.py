@@ -16,8 +16,9 @@ teacher-forced pass cannot reproduce. The list has one entry per entry of `token
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 ProgressFn = Callable[[int, int, int], None]  # (done_requests, total_requests, new_tokens_so_far)
 

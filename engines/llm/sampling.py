@@ -26,7 +26,7 @@ def uniform(seed: int, step: int) -> float:
     return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _block(vocab: int) -> int | None:
     """The divisor of `vocab` in [256, 4096] closest to 1024, or None (then rows are searched whole)."""
     fits = [c for c in range(256, 4097) if vocab % c == 0]

@@ -50,7 +50,7 @@ def syntax_error(code: str | None) -> str | None:
         ast.parse(code)
     except SyntaxError as e:
         return f"SyntaxError: {e.msg} (line {e.lineno})"
-    except Exception as e:  # noqa: BLE001 - ValueError (null bytes), RecursionError, MemoryError
+    except Exception as e:  # ValueError (null bytes), RecursionError, MemoryError
         return f"{type(e).__name__}: {e}"
     return None
 
@@ -67,7 +67,7 @@ def entry_point(signature: str | None, solution: str | None) -> str | None:
         for node in ast.parse(solution).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 return node.name
-    except Exception:  # noqa: BLE001 - unparseable code: fall back to the text
+    except Exception:  # unparseable code: fall back to the text
         pass
     m = _TOP_DEF_RX.search(solution)
     return m.group(1) if m else None
@@ -111,10 +111,10 @@ def parse_inputs(content: str | None) -> tuple[list[list[Any]], list[str]]:
             continue
         try:
             value = _json_value(line)
-        except Exception:  # noqa: BLE001 - not JSON nor a literal: try it as an argument list
+        except Exception:  # not JSON nor a literal: try it as an argument list
             try:
                 value = _json_value(f"[{line}]")
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 errors.append(f"line {n}: not a JSON array ({type(e).__name__}): {line[:80]}")
                 continue
         inputs.append(value if isinstance(value, list) else [value])

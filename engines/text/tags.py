@@ -17,13 +17,23 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sage.engines.text.answers import last_boxed
 from sage.engines.text.code import code_from, entry_point, last_fenced, parse_inputs, syntax_error
-from sage.engines.text.grammar import (CHARS_PER_TOKEN, DEFAULT_TOKENS, DOMAINS, REQUIRED_TAGS,  # noqa: F401 - re-exported
-                                 ROLE_REGEX, TAG_NAMES, role_bounds, role_key, role_regex)
+from sage.engines.text.grammar import (  # noqa: F401 - re-exported
+    CHARS_PER_TOKEN,
+    DEFAULT_TOKENS,
+    DOMAINS,
+    REQUIRED_TAGS,
+    ROLE_REGEX,
+    TAG_NAMES,
+    role_bounds,
+    role_key,
+    role_regex,
+)
 
 _TAG_RX = re.compile(r"<(/?)(" + "|".join(TAG_NAMES) + r")>", re.IGNORECASE | re.ASCII)
 # An integer 1..10 that is not part of a decimal, nor the "10" of "8/10" or "8 out of 10".
@@ -132,7 +142,7 @@ def _never_raises(empty_fields: Callable[..., dict[str, Any]]):
                 text = "" if text is None else str(text)
             try:
                 return fn(text, *domain)
-            except Exception as e:  # noqa: BLE001 - model output must never fail a stage
+            except Exception as e:  # model output must never fail a stage
                 return Parsed(empty_fields(*domain), 0.0, f"parser error: {type(e).__name__}: {e}")
         return inner
     return wrap

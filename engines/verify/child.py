@@ -59,7 +59,7 @@ def make_encoder(budget):
     def spend(n):
         left[0] -= n
         if left[0] < 0:
-            raise _OutputLimit("output exceeds %d bytes" % budget)
+            raise _OutputLimit(f"output exceeds {budget} bytes")
 
     def tag(name, payload):
         return {"t": name, "v": payload}
@@ -173,7 +173,7 @@ def decode_value(node, depth=0):
         return complex(v[0], v[1])
     if tag == "repr" and type(v) is str and type(node["type"]) is str:
         return Opaque(node["type"][:100], v[:200])
-    raise ProtocolError("bad tagged value %r" % (str(tag)[:20],))
+    raise ProtocolError(f"bad tagged value {str(tag)[:20]!r}")
 
 
 # ----------------------------------------------------------------------------------------- child side
@@ -201,7 +201,7 @@ def _enter_root(os, root, uid, gid, job):
         enc = lambda s: None if s is None else s.encode()  # noqa: E731
         if libc.mount(enc(src), enc(tgt), enc(fs), ctypes.c_ulong(flags), enc(data)) != 0:
             err = ctypes.get_errno()
-            raise OSError(err, "mount %s: %s" % (tgt, os.strerror(err)))
+            raise OSError(err, f"mount {tgt}: {os.strerror(err)}")
 
     def bind_ro(src, tgt):
         mount(src, tgt, None, BIND | REC)
@@ -222,9 +222,9 @@ def _enter_root(os, root, uid, gid, job):
         os.makedirs(root + extra, exist_ok=True)
         bind_ro(extra, root + extra)
     mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)
-    size = "size=%d,nr_inodes=%d" % (job["tmpfs_bytes"], job["tmpfs_inodes"])
+    size = f"size={job['tmpfs_bytes']},nr_inodes={job['tmpfs_inodes']}"
     mount("tmpfs", root + "/tmp", "tmpfs", NOSUID | NODEV, size + ",mode=1777")
-    mount("tmpfs", root + "/work", "tmpfs", NOSUID | NODEV, size + ",mode=0700,uid=%d,gid=%d" % (uid, gid))
+    mount("tmpfs", root + "/work", "tmpfs", NOSUID | NODEV, size + f",mode=0700,uid={uid},gid={gid}")
     mount("tmpfs", root + "/dev", "tmpfs", NOSUID | NOEXEC, "size=64k,nr_inodes=64,mode=0755")
     for dev in ("null", "zero", "urandom", "random"):
         open(root + "/dev/" + dev, "w").close()
@@ -310,7 +310,8 @@ def run(job, fd_out):
     import os
     import resource
     import sys
-    from _json import encode_basestring_ascii, make_encoder as c_make_encoder
+    from _json import encode_basestring_ascii
+    from _json import make_encoder as c_make_encoder
 
     _set_limits(resource, job["limits"])
 

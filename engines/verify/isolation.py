@@ -222,7 +222,8 @@ def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int
     if backend == "bwrap":
         binds = [a for d in extra for a in ("--ro-bind", d, d)]
         if root is not None:  # one private tmpfs, inode-capped, bound at /work, /tmp and /dev/shm alike
-            scratch = ["--bind", root, "/dev/shm", "--remount-ro", "/dev", "--bind", root, "/tmp", "--bind", root, "/work"]
+            scratch = ["--bind", root, "/dev/shm", "--remount-ro", "/dev", "--bind", root, "/tmp",
+                       "--bind", root, "/work"]
             if not IS_ROOT:  # bwrap runs as root of the mounting user namespace: map the sandbox back to our uid
                 scratch += ["--uid", str(os.getuid()), "--gid", str(os.getgid()), "--cap-drop", "ALL"]
         else:  # bwrap has no inode option for its tmpfs mounts: size caps only

@@ -88,7 +88,7 @@ def _worker() -> None:
                 result = bool(parsed(a))
             else:
                 result = 1.0 if equal(a, b) else 0.0
-        except BaseException:  # noqa: BLE001 - MemoryError, RecursionError, sympy internals
+        except BaseException:  # MemoryError, RecursionError, sympy internals
             result = False if op == "parse" else 0.0
         out.write(json.dumps([rid, result]) + "\n")
         out.flush()
@@ -191,7 +191,7 @@ class MathChecker:
     def __del__(self):
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:  # interpreter shutdown
             pass
 
     # scheduling -----------------------------------------------------------------------------

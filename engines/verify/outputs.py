@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import math
 
-from sage.engines.verify.sandbox import ExecResult, Job, Sandbox
 from sage.engines.verify.child import Opaque
+from sage.engines.verify.sandbox import ExecResult, Job, Sandbox
 
 
 def _num(x) -> bool:

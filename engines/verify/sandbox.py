@@ -52,9 +52,24 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sage.configs.schema import SandboxConfig
-from sage.engines.verify.isolation import BACKENDS, FSIZE_BYTES, IS_ROOT, NOFILE, TEARDOWN_S, TMPFS_BYTES, \
-    TMPFS_INODES, UIDS, backend_possible, child_dir, child_env, command, die_with_parent, interpreter, \
-    scratch_root_needed, teardown
+from sage.engines.verify.isolation import (
+    BACKENDS,
+    FSIZE_BYTES,
+    IS_ROOT,
+    NOFILE,
+    TEARDOWN_S,
+    TMPFS_BYTES,
+    TMPFS_INODES,
+    UIDS,
+    backend_possible,
+    child_dir,
+    child_env,
+    command,
+    die_with_parent,
+    interpreter,
+    scratch_root_needed,
+    teardown,
+)
 from sage.engines.verify.protocol import Records
 from sage.engines.verify.slot import Slot
 
@@ -108,7 +123,8 @@ def _tail(data: bytearray, cap: int = 4000) -> str:
 
 
 def _communicate(exited, streams: tuple[int, int], job_w: int, payload: bytes, res_r: int, records: Records,
-                 cfg: SandboxConfig, deadline: float, watch: int | None = None) -> tuple[str | None, bytearray, bytearray]:
+                 cfg: SandboxConfig, deadline: float,
+                 watch: int | None = None) -> tuple[str | None, bytearray, bytearray]:
     """Feed the job, read stdout/stderr/results until the end record, exit (`exited()`, checked at least every
     50 ms and whenever `watch` is readable), the deadline or a cap."""
     sel = selectors.DefaultSelector()

@@ -18,8 +18,18 @@ import subprocess
 import tempfile
 import time
 
-from sage.engines.verify.isolation import IS_ROOT, TMPFS_BYTES, TMPFS_INODES, UIDS, child_env, command, \
-    die_with_parent, interpreter, scratch_root_needed, teardown
+from sage.engines.verify.isolation import (
+    IS_ROOT,
+    TMPFS_BYTES,
+    TMPFS_INODES,
+    UIDS,
+    child_env,
+    command,
+    die_with_parent,
+    interpreter,
+    scratch_root_needed,
+    teardown,
+)
 
 
 class Slot:
@@ -83,7 +93,7 @@ class Slot:
             self.sock.settimeout(left)
             try:
                 data = self.sock.recv(64 - len(buf))
-            except (TimeoutError, socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 return None
             if not data:
                 return None

@@ -46,7 +46,7 @@ def _recv_job(sock, array):
     """One job's pipe ends from the parent, or None at end of stream (the slot closes)."""
     fds = array.array("i")
     msg, anc, _, _ = sock.recvmsg(64, __import__("socket").CMSG_SPACE(FDS_PER_JOB * fds.itemsize))
-    for level, kind, data in anc:
+    for _level, _kind, data in anc:
         fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
     if not msg:
         return None

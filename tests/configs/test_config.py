@@ -154,5 +154,6 @@ def test_a_config_stored_before_an_option_was_removed_loads_with_its_hash():
     assert config_hash(stored) == config_hash(new)
     stored["train"]["update_order"] = "by_prompt"
     assert config_hash(stored) != config_hash(new)
-    with pytest.raises(ConfigError, match=r"run r: train.update_order = \"by_prompt\" names an option that was removed"):
+    with pytest.raises(ConfigError,
+                       match=r"run r: train.update_order = \"by_prompt\" names an option that was removed"):
         config_from_dict(stored, source="run r")

@@ -3,10 +3,10 @@ second invocation resumes without recomputing anything; experiments/heldout.py o
 
 import csv
 import json
-from collections import Counter
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest

@@ -25,7 +25,8 @@ CODE_SEED = ("Write a Python function `add(a, b)` that returns a + b.",
 
 CHALLENGE_MATH = "<question>What is 3+4?</question>\n<answer>7</answer>"
 CHALLENGE_CODE = ("<question>Write mul(a, b) returning a * b.</question>\n<signature>def mul(a, b)</signature>\n"
-                  "<solution>\n```python\ndef mul(a, b):\n    return a * b\n```\n</solution>\n<inputs>\n[2, 3]\n[4, 5]\n</inputs>")
+                  "<solution>\n```python\ndef mul(a, b):\n    return a * b\n```\n</solution>\n"
+                  "<inputs>\n[2, 3]\n[4, 5]\n</inputs>")
 
 
 def script(req: GenRequest) -> str | list[str]:

@@ -9,11 +9,11 @@ import pytest
 
 from sage.flows import evolve, session
 from sage.flows.evolve import stop_decision
+from sage.warehouse import Warehouse
+from sage.warehouse.queries import record_checkpoint, start_iteration
 from tests.flows import scripted_run
 from tests.scripted import ScriptedLLM, prompt_text
 from tests.stages.test_validate import validation_rows
-from sage.warehouse import Warehouse
-from sage.warehouse.queries import record_checkpoint, start_iteration
 
 QUESTIONS = [(f"What is {i}+{i}?", str(2 * i)) for i in range(1, 5)]
 

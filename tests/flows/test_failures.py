@@ -131,8 +131,8 @@ def test_a_read_only_file_system(project, tmp_path):
 def test_a_full_disk_during_a_commit(project, tmp_path):
     cli = f"{sys.executable} -m sage.flows.cli"
     mnt = tmp_path / "mnt"
-    fill = ("avail=$(df -k {m} | tail -1 | awk '{{print $4}}'); "
-            "dd if=/dev/zero of={m}/fill bs=1k count=$((avail - 8)) 2>/dev/null").format(m=mnt)
+    fill = (f"avail=$(df -k {mnt} | tail -1 | awk '{{print $4}}'); "
+            f"dd if=/dev/zero of={mnt}/fill bs=1k count=$((avail - 8)) 2>/dev/null")
     r = _mounted(tmp_path, f"cp {project}/warehouse.duckdb {mnt}/ && {fill}; "
                            f"{cli} seed --set run.dir={mnt} --set seeds.n_math=200 --set seeds.n_code=0 "
                            f"--set validate.n_math=100 --set validate.n_code=0; echo rc=$?; rm {mnt}/fill; "

@@ -14,9 +14,9 @@ import time
 import psutil
 import pytest
 
+from bench.orphans import running  # one helper for the tests and the benchmark that watch processes exit
 from sage.warehouse import Warehouse
 from tests.flows.test_training_loop import SMALL
-from bench.orphans import running  # one helper for the tests and the benchmark that watch processes exit
 
 
 def _start(tiny_model, directory) -> tuple[subprocess.Popen, list[str]]:

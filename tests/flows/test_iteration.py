@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.flows import scripted_run
 from sage.warehouse import Warehouse
+from tests.flows import scripted_run
 
 TABLES = {"questions": "question_id", "rollouts": "rollout_id", "verdicts": "rollout_id", "plans": "plan_id",
           "scores": "rollout_id"}
@@ -108,7 +108,8 @@ def test_stage_cli_reruns_one_stage(one_iteration):
 def test_sigkill_mid_stage_then_rerun_equals_uninterrupted(prefect_api, one_iteration, tmp_path):
     marker = tmp_path / "paused"
     killed = tmp_path / "killed"
-    # calls: challenge 1-3, critique 4-6, probe 7-9; call 8 is the second probe batch: earlier stages and one probe batch are committed
+    # calls: challenge 1-3, critique 4-6, probe 7-9; call 8 is the second probe batch: earlier stages and one probe
+    # batch are committed
     p = subprocess.Popen([sys.executable, "-m", "tests.flows.scripted_run", str(killed), "--pause-at-call", "8",
                           "--marker", str(marker)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)

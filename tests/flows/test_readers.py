@@ -40,7 +40,8 @@ def _observe(path) -> dict:
             "done": {r["iteration"] for r in wh.rows(
                 "SELECT iteration FROM iterations WHERE run_id = 'scripted' AND status = 'done'")},
             "rollouts": {(r["iteration"], r["stage"]): set(r["ids"]) for r in wh.rows(
-                "SELECT iteration, stage, list(rollout_id) AS ids FROM rollouts WHERE run_id = 'scripted' GROUP BY ALL")},
+                "SELECT iteration, stage, list(rollout_id) AS ids FROM rollouts WHERE run_id = 'scripted' "
+                "GROUP BY ALL")},
         }
 
 

@@ -11,8 +11,8 @@ from matplotlib.image import imread
 
 from sage.flows.artifacts import artifact_key
 from sage.flows.report import PLOTS, report_artifacts, write_report
-from sage.warehouse import Warehouse
 from sage.stages.score import REWARD_VERSION, score_id
+from sage.warehouse import Warehouse
 
 RUN = "run-A1"
 # iteration -> generated questions: (admitted, rejection reason, s_q, difficulty)
@@ -33,8 +33,8 @@ VALIDATION = {1: (0.3125, 0.25, 0.375, False), 2: (0.5625, 0.5, 0.625, True), 3:
 
 
 def build(wh: Warehouse, run_id: str = RUN, iterations=(1, 2, 3), full: bool = True) -> None:
-    wh.insert_batch("runs", [{"run_id": run_id, "config": {"profile": "test", "note": "<b>bold</b>"}, "config_hash": "h",
-                              "base_model": "tiny", "seed": 7}])
+    wh.insert_batch("runs", [{"run_id": run_id, "config": {"profile": "test", "note": "<b>bold</b>"},
+                              "config_hash": "h", "base_model": "tiny", "seed": 7}])
     wh.insert_batch("iterations", [{"run_id": run_id, "iteration": k, "status": "done"} for k in iterations])
     wh.insert_batch("questions", [{"question_id": f"seed{i}", "origin": "seed", "domain": "math", "text": f"seed {i}",
                                    "verifier": {"answer": str(i)}, "norm_hash": f"s{i}"} for i in range(4)])
@@ -43,8 +43,9 @@ def build(wh: Warehouse, run_id: str = RUN, iterations=(1, 2, 3), full: bool = T
     questions, rollouts, scores, plans, checkpoints = [], [], [], [], []
     for k, rows in GENERATED.items():
         for j, (admitted, reason, s_q, diff) in enumerate(rows):
-            questions.append({"question_id": f"{run_id}-q{k}{j}", "origin": "generated", "domain": "code" if j else "math",
-                              "text": f"question {k}.{j}", "verifier": {"answer": "1"}, "norm_hash": f"{run_id}{k}{j}",
+            questions.append({"question_id": f"{run_id}-q{k}{j}", "origin": "generated",
+                              "domain": "code" if j else "math", "text": f"question {k}.{j}",
+                              "verifier": {"answer": "1"}, "norm_hash": f"{run_id}{k}{j}",
                               "run_id": run_id, "iteration": k, "s_q": s_q, "difficulty": diff,
                               "admitted": admitted, "admitted_iteration": k if admitted else None,
                               "rejection_reason": reason})
@@ -122,7 +123,8 @@ def test_write_report_plots_and_tables(wh, tmp_path):
     assert [r[:5] for r in evals] == [["best", "math500", "pass@1", "0.3333", "12"]]
     assert page.index("<h2>evaluations</h2>") > page.index("<h2>validation_curve</h2>")
     timings = cells(page, "stage_timings")  # iteration, stage, status, rows_in, rows_out, attempts, seconds
-    assert [(r[0], r[1], r[6]) for r in timings] == [("1", "train", "12.5"), ("2", "train", "25"), ("3", "train", "37.5")]
+    assert [(r[0], r[1], r[6]) for r in timings] == [("1", "train", "12.5"), ("2", "train", "25"),
+                                                     ("3", "train", "37.5")]
     assert "sample generations (iteration 3)" in page and "<h3>solver</h3>" in page and "<h3>challenger</h3>" in page
     # model output and config values are text on the page, never markup
     assert "<script>" not in page and "&lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;\\x1b[2J" in page

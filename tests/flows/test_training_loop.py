@@ -7,10 +7,8 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-from sage.warehouse import Warehouse
 from sage.engines.llm.tiny import TINY_RUN
+from sage.warehouse import Warehouse
 
 SMALL = [*TINY_RUN, "validate.n_math=2", "validate.n_code=2", "train.minibatch_size=4"]
 

@@ -13,9 +13,9 @@ from sage.engines.data.benchmarks import load_benchmark, pass_at_k
 from sage.flows.eval_command import eval_command, side_by_side
 from sage.stages import evaluate
 from sage.stages.context import Engines, StageContext
+from sage.warehouse import Warehouse
 from sage.warehouse.checkpoints import resolve_checkpoint
 from tests.scripted import ScriptedLLM, prompt_text
-from sage.warehouse import Warehouse
 
 GSM8K = [
     {"question": "Tom has 3 apples and buys 4 more. How many apples does he have?", "answer": "3 + 4 = 7\n#### 7"},
@@ -112,7 +112,8 @@ def test_right_answers_score_one_and_wrong_zero(tmp_path, gsm8k_file):
         target = resolve_checkpoint(ctx.wh, None, "base")
         report = evaluate.run(ctx, target, spec, problems, n=4, ks=[1, 4])
         assert llm.calls == [6]  # one generate call: 3 greedy requests + 3 sampled
-        rows = {(r["metric"], json.loads(r["decoding"])["samples"]): r for r in ctx.wh.rows("SELECT * FROM evaluations")}
+        rows = {(r["metric"], json.loads(r["decoding"])["samples"]): r
+                for r in ctx.wh.rows("SELECT * FROM evaluations")}
         assert rows[("pass@1", 1)]["value"] == pytest.approx(2 / 3)      # problems 0 and 2 right
         assert rows[("pass@1", 4)]["value"] == pytest.approx(2 / 3 * 0.5)  # half the samples of those right
         assert rows[("pass@4", 4)]["value"] == pytest.approx(2 / 3)

@@ -12,8 +12,17 @@ from transformers import AutoTokenizer
 
 from sage.engines.text.tags import parse_challenger, parse_critic, parse_planner, parse_solver, role_key, role_regex
 from sage.stages import prompts
-from sage.stages.prompts import (KINDS, MAX_FIELD_CHARS, MIN_FIELD_TOKENS, SYSTEM, TEMPLATE_VERSION, TEMPLATES,
-                                 field_limit, render, template_version)
+from sage.stages.prompts import (
+    KINDS,
+    MAX_FIELD_CHARS,
+    MIN_FIELD_TOKENS,
+    SYSTEM,
+    TEMPLATE_VERSION,
+    TEMPLATES,
+    field_limit,
+    render,
+    template_version,
+)
 
 EXPECTED_KINDS = {"challenger_math", "challenger_code", "critic_question", "critic_plan", "planner",
                   "solver_math", "solver_code", "solver_math_plan", "solver_code_plan"}

@@ -9,14 +9,14 @@ import pytest
 from sage.configs.schema import IterationConfig, RewardsConfig
 from sage.engines.text.tags import parse_critic, parse_planner, parse_solver
 from sage.stages.score import (
+    REWARD_VERSION,
     challenger_reward,
     critic_reward,
     difficulty,
     gate,
     planner_reward,
-    solver_reward,
-    REWARD_VERSION,
     score_id,
+    solver_reward,
     trr_advantages,
     trr_group,
 )

@@ -175,7 +175,8 @@ def test_math_generators_with_overrides():
     for i in items:
         if i.source.endswith("basic_arithmetic"):
             a, b = re.findall(r"\d+", i.question)[:2]
-            assert int(i.verifier["answer"]) == int(a) + int(b) and max(int(a), int(b)) <= 10  # reasoning-gym draws 1-digit terms up to 10
+            # reasoning-gym draws 1-digit terms up to 10
+            assert int(i.verifier["answer"]) == int(a) + int(b) and max(int(a), int(b)) <= 10
         else:
             assert int(i.verifier["answer"]) <= 20
     assert [i.question for i in default_math(20, 0, "seed", gens)] == [i.question for i in items[:20]]

@@ -7,11 +7,11 @@ import pytest
 from sage.configs import config_hash, config_json, load_config
 from sage.stages import validate
 from sage.stages.context import Engines, StageContext
-from tests.flows.scripted_run import OVERRIDES
-from tests.scripted import ScriptedLLM, prompt_text
 from sage.warehouse import Warehouse, content_id, norm_hash
 from sage.warehouse.queries import record_checkpoint, start_iteration
 from sage.warehouse.validate_queries import mark_best, record_validation, validation_history, validation_scores
+from tests.flows.scripted_run import OVERRIDES
+from tests.scripted import ScriptedLLM, prompt_text
 
 # (question, verifier); the scripted Solver below gets math 2 of 3 right and code 1.0 + 0.5 (mul passes 1 of 2 tests)
 MATH = [("What is 2+3?", "5"), ("What is 6*7?", "42"), ("What is 10-4?", "6")]

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from sage.flows.cli import app
-from tests.flows.test_report import RUN, build
 from sage.warehouse import Warehouse
 from sage.warehouse.export import MANIFEST, TABLES, ExportError, export_run
+from tests.flows.test_report import RUN, build
 
 
 @pytest.fixture

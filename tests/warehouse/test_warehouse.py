@@ -1,9 +1,10 @@
-import re
 import multiprocessing as mp
+import re
 import subprocess
 import sys
 import time
 
+import pyarrow as pa
 import pytest
 
 from sage.configs.names import Purpose, Role, Stage
@@ -64,7 +65,7 @@ def test_reinsert_changes_no_row(tmp_path):
 def test_batch_is_one_transaction(tmp_path):
     with Warehouse.open(tmp_path / "w.duckdb") as wh:
         bad = [_run_row("ok1"), dict(_run_row("bad"), seed="not a number")]
-        with pytest.raises(Exception):
+        with pytest.raises(pa.ArrowInvalid):  # the bad row fails its conversion to the table's Arrow schema
             wh.insert_batch("runs", bad)
         assert wh.count("runs") == 0
 
@@ -191,7 +192,8 @@ def test_views_on_hand_built_rows(tmp_path):
     with Warehouse.open(tmp_path / "w.duckdb") as wh:
         wh.insert_batch("runs", [_run_row("r")])
         wh.insert_batch("iterations", [dict(run_id="r", iteration=1)])
-        qs = [dict(question_id="s1", origin="seed", domain="math", text="seed", verifier={"answer": "1"}, norm_hash="a")]
+        qs = [dict(question_id="s1", origin="seed", domain="math", text="seed", verifier={"answer": "1"},
+                   norm_hash="a")]
         for i, (adm, reason, sq, d) in enumerate([(True, None, 0.9, 0.5), (False, "low_quality", 0.2, None),
                                                   (False, "duplicate", 0.8, 0.0)]):
             qs.append(dict(question_id=f"g{i}", origin="generated", domain="math", text="x" * (i + 1),
@@ -218,10 +220,10 @@ def test_novelty_and_diversity_views(tmp_path):
             run_id=None if origin == "seed" else "r", iteration=it, admitted=origin == "generated" or None,
             admitted_iteration=it)
         wh.insert_batch("questions", [
-            q("s", "seed", "what is two plus two"),                  # trigrams: what is two / is two plus / two plus two
-            q("a", "generated", "what is two plus three", 1),        # 3 trigrams, 2 of them in the seed
-            q("b", "generated", "how many apples are left", 2),      # 3 trigrams, all new
-            q("c", "generated", "what is two times two", 2),         # 'what is two' seen in seeds and iteration 1
+            q("s", "seed", "what is two plus two"),              # trigrams: what is two / is two plus / two plus two
+            q("a", "generated", "what is two plus three", 1),    # 3 trigrams, 2 of them in the seed
+            q("b", "generated", "how many apples are left", 2),  # 3 trigrams, all new
+            q("c", "generated", "what is two times two", 2),     # 'what is two' seen in seeds and iteration 1
         ])
         rows = {r["iteration"]: r for r in wh.rows("SELECT * FROM curriculum_novelty ORDER BY iteration")}
         assert rows[1]["trigrams"] == 3 and rows[1]["novelty_vs_seeds"] == pytest.approx(1 / 3)
@@ -264,8 +266,6 @@ def test_a_reader_upgrades_a_warehouse_written_by_an_older_version(tmp_path):
 
 
 def test_a_reader_of_an_older_warehouse_a_writer_holds_is_told_so(tmp_path):
-    from sage.warehouse import WarehouseBusy
-
     Warehouse.open(tmp_path / "w.duckdb").close()
     _as_older_version(tmp_path / "w.duckdb")
     hold = ("import sys, time; from sage.warehouse import Warehouse; "

@@ -37,7 +37,8 @@ def _passes(sandbox, problem, programs: list[str]) -> list[bool]:
 
 def test_rewrite_keeps_literals_out_of_the_sandbox():
     test = ("def check(candidate):\n    assert candidate(1) == 'SECRET-42', 'hint'\n    assert True\n"
-            "    assert not candidate(2)\n    assert candidate(3) == 1 + x\n    assert abs(candidate(4) - 1.5) < 1e-6\n")
+            "    assert not candidate(2)\n    assert candidate(3) == 1 + x\n"
+            "    assert abs(candidate(4) - 1.5) < 1e-6\n")
     source, specs = rewrite_check(test)
     assert "SECRET-42" not in source and "hint" not in source
     assert specs == [["literal", "Eq", "SECRET-42"], ["const", True], ["truth", False], ["both", "Eq"],

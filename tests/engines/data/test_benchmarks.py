@@ -146,7 +146,8 @@ def test_mbppplus_hub_and_evalplus_formats(tmp_path, sandbox):
     assert b.verifier["kind"] == "check" and b.verifier["entry_point"] == "is_not_prime"
     assert "assert is_not_prime(10) == True" in b.verifier["check"] and "outputs" not in b.verifier
 
-    evalplus = [{"task_id": "Mbpp/4", "prompt": '"""\nWrite a function to square a number.\nassert square(3) == 9\n"""\n',
+    evalplus = [{"task_id": "Mbpp/4",
+                 "prompt": '"""\nWrite a function to square a number.\nassert square(3) == 9\n"""\n',
                  "entry_point": "square", "canonical_solution": "def square(x):\n    return x * x\n",
                  "base_input": [[3]], "plus_input": [[-2], [0]], "atol": 0, "assertion": "assert square(3) == 9"}]
     (c,) = load_benchmark("mbppplus", path=write_jsonl(tmp_path / "MbppPlus.jsonl", evalplus))
@@ -189,7 +190,8 @@ def test_livecodebench_stdin_and_functional(tmp_path, sandbox):
     assert s.problem_id == "abc300_a" and s.meta["platform"] == "atcoder" and s.domain == "code"
     assert s.verifier == {"kind": "stdin", "tests": [["3\n1 2 3\n", "6\n"], ["2\n-5 5\n", "0\n"], ["1\n7\n", "7\n"]],
                           "compare": "livecodebench-stdio"}
-    assert f.verifier == {"entry_point": "twoSum", "method_of": "Solution", "inputs": [[[2, 7, 11, 15], 9], [[3, 2, 4], 6]],
+    assert f.verifier == {"entry_point": "twoSum", "method_of": "Solution",
+                          "inputs": [[[2, 7, 11, 15], 9], [[3, 2, 4], 6]],
                           "outputs": [[0, 1], [1, 2]], "compare": "livecodebench"}
     assert "class Solution" in f.question
     assert decode_lcb_tests(stdin_row["private_test_cases"])[0]["input"] == "2\n-5 5\n"

@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from sage.configs.schema import SandboxConfig
-from sage.engines.data.humaneval import expected_outputs, literal_inputs, load_humaneval, record_missing_inputs, task_job
+from sage.engines.data.humaneval import (
+    expected_outputs,
+    literal_inputs,
+    load_humaneval,
+    record_missing_inputs,
+    task_job,
+)
 from sage.engines.verify.outputs import score_outputs
 from sage.engines.verify.sandbox import Sandbox
 

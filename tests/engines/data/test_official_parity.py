@@ -186,7 +186,8 @@ def test_mbppplus_verdicts_match_evalplus(tmp_path, sandbox):
     assert [p.verifier.get("compare") for p in problems] == ["evalplus"] * 4 + [None]
     assert problems[-1].verifier["kind"] == "check"  # the base asserts, run as written
 
-    cases = [(p, code, want, row) for p, row, cands in zip(problems, rows, [c[3] for c in MBPP_PLUS.values()] + [HELPER])
+    cases = [(p, code, want, row)
+             for p, row, cands in zip(problems, rows, [c[3] for c in MBPP_PLUS.values()] + [HELPER])
              for code, want in cands.items()]
     results = sandbox.execute([code_job(p.verifier, code) for p, code, _, _ in cases])
     for (p, code, want, row), res in zip(cases, results):

@@ -11,9 +11,8 @@ import torch
 
 from sage.configs.schema import ModelConfig
 from sage.engines.llm import GenRequest, load_llm
-from sage.engines.llm import batch as batch_module
-from sage.engines.llm.batch import Row, layout
-from sage.engines.llm.hf import HFLLM
+from sage.engines.llm import hf as hf_module
+from sage.engines.llm.hf import HFLLM, Row, layout
 from sage.engines.llm.hf_fast import FUSE_MAX_ROWS
 
 SCORE_RX = r"<score>(10|[1-9])</score>"
@@ -168,11 +167,11 @@ def test_a_prefix_every_prompt_shares_is_prefilled_once_for_the_batch(sharp_mode
     shared = llm.generate(reqs)
     ids = [r.prompt_ids for r in shared]
     prefix = len(os.path.commonprefix(ids))
-    assert prefix >= batch_module.SHARED_PREFIX_MIN and len({len(i) for i in ids}) > 1
+    assert prefix >= hf_module.SHARED_PREFIX_MIN and len({len(i) for i in ids}) > 1
     # the prefix once for one row, then the rest of each distinct prompt after it, from slot `prefix`
     assert passes == [(0, 1, prefix), (prefix, len(reqs), max(map(len, ids)) - prefix)]
     passes.clear()
-    monkeypatch.setattr(batch_module, "SHARED_PREFIX_MIN", 10**6)
+    monkeypatch.setattr(hf_module, "SHARED_PREFIX_MIN", 10**6)
     whole = llm.generate(reqs)
     assert passes == [(0, len(reqs), max(map(len, ids)))]
     if dtype == "float32":
@@ -199,7 +198,7 @@ def test_shared_prefix_edge_layouts_match_each_prompt_alone(llm):
 
     for name, prompts in cases.items():
         assert layout([Row(0, 0, p, 8, 0.0, 1.0, 0, None) for p in prompts], max(map(len, prompts)), 8, llm.pad_id)[2] \
-            >= batch_module.SHARED_PREFIX_MIN, name
+            >= hf_module.SHARED_PREFIX_MIN, name
         assert run(prompts) == [run([p])[0] for p in prompts], name
 
 

@@ -39,6 +39,7 @@ def test_explicit_rlimit_warns_once_per_sandbox(monkeypatch, caplog):
 @pytest.mark.skipif("rlimit" not in sandbox_module.available_backends(), reason="rlimit backend unusable here")
 def test_explicit_rlimit_still_runs(caplog):
     with caplog.at_level(logging.WARNING, logger="sage.engines.verify.sandbox"):
-        res = Sandbox(SandboxConfig(backend="rlimit", timeout_s=10)).execute([Job("def f():\n    return 3\n", "f", [[]])])
+        res = Sandbox(SandboxConfig(backend="rlimit", timeout_s=10)).execute(
+            [Job("def f():\n    return 3\n", "f", [[]])])
     assert res[0].outputs == [3] and res[0].backend == "rlimit"
     assert sum("WITHOUT isolation" in r.getMessage() for r in caplog.records) == 1

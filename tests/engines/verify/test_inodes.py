@@ -80,8 +80,8 @@ def test_unprivileged_bwrap_caps_inodes_too():
         pytest.skip("unprivileged user namespaces cannot mount here: bwrap keeps size caps only")
     before = _mounts()
     started = time.time()
-    run = subprocess.run([*drop, sys.executable, "-c", UNPRIVILEGED, FILL, str(TIMEOUT_S)], capture_output=True, text=True, cwd="/",
-                         env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, timeout=120)
+    run = subprocess.run([*drop, sys.executable, "-c", UNPRIVILEGED, FILL, str(TIMEOUT_S)], capture_output=True,
+                         text=True, cwd="/", env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["inode_cap"] and got["status"] == ["ok", "timeout"]

@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from sage.engines.verify.isolation import backend_possible
 from bench.orphans import OWNER, running  # the owner script the benchmark times, and its process reader
+from sage.engines.verify.isolation import backend_possible
 
 
 @pytest.mark.parametrize("backend", ["bwrap", "unshare", "rlimit"])

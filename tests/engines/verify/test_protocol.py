@@ -75,7 +75,7 @@ FRAMES = {  # framing problems: the header itself is wrong
 
 def _frame_writer(frame: bytes) -> str:
     code = writer(frame=frame)
-    return code.replace("frame = " + repr(frame), "frame = %r.replace(b'__NONCE__', nonce)" % frame)
+    return code.replace("frame = " + repr(frame), f"frame = {frame!r}.replace(b'__NONCE__', nonce)")
 
 
 def _fuzz_bodies(n: int, seed: int = 17) -> list[bytes]:
@@ -106,7 +106,7 @@ def test_records_never_raise_on_fuzzed_bytes():
     for _ in range(600):
         rec = Records(NONCE, 2, 1 << 20)
         body = rng.choice(pieces)
-        stream = (NONCE + " %d\n" % len(body)).encode() + body
+        stream = (NONCE + f" {len(body)}\n").encode() + body
         if rng.random() < 0.3:
             stream = stream[:rng.randrange(len(stream) + 1)]
         if rng.random() < 0.3:
@@ -120,7 +120,7 @@ def test_records_never_raise_on_fuzzed_bytes():
 def test_each_hostile_record_is_a_violation(name):
     rec = Records(NONCE, 1, 1 << 20)
     body = HOSTILE[name]
-    rec.feed((NONCE + " %d\n" % len(body)).encode() + body)
+    rec.feed((NONCE + f" {len(body)}\n").encode() + body)
     assert rec.violation and rec.outputs == [None]
 
 

@@ -4,9 +4,10 @@ type-aware equality and the typed codec.
 Each attack is one job in a parallel batch per backend (with a benign bystander job). Every case asserts:
 not credited (score 0 against what a successful attack would return), the parent alive, no process of
 the sandbox left behind (no process of the uids this test process used, no stray child of ours), and
-finished within the time limit plus 0.5 s, teardown included (`ExecResult.duration_s` is taken after it). Side-effect attacks also check their target (decoy
-process alive, marker files absent). The `rlimit` backend has no filesystem or network isolation; the
-cases it cannot pass are strict xfails, so they document the limit and fail loudly if that changes.
+finished within the time limit plus 0.5 s, teardown included (`ExecResult.duration_s` is taken after it).
+Side-effect attacks also check their target (decoy process alive, marker files absent). The `rlimit` backend
+has no filesystem or network isolation; the cases it cannot pass are strict xfails, so they document the limit
+and fail loudly if that changes.
 """
 
 from __future__ import annotations
@@ -21,18 +22,18 @@ import subprocess
 import tempfile
 import threading
 import time
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import psutil
 import pytest
 
+from bench.orphans import running  # one helper for the tests and the benchmark that watch processes exit
 from sage.configs.schema import SandboxConfig
+from sage.engines.verify.child import Opaque, decode_value, encode_value
 from sage.engines.verify.isolation import UIDS
 from sage.engines.verify.outputs import outputs_equal, reference_outputs, score_outputs
 from sage.engines.verify.sandbox import ExecResult, Job, Sandbox, available_backends
-from sage.engines.verify.child import Opaque, decode_value, encode_value
-from bench.orphans import running  # one helper for the tests and the benchmark that watch processes exit
 
 BACKENDS = available_backends()
 TIMEOUT_S = 2.0
@@ -90,10 +91,12 @@ ATTACKS: dict[str, tuple[str, object]] = {
         "def f():\n    most = 0\n    for d in __FILL_DIRS__:\n        mb = 0\n        for i in range(5):\n"
         "            try:\n                with open(os.path.join(d, 'fill%d' % i), 'wb') as fh:\n"
         "                    for _ in range(16):\n                        fh.write(b'0' * (1 << 20))\n"
-        "                        mb += 1\n            except OSError:\n                pass\n        most = max(most, mb)\n"
+        "                        mb += 1\n            except OSError:\n                pass\n"
+        "        most = max(most, mb)\n"
         "    return 'PWNED' if most > 64 else most\n", "PWNED"),
     "write_outside": (
-        "def f():\n    done = []\n    for p in ('__ROOT__/PWNED-__B__', '__OUT__/outside-__B__', '/usr/PWNED', '/PWNED'):\n"
+        "def f():\n    done = []\n"
+        "    for p in ('__ROOT__/PWNED-__B__', '__OUT__/outside-__B__', '/usr/PWNED', '/PWNED'):\n"
         "        try:\n            open(p, 'w').write('x')\n            done.append(p)\n        except OSError:\n"
         "            pass\n    return 'PWNED' if done else done\n", "PWNED"),
     "env_secret": ("import os\ndef f():\n    return os.environ.get('SAGE_SANDBOX_SECRET')\n", SECRET),
@@ -149,9 +152,11 @@ ATTACKS: dict[str, tuple[str, object]] = {
         "    hits = [s for s in seen if isinstance(s, str) and s.startswith('unknown-')]\n"
         "    return hits[0] if hits else 'nothing'\n", UNKNOWN),
     "raise_rlimits": (
-        "import resource\ndef f():\n    raised = []\n    for r in (resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_NPROC,\n"
+        "import resource\ndef f():\n    raised = []\n"
+        "    for r in (resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_NPROC,\n"
         "              resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE):\n        try:\n"
-        "            soft, hard = resource.getrlimit(r)\n            resource.setrlimit(r, (hard * 2 + 1000, hard * 2 + 1000))\n"
+        "            soft, hard = resource.getrlimit(r)\n"
+        "            resource.setrlimit(r, (hard * 2 + 1000, hard * 2 + 1000))\n"
         "            raised.append(r)\n        except (ValueError, OSError):\n            pass\n"
         "    return 'PWNED' if raised else raised\n", "PWNED"),
     "ctypes": (
@@ -228,7 +233,7 @@ def _sandbox_processes() -> list[int]:
     return found
 
 
-@lru_cache(maxsize=None)
+@cache
 def _decoy() -> subprocess.Popen:
     """A root-owned bystander process the attacks try to kill (one for the whole module)."""
     proc = subprocess.Popen(["sleep", "600"])
@@ -236,7 +241,7 @@ def _decoy() -> subprocess.Popen:
     return proc
 
 
-@lru_cache(maxsize=None)
+@cache
 def run_backend(backend: str) -> dict:
     decoy = _decoy()
     names = list(ATTACKS)

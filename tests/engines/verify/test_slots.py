@@ -19,7 +19,8 @@ LEAVE_FILE = ZYGOTE + "def f():\n    open('/tmp/left-behind', 'w').write('x')\n 
 LEAVE_PROCESS = ZYGOTE + ("import os, time\ndef f():\n    if os.fork() == 0:\n        os.setsid()\n"
                           "        time.sleep(60)\n        os._exit(0)\n    return (zygote(), [])\n")
 LEAVE_SHM = ZYGOTE + ("import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
-                      "    assert libc.shmget(4242, 4096, 0o1666) >= 0, ctypes.get_errno()\n    return (zygote(), [])\n")
+                      "    assert libc.shmget(4242, 4096, 0o1666) >= 0, ctypes.get_errno()\n"
+                      "    return (zygote(), [])\n")
 SEE_SHM = ZYGOTE + ("import ctypes\ndef f():\n    libc = ctypes.CDLL(None)\n"
                     "    return (zygote(), [] if libc.shmget(4242, 0, 0o666) < 0 else ['shm'])\n")
 SEE_PROCESSES = ZYGOTE + ("import os\ndef f():\n    return (zygote(), sorted(p for p in os.listdir('/proc') "
