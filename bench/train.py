@@ -147,16 +147,13 @@ def head_pass(kernel: str, hidden, weight, targets, temperature: float = 0.7) ->
     """One forward + backward of the LM head alone, as the trainer calls it (log-probs and the entropy TRL logs):
     `kernel` "trl" (TRL's `ChunkedLogProbFunction`) or "ours" (`token_chunked_logprobs`). (CPU s, grad norm)."""
     import torch
-    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
-    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
-    from sage.engines.train.logprobs import token_chunked_logprobs
+    from sage.engines.train.logprobs import token_chunked_logprobs, trl_chunked_logprobs
 
     h = hidden.detach().clone().requires_grad_()
     c0 = time.process_time()
     if kernel == "trl":
-        lp, *_ = ChunkedLogProbFunction.apply(h, weight, None, targets, temperature, _CHUNKED_LOGPROB_CHUNK_SIZE,
-                                              None, 1.0, ("log_probs", "entropy"))
+        lp, _ = trl_chunked_logprobs(h, weight, None, targets, temperature, entropy=True)
     else:
         lp, _ = token_chunked_logprobs(h, weight, None, targets, temperature, entropy=True)
     (lp * torch.linspace(-1, 1, lp.numel())).sum().backward()
@@ -206,7 +203,7 @@ def pick_model(name: str) -> tuple[str, str]:
     return str(path), "random-llama-30m (hidden 512, 8 layers, vocab 8192)"
 
 
-def _rss_mb() -> float:
+def rss_mb() -> float:
     """Resident memory of this process now, MiB."""
     import os
 
@@ -224,7 +221,7 @@ def _peak_mb() -> float:
 def _one_pass(loop: str, path: str, rows: list[TrainRow], cfg: TrainConfig, device: str, dtype, pad_id: int) -> dict:
     """Load a fresh policy and run one pass of `loop` ("plain" or "trl") over `rows`."""
     model = load_policy(path, None, cfg, seed=0, dtype=dtype)
-    loaded_mb = _rss_mb()
+    loaded_mb = rss_mb()
     if loop == "plain":
         out = plain_peft_step(model, trl_row_order(rows), cfg, device=device, pad_id=pad_id)
     else:
@@ -312,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.only:
         out = _one_pass(a.only, path, rows, cfg, device, dtype, pad_id)
-        out["peak_rss_mb"] = _peak_mb()
+        out["peakrss_mb"] = _peak_mb()
         out.pop("steps", None)
         text = json.dumps(out)
         print(text)
@@ -364,10 +361,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.peak_rss:
         for loop in ("plain", "trl"):
             child = _peak_rss(loop, [x for x in argv if x != "--peak-rss"])
-            result[f"{loop}_peak_rss_mb"] = child["peak_rss_mb"]
+            result[f"{loop}_peakrss_mb"] = child["peakrss_mb"]
             result[f"{loop}_rss_loaded_mb"] = child["rss_loaded_mb"]
-        print(f"[bench] peak RSS of one pass in a fresh process: plain {result['plain_peak_rss_mb']:.0f} MiB, "
-              f"TRL {result['trl_peak_rss_mb']:.0f} MiB (after loading the model: "
+        print(f"[bench] peak RSS of one pass in a fresh process: plain {result['plain_peakrss_mb']:.0f} MiB, "
+              f"TRL {result['trl_peakrss_mb']:.0f} MiB (after loading the model: "
               f"{result['plain_rss_loaded_mb']:.0f} and {result['trl_rss_loaded_mb']:.0f} MiB)")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2))

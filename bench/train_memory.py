@@ -46,7 +46,7 @@ def main() -> None:
         memory.current = "imports"
         import torch
 
-        from bench.train import _rss_mb
+        from bench.train import rss_mb
         from sage.configs import load_config
         from sage.engines.llm.models import resolve_dtype, resolve_model, trim_heap
         from sage.engines.train import step
@@ -70,13 +70,13 @@ def main() -> None:
         memory.current = "train"
 
         def on_step(record):
-            line = (f"update {record.get('step')}: rss {_rss_mb():.0f} MB, "
+            line = (f"update {record.get('step')}: rss {rss_mb():.0f} MB, "
                     f"peak so far {memory.peaks.get('train', 0) >> 20} MB")
             if args.trim:
                 gc.collect()
                 trim_heap()
                 held = sum(o.numel() * o.element_size() for o in gc.get_objects() if torch.is_tensor(o)) >> 20
-                line += f"; trimmed to {_rss_mb():.0f} MB (tensors Python holds: {held} MB; {malloc_mb()})"
+                line += f"; trimmed to {rss_mb():.0f} MB (tensors Python holds: {held} MB; {malloc_mb()})"
             print(line, flush=True)
 
         start = time.perf_counter()

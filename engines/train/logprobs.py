@@ -86,7 +86,6 @@ def _score(hidden, lm_head, head: CompletionHead, softcap):
         bias = bias.full_tensor() if bias is not None else None
     hidden = hidden.to(weight.device)
     targets, temperatures = head.targets.to(weight.device), head.temperatures.to(weight.device)
-    outputs = ("log_probs", "entropy") if head.entropy else ("log_probs",)
     # Connected to the model even when nothing is scored (a micro-batch of padding rows): backward still works.
     log_probs = hidden[:, 0].float() * 0
     entropy = hidden.new_zeros(targets.shape, dtype=torch.float32) if head.entropy else None
@@ -95,14 +94,23 @@ def _score(hidden, lm_head, head: CompletionHead, softcap):
         for t in torch.unique(temperatures).tolist():
             sel = (temperatures == t).nonzero()[:, 0]
             if fused:
-                lp, ent, *_ = ChunkedLogProbFunction.apply(hidden[sel], weight, bias, targets[sel], float(t),
-                                                           _CHUNKED_LOGPROB_CHUNK_SIZE, softcap, 1.0, outputs)
+                lp, ent = trl_chunked_logprobs(hidden[sel], weight, bias, targets[sel], float(t), softcap,
+                                               head.entropy)
             else:
                 lp, ent = token_chunked_logprobs(hidden[sel], weight, bias, targets[sel], float(t), head.entropy)
             log_probs = log_probs.index_put((sel,), lp)
             if entropy is not None:
                 entropy = entropy.index_put((sel,), ent)
     return log_probs, entropy
+
+
+def trl_chunked_logprobs(hidden, weight, bias, targets, temperature: float, softcap=None, entropy: bool = False):
+    """The same as `token_chunked_logprobs` through TRL's `ChunkedLogProbFunction` (its chunk size), which takes a
+    soft-capped head too: fused Triton on GPUs, float32 torch ops elsewhere."""
+    outputs = ("log_probs", "entropy") if entropy else ("log_probs",)
+    lp, ent, *_ = ChunkedLogProbFunction.apply(hidden, weight, bias, targets, temperature,
+                                               _CHUNKED_LOGPROB_CHUNK_SIZE, softcap, 1.0, outputs)
+    return lp, ent if entropy else None
 
 
 def token_chunked_logprobs(hidden, weight, bias, targets, temperature: float, entropy: bool = False):
