@@ -32,14 +32,39 @@ class ConfigError(ValueError):
 def profile_path(profile: str | Path) -> Path:
     p = Path(profile)
     if p.suffix in (".yaml", ".yml"):
+        if p.is_dir():
+            raise _a_directory(p)
         if not p.exists():
             raise ConfigError(f"config file {p} does not exist")
         return p
     candidate = PROFILES_DIR / f"{profile}.yaml"
     if not candidate.exists():
-        names = sorted(x.stem for x in PROFILES_DIR.glob("*.yaml"))
-        raise ConfigError(f"unknown profile {profile!r}; use one of {names} or a path to a .yaml file")
+        if p.is_dir():
+            raise _a_directory(p)
+        raise ConfigError(f"unknown profile {profile!r}; use one of {_profiles()} or a path to a .yaml file")
     return candidate
+
+
+def _profiles() -> list[str]:
+    return sorted(x.stem for x in PROFILES_DIR.glob("*.yaml"))
+
+
+def _a_directory(p: Path) -> ConfigError:
+    return ConfigError(f"config {p} is a directory; give a profile name ({', '.join(_profiles())}) or a YAML file")
+
+
+def _read_text(path: Path) -> str:
+    """The YAML file's text; a file that is not UTF-8 or cannot be read is a ConfigError naming it."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"config file {path}:{line}: not UTF-8 text (byte {e.start}); re-save the file as "
+                          f"UTF-8") from None
 
 
 def _parse_value(text: str) -> Any:
@@ -78,7 +103,7 @@ def _format_errors(err: ValidationError, source: str) -> str:
 def load_config(profile: str | Path = DEFAULT_PROFILE, overrides: list[str] | tuple[str, ...] = ()) -> SageConfig:
     path = profile_path(profile)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(_read_text(path)) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):

@@ -85,8 +85,10 @@ def _open(path: Path, read_only: bool = False):
 
     try:
         return Warehouse.open(path, read_only=read_only)
-    except (WarehouseBusy, FileNotFoundError) as e:
+    except WarehouseBusy as e:
         fail(str(e), code=BUSY)
+    except FileNotFoundError as e:  # no warehouse there: a bad --dir, not a busy file
+        fail(str(e))
 
 
 @app.command()

@@ -109,7 +109,7 @@ def expected_error(exc: BaseException) -> tuple[str, int] | None:
     from sage.warehouse.runs import IterationNotFound, RunConfigMismatch, RunNotFound
 
     if isinstance(exc, (duckdb.Error, OSError)) and not isinstance(exc, ModelNotFoundError):
-        exc = storage_error(exc, "the warehouse") or exc
+        exc = storage_error(exc) or exc  # the file is not known here
     if isinstance(exc, WarehouseError):
         return str(exc), BUSY if isinstance(exc, WarehouseBusy) else USAGE
     if isinstance(exc, SeedFileError):  # raised before the seeds are written

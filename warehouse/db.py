@@ -53,18 +53,59 @@ def _upgrade(path: str) -> None:
 
 
 _HEADER_BYTES = 3 * 4096  # DuckDB's file header and its two database headers, before the first block
+_CHUNK_BLOCKS = 64          # blocks read at a time by the checksum pass (16 MiB at DuckDB's 256 KiB)
+
+
+def _checksums(pages):
+    """DuckDB's checksum (`Checksum` in its common/checksum.cpp: 5381 XOR-ed with every 64-bit word times
+    0xbf58476d1ce4e5b9) of each row of `pages` (uint64 words) but the first word, where DuckDB stores it."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        return np.bitwise_xor.reduce(pages[:, 1:] * np.uint64(0xBF58476D1CE4E5B9), axis=1) ^ np.uint64(5381)
+
+
+def _bad_blocks(path: str, block_size: int, total: int, free: int) -> list[int]:
+    """The blocks whose stored checksum does not match their bytes: DuckDB checks a block only when a query
+    reads it, so index and unread data blocks go unchecked at open. A free block holds an earlier valid block,
+    or zeros where it was never written; only the zeros are let pass, and only when the file has free blocks.
+    When the checksum does not match even the two database headers, which DuckDB checked as it opened the
+    file, this DuckDB stores blocks some other way: nothing is checked (the pass is never the cause of an
+    error on a good file)."""
+    import numpy as np
+
+    words, bad = block_size // 8, []
+    with open(path, "rb") as f:
+        headers = np.frombuffer(f.read(_HEADER_BYTES), dtype="<u8").reshape(3, -1)[1:]
+        if not (_checksums(headers) == headers[:, 0]).any():
+            log.debug("block checksums not checked: this DuckDB's header checksum is not the one known here")
+            return []
+        for first in range(0, total, _CHUNK_BLOCKS):
+            f.seek(_HEADER_BYTES + first * block_size)
+            data = f.read(min(_CHUNK_BLOCKS, total - first) * block_size)
+            blocks = np.frombuffer(data, dtype="<u8", count=len(data) // block_size * words).reshape(-1, words)
+            for i in np.flatnonzero(_checksums(blocks) != blocks[:, 0]):
+                if not (free and not blocks[i].any()):
+                    bad.append(first + int(i))
+    return bad
 
 
 def _check_readable(path: str) -> None:
-    """Check, without writing anything, that the file holds every block its header names and that every table's
-    row count reads: DuckDB opens a truncated file and fails only when a query reaches a missing block, and a
-    read-write open of a damaged file could write to it."""
+    """Check, without writing anything, that the file holds every block its header names, that every block's
+    checksum matches and that every table's row count reads: DuckDB opens a truncated or overwritten file and
+    fails only when a query (or the first write, reading an index) reaches the damaged block, and a read-write
+    open of a damaged file could write to it. The checksum pass reads the whole file, about 1.3 ms a MB."""
     with duckdb.connect(path, read_only=True) as con:
-        block_size, used = con.execute("SELECT block_size, used_blocks FROM pragma_database_size()").fetchall()[0]
+        block_size, total, used, free = con.execute("SELECT block_size, total_blocks, used_blocks, free_blocks "
+                                                    "FROM pragma_database_size()").fetchall()[0]
         need, have = _HEADER_BYTES + block_size * used, Path(path).stat().st_size  # at least; free blocks may go
         if have < need:
             raise duckdb.IOException(f"Could not read enough bytes: the file holds {have:,} bytes, its {used} "
                                      f"blocks in use need at least {need:,}")
+        bad = _bad_blocks(path, block_size, min(total, (have - _HEADER_BYTES) // block_size), free)
+        if bad:
+            raise duckdb.IOException(f"Corrupt database file: block(s) {', '.join(map(str, bad[:5]))}"
+                                     f"{' ...' if len(bad) > 5 else ''} fail their checksum")
         tables = [t for (t,) in con.execute("SELECT table_name FROM information_schema.tables "
                                             "WHERE table_type = 'BASE TABLE'").fetchall()]
         for table in tables:

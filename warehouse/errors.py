@@ -28,38 +28,42 @@ class WarehouseUnwritable(WarehouseError):
     """The file cannot be written: a full disk, a read-only file system, no permission."""
 
 
-def busy(path: str, pid: int) -> WarehouseBusy:
+def busy(path: str | Path | None, pid: int) -> WarehouseBusy:
     who = f"PID {pid}" if pid > 0 else "another process"
-    return WarehouseBusy(f"warehouse in use by {who}: {path}. DuckDB allows one writer; wait for that process "
-                         f"to finish (or stop it) and try again")
+    return WarehouseBusy(f"warehouse in use by {who}{f': {path}' if path else ''}. DuckDB allows one writer; wait "
+                         f"for that process to finish (or stop it) and try again")
 
 
 _DAMAGED = ("not a valid duckdb database file", "could not read enough bytes", "corrupt", "checksum")
 
 
-def storage_error(exc: BaseException, path: str | Path) -> WarehouseError | None:
+def storage_error(exc: BaseException, path: str | Path | None = None) -> WarehouseError | None:
     """The sentence-bearing error for a DuckDB or OS failure on the warehouse file, or None when the failure
-    is not one of those (a bug, or SQL the user typed)."""
+    is not one of those (a bug, or SQL the user typed). `path` is the file when the caller knows it (opening
+    it, where nothing was written yet); None for a failure surfacing later, in the middle of a command."""
     text = str(exc)
     low, first = text.lower(), text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     errno = getattr(exc, "errno", None)
+    where = f"the warehouse {path}" if path else "the warehouse"
     if "lock" in low and "conflicting" in low or "could not set lock" in low:
         m = _LOCK_PID.search(text)
-        return busy(str(path), int(m.group(1)) if m else -1)
+        return busy(path, int(m.group(1)) if m else -1)
     if any(k in low for k in _DAMAGED):
-        return WarehouseDamaged(f"the warehouse {path} is damaged ({first}); nothing was changed. Restore it from "
-                                f"a copy or from `sage export-parquet` output, or start afresh in another directory "
+        done = ("nothing was changed" if path else
+                "the command stopped there, and what it committed before is kept")
+        return WarehouseDamaged(f"{where} is damaged ({first}); {done}. Restore it from a copy or from "
+                                f"`sage export-parquet` output, or start afresh in another directory "
                                 f"(--set run.dir=NEW for `sage run`, --dir NEW for the other commands)")
     if errno == 28 or "no space left on device" in low:
-        return WarehouseUnwritable(f"no space left on the disk holding {path}: the batch in flight was not "
+        return WarehouseUnwritable(f"no space left on the disk holding {where}: the batch in flight was not "
                                    f"committed and everything committed before it is intact. Free some space and "
                                    f"run the same command again to resume")
     if errno == 30 or "read-only file system" in low:
-        return WarehouseUnwritable(f"cannot write {path}: the file system is read-only. Pick a writable directory "
+        return WarehouseUnwritable(f"cannot write {where}: the file system is read-only. Pick a writable directory "
                                    f"(--set run.dir=DIR or --dir DIR); `sage status` and `sage sql` can still read "
                                    f"this one")
     if errno == 13 or "permission denied" in low:
-        return WarehouseUnwritable(f"cannot write {path}: permission denied. Pick a directory you may write "
+        return WarehouseUnwritable(f"cannot write {where}: permission denied. Pick a directory you may write "
                                    f"(--set run.dir=DIR or --dir DIR)")
     return None
 

@@ -175,6 +175,53 @@ def _system_links() -> list[str]:
     return args
 
 
+#: What the sandbox makes in the temp directory, each name `<prefix><owner PID>-<random>`: the child module's
+#: dir, each job's or slot's scratch root, the user-namespace probe's mount point.
+TEMP_PREFIXES = ("sage-sandbox-child-", "sage-sbx-", "sage-sandbox-probe-")
+_SWEPT: list[bool] = []
+_SWEEP_LOCK = threading.Lock()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def sweep_temp_dirs() -> list[str]:
+    """Remove the sandbox's temp dirs whose owner process is gone: a SIGKILLed run's atexit and teardown never
+    ran. A dir whose owner is alive (or whose name holds no PID) is left alone. Returns the dirs removed."""
+    removed = []
+    root = Path(tempfile.gettempdir())
+    for prefix in TEMP_PREFIXES:
+        for d in root.glob(f"{prefix}*"):
+            pid = d.name[len(prefix):].split("-", 1)[0]
+            if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)) or not d.is_dir():
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+            if not d.exists():
+                removed.append(str(d))
+    return removed
+
+
+def sweep_once() -> None:
+    """`sweep_temp_dirs`, once per process: when its first sandbox starts."""
+    with _SWEEP_LOCK:
+        if not _SWEPT:
+            _SWEPT.append(True)
+            sweep_temp_dirs()
+
+
+def temp_dir(prefix: str) -> str:
+    """A new temp dir named with this process's PID, so a later process can tell when it is stale."""
+    sweep_once()
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+
+
 _CHILD_DIR: list[str | None] = []
 _CHILD_LOCK = threading.Lock()
 
@@ -186,7 +233,7 @@ def child_dir() -> str | None:
         if not _CHILD_DIR:
             path = None
             try:
-                d = tempfile.mkdtemp(prefix="sage-sandbox-child-")
+                d = temp_dir("sage-sandbox-child-")
                 atexit.register(shutil.rmtree, d, True)
                 os.chmod(d, 0o755)
                 (Path(d) / "sage_sandbox_child.py").write_text(_CHILD_SOURCE)
@@ -263,7 +310,7 @@ def _scratch_mount(root: str) -> list[str]:
 def _userns_mount_works() -> bool:
     """Can this unprivileged process mount a tmpfs in a user namespace of its own? Kernels and distributions
     that forbid unprivileged user namespaces say no (probed once)."""
-    root = tempfile.mkdtemp(prefix="sage-sandbox-probe-")
+    root = temp_dir("sage-sandbox-probe-")
     try:
         return subprocess.run(_scratch_mount(root) + ["/bin/true"], capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.SubprocessError):

@@ -45,7 +45,6 @@ import select
 import selectors
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -68,7 +67,9 @@ from sage.engines.verify.isolation import (
     die_with_parent,
     interpreter,
     scratch_root_needed,
+    sweep_once,
     teardown,
+    temp_dir,
 )
 from sage.engines.verify.protocol import Records
 from sage.engines.verify.slot import Slot
@@ -282,7 +283,7 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
     start = time.monotonic()
     deadline = start + cfg.timeout_s
     uid = UIDS.take() if IS_ROOT else None
-    tmp = tempfile.mkdtemp(prefix="sage-sbx-") if scratch_root_needed(backend) else None
+    tmp = temp_dir("sage-sbx-") if scratch_root_needed(backend) else None
     nonce = secrets.token_hex(16)
     records = Records(nonce, len(job.inputs), cfg.max_output_bytes + 4096)
     proc = None
@@ -357,6 +358,7 @@ class Sandbox:
 
     def __init__(self, cfg: SandboxConfig | None = None):
         self.cfg = cfg or SandboxConfig()
+        sweep_once()  # the temp dirs of a sandbox owner that was killed (SIGKILL runs no cleanup)
         available = available_backends()
         if self.cfg.backend == "auto":
             isolating = [b for b in available if b != "rlimit"]

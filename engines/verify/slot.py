@@ -15,7 +15,6 @@ import marshal
 import os
 import socket
 import subprocess
-import tempfile
 import time
 
 from sage.engines.verify.isolation import (
@@ -29,6 +28,7 @@ from sage.engines.verify.isolation import (
     interpreter,
     scratch_root_needed,
     teardown,
+    temp_dir,
 )
 
 
@@ -47,7 +47,7 @@ class Slot:
     def start(self, until: float) -> bool:
         """Start the zygote and wait (until `until`, monotonic) for it to say ready; False if it did not."""
         self.uid = UIDS.take() if IS_ROOT else None
-        self.tmp = tempfile.mkdtemp(prefix="sage-sbx-") if scratch_root_needed(self.backend) else None
+        self.tmp = temp_dir("sage-sbx-") if scratch_root_needed(self.backend) else None
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         setup_r, setup_w = os.pipe()
         try:

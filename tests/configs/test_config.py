@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -80,6 +81,22 @@ def test_yaml_file_errors(tmp_path):
     typo.write_text("iteration:\n  alfa: 0.5\n")
     with pytest.raises(ConfigError, match="iteration.alfa"):
         load_config(typo)
+
+
+def test_a_yaml_file_that_is_not_utf8_or_not_a_file(tmp_path, monkeypatch):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("run:\n  dir: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=re.escape(f"config file {latin}:2: not UTF-8 text (byte 15); re-save")):
+        load_config(latin)
+    folder = tmp_path / "folder.yaml"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match=re.escape(f"config {folder} is a directory; give a profile name (cpu")):
+        load_config(folder)
+    with pytest.raises(ConfigError, match=re.escape(f"config {tmp_path} is a directory")):
+        load_config(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cpu").mkdir()  # a folder named like a profile does not hide the profile
+    assert load_config("cpu").model.name
 
 
 def test_wrong_type_in_dict():

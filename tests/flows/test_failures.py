@@ -34,12 +34,33 @@ def project(tmp_path):
     return tmp_path
 
 
+def _blocks(path) -> tuple[int, set[int], set[int]]:
+    """The warehouse's block size, the blocks holding the questions table's rows and those holding any table's."""
+    import duckdb
+
+    with duckdb.connect(str(path), read_only=True) as con:
+        size = con.execute("SELECT block_size FROM pragma_database_size()").fetchone()[0]
+        tables = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+        blocks = {t: {b for (b,) in con.execute(f"SELECT DISTINCT block_id FROM pragma_storage_info('{t}') "
+                                                "WHERE block_id >= 0").fetchall()} for t in tables}
+    return size, blocks["questions"], set().union(*blocks.values())
+
+
 def _damage(path, how: str) -> None:
+    """Damage the file: cut in half, its header zeroed, or 200 bytes overwritten inside a block the open
+    reads nothing of (the questions table's rows, or an index: a block no table's rows use)."""
     if how == "truncated":
         os.truncate(path, path.stat().st_size // 2)
-    else:
+    elif how == "zeroed header":
         with open(path, "r+b") as f:
             f.write(b"\0" * 4096)
+    else:
+        size, questions, rows = _blocks(path)
+        used = (path.stat().st_size - 3 * 4096) // size
+        block = min(questions) if how == "overwritten rows" else min(set(range(1, used)) - rows)
+        with open(path, "r+b") as f:
+            f.seek(3 * 4096 + block * size + 5000)
+            f.write(bytes(range(200)))
 
 
 def _assert_sentence(r, *words: str, code: int = 2) -> None:
@@ -50,15 +71,30 @@ def _assert_sentence(r, *words: str, code: int = 2) -> None:
         assert w in out.replace("\n", " "), out[-3000:]
 
 
-@pytest.mark.parametrize("how", ["truncated", "zeroed header"])
+@pytest.mark.parametrize("how", ["truncated", "zeroed header", "overwritten rows", "overwritten index"])
 def test_a_damaged_warehouse_is_named_and_left_alone(project, how):
     wh_file = project / "warehouse.duckdb"
     _damage(wh_file, how)
     before = digest(wh_file)
     for args in (["status", "--dir", str(project)], ["sql", "select 1", "--dir", str(project)],
                  [*RUN, "--set", f"run.dir={project}"]):
-        _assert_sentence(sage(*args), "is damaged", "nothing was changed", "export-parquet")
+        r = sage(*args)
+        _assert_sentence(r, f"the warehouse {wh_file} is damaged", "nothing was changed", "export-parquet")
+        assert "the warehouse the warehouse" not in r.stderr
         assert digest(wh_file) == before
+
+
+def test_damage_found_in_the_middle_of_a_command_reads_once():
+    """Damage a query reaches after the open (the file is not known there) is worded once, without claiming
+    that nothing was written."""
+    import duckdb
+
+    from sage.flows.terminal import expected_error
+
+    text, code = expected_error(duckdb.Error("Corrupt database file: computed checksum 1 does not match stored "
+                                             "checksum 2 in block at location 12288"))
+    assert code == 2 and text.startswith("the warehouse is damaged (Corrupt database file: computed checksum 1")
+    assert "the warehouse the warehouse" not in text and "nothing was changed" not in text
 
 
 def test_verbose_shows_the_traceback_too(project):
@@ -147,3 +183,25 @@ def test_iterations_must_be_at_least_one(tmp_path):
         r = sage("run", "-n", n, "--set", f"run.dir={tmp_path}")
         assert r.returncode == 2 and "-n" in r.stderr and "Traceback" not in r.stderr
         assert not (tmp_path / "warehouse.duckdb").exists()
+
+
+@pytest.fixture
+def bad_inputs(tmp_path):
+    (tmp_path / "latin1.yaml").write_bytes("run:\n  dir: caf\xe9\n".encode("latin-1"))
+    (tmp_path / "folder.yaml").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("case", ["non-UTF-8 YAML", "YAML path a directory", "profile a directory",
+                                  "seed path without suffix", "sql on a missing folder"])
+def test_each_bad_input_gets_one_sentence_and_exit_2(bad_inputs, case):
+    d = bad_inputs
+    args, says = {
+        "non-UTF-8 YAML": (["config", "-c", f"{d}/latin1.yaml"], [f"{d}/latin1.yaml:2: not UTF-8 text (byte 15)"]),
+        "YAML path a directory": (["run", "-c", f"{d}/folder.yaml"], [f"config {d}/folder.yaml is a directory"]),
+        "profile a directory": (["config", "-c", str(d)], [f"config {d} is a directory", "cpu"]),
+        "seed path without suffix": (["seed", "--set", f"run.dir={d}/p", "--set", f"seeds.source={d}/seeds"],
+                                     [f"{d}/seeds: no such file", "nothing was written"]),
+        "sql on a missing folder": (["sql", "select 1", "--dir", f"{d}/missing"], [f"no warehouse at {d}/missing"]),
+    }[case]
+    _assert_sentence(sage(*args), *says, code=2)

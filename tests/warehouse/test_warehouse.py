@@ -279,3 +279,58 @@ def test_a_reader_of_an_older_warehouse_a_writer_holds_is_told_so(tmp_path):
     finally:
         writer.kill()
         writer.wait()
+
+
+def _questions(n: int, tag: str = "") -> list[dict]:
+    return [dict(question_id=f"q{tag}{i}", origin="seed", domain="math", text=f"{i}+1?" * 20,
+                 verifier={"answer": str(i + 1)}, norm_hash=f"h{tag}{i}") for i in range(n)]
+
+
+def test_the_open_check_finds_an_overwritten_block_wherever_it_is(tmp_path):
+    """DuckDB checks a block's checksum only when a query reads it; the open check reads every block, so 200
+    bytes overwritten in any block (table rows, an index, the catalog) are found before anything is written."""
+    import os
+    import shutil
+
+    import duckdb
+
+    from sage.warehouse.errors import WarehouseDamaged
+
+    good = tmp_path / "good.duckdb"
+    with Warehouse.open(good) as wh:
+        wh.insert_batch("questions", _questions(500))
+    with duckdb.connect(str(good), read_only=True) as con:
+        size, used = con.execute("SELECT block_size, used_blocks FROM pragma_database_size()").fetchone()
+    assert used >= 3
+    for block in range(used):
+        bad = tmp_path / f"bad{block}.duckdb"
+        shutil.copy(good, bad)
+        with open(bad, "r+b") as f:
+            f.seek(3 * 4096 + block * size + 5000)
+            f.write(os.urandom(200))
+        before = bad.read_bytes()
+        for read_only in (True, False):
+            with pytest.raises(WarehouseDamaged, match=rf"the warehouse {re.escape(str(bad))} is damaged \("
+                                                       r".*; nothing was changed"):
+                Warehouse.open(bad, read_only=read_only)
+        assert bad.read_bytes() == before
+
+
+def test_a_healthy_warehouse_with_free_blocks_opens(tmp_path):
+    """Blocks freed by deletes keep their old contents and checksums: not damage."""
+    import duckdb
+
+    path = tmp_path / "w.duckdb"
+    with Warehouse.open(path) as wh:
+        for k in range(3):
+            wh.insert_batch("questions", _questions(3000, f"{k}-"))
+            wh.checkpoint()
+        wh.execute("DELETE FROM questions WHERE question_id LIKE 'q1-%'")
+        wh.checkpoint()
+    with duckdb.connect(str(path), read_only=True) as con:
+        free = con.execute("SELECT free_blocks FROM pragma_database_size()").fetchone()[0]
+    assert free > 0
+    with Warehouse.open(path, read_only=True) as wh:
+        assert wh.count("questions") == 6000
+    with Warehouse.open(path) as wh:
+        assert wh.count("questions") == 6000

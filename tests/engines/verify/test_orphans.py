@@ -107,3 +107,73 @@ def test_a_uid_is_reused_only_once_no_process_of_it_remains():
     finally:
         if leftover.poll() is None:
             leftover.kill()
+
+
+def _owned_dirs(pid: int) -> list[str]:
+    import tempfile
+    from pathlib import Path
+
+    from sage.engines.verify.isolation import TEMP_PREFIXES
+
+    root = Path(tempfile.gettempdir())
+    return sorted(str(d) for p in TEMP_PREFIXES for d in root.glob(f"{p}{pid}-*"))
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "rlimit"])
+def test_the_temp_dirs_of_a_killed_owner_go_at_the_next_start(backend):
+    """SIGKILL runs no cleanup: the owner's child-module dir and its jobs' scratch roots stay in the temp dir,
+    named with its PID; the next process to start a sandbox removes them."""
+    if not backend_possible(backend):
+        pytest.skip(f"{backend} is not usable here")
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, backend], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 60
+        while not _owned_dirs(owner.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+    left = _owned_dirs(owner.pid)
+    assert left  # what the killed owner left behind
+    deadline = time.monotonic() + 30  # its sandboxed processes notice its death and exit on their own
+    while any(_holds(p, left) for p in psutil.process_iter()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    r = subprocess.run([sys.executable, "-c", "from sage.configs.schema import SandboxConfig\n"
+                        "from sage.engines.verify.sandbox import Sandbox\n"
+                        f"Sandbox(SandboxConfig(backend={backend!r}))"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert _owned_dirs(owner.pid) == []
+
+
+def _holds(proc: psutil.Process, dirs: list[str]) -> bool:
+    try:
+        return any(proc.cwd().startswith(d) for d in dirs)
+    except psutil.Error:
+        return False
+
+
+def test_a_live_owner_keeps_its_temp_dirs(tmp_path, monkeypatch):
+    """Only dirs whose owner is gone are removed: a live process's (another user's included) and names
+    without a PID stay."""
+    import tempfile
+
+    from sage.engines.verify import isolation
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    live = subprocess.Popen(["sleep", "60"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        keep = [tmp_path / f"sage-sandbox-child-{live.pid}-abc", tmp_path / "sage-sbx-legacy123",
+                tmp_path / "sage-sbx-1-abc", tmp_path / f"sage-sbx-{os.getpid()}-abc"]  # PID 1 is always alive
+        gone = [tmp_path / f"sage-sandbox-child-{dead.pid}-abc", tmp_path / f"sage-sbx-{dead.pid}-xyz",
+                tmp_path / f"sage-sandbox-probe-{dead.pid}-q"]
+        for d in keep + gone:
+            d.mkdir()
+            (d / "sage_sandbox_child.py").write_text("x = 1\n")
+        assert sorted(isolation.sweep_temp_dirs()) == sorted(map(str, gone))
+        assert all(d.is_dir() for d in keep) and not any(d.exists() for d in gone)
+    finally:
+        live.kill()
+        live.wait()
