@@ -20,7 +20,7 @@ from sage.engines.text import tags
 from sage.stages.context import StageContext
 from sage.stages.prompts import TEMPLATE_VERSION, field_limit, render
 from sage.warehouse import content_id, seed_from_id
-from sage.warehouse.queries import existing_ids
+from sage.warehouse.queries import existing_ids, stored_path
 
 ROLE_OF_KIND = {"challenger_math": Role.CHALLENGER, "challenger_code": Role.CHALLENGER, "planner": Role.PLANNER,
                 "critic_question": Role.CRITIC, "critic_plan": Role.CRITIC, "solver_math": Role.SOLVER,
@@ -117,7 +117,7 @@ def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit
         batch = pending[start:start + step]
         requests = [_request(ctx, u, purpose, greedy, ids[id(u)]) for u in batch]
         results = ctx.llm.generate(requests)
-        rows = []
+        rows, adapter = [], None if ctx.adapter is None else stored_path(ctx.wh, ctx.adapter)  # project-relative
         for unit, req, res in zip(batch, requests, results):
             for j, comp in enumerate(res.completions):
                 rid = ids[id(unit)][j]
@@ -130,7 +130,7 @@ def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit
                     purpose=purpose, question_id=unit.question_id, plan_id=unit.plan_id,
                     template=TEMPLATE_VERSION[unit.kind], prompt_text=res.prompt_text, completion_text=text,
                     prompt_ids=res.prompt_ids, completion_ids=comp.token_ids, logprobs=comp.logprobs,
-                    adapter=ctx.adapter, sample_index=j, seed=req.seed, finish_reason=comp.finish_reason,
+                    adapter=adapter, sample_index=j, seed=req.seed, finish_reason=comp.finish_reason,
                     prompt_tokens=len(res.prompt_ids), completion_tokens=len(comp.token_ids),
                     parsed=p.fields, format_reward=p.format_reward, format_reason=p.reason,
                     constrained=req.regex_for(j) is not None))

@@ -9,7 +9,9 @@ plan, solve) with what its reward needs; writes one `scores` row each (reward, c
 advantage, `reward_version`) in one transaction. Idempotency key: `score_id` = hash of (rollout id,
 REWARD_VERSION); a re-run computes the same values and inserts nothing new, while a re-score after a change of
 the formulas (a new REWARD_VERSION) adds rows beside the old ones, and readers take the newest version.
-Fails: a Challenger question that earns the difficulty term but was never probed raises.
+Fails: a Challenger question that earns the difficulty term but was never probed raises; so does a Solver
+answer without a verdict (a missing verdict is never scored as a wrong answer) and an iteration with nothing
+to score.
 """
 
 from __future__ import annotations
@@ -126,11 +128,25 @@ def _reward(row: dict, ctx: StageContext) -> tuple[float, dict[str, Any]]:
     if row["purpose"] == Purpose.PLAN:
         return planner_reward(float(row["plan_s_p"] if row["plan_s_p"] is not None else 0.0), r_f, w)
     s_p_tilde = float(row["plan_s_p"]) if row["plan_passed"] else 0.0
-    return solver_reward(s_p_tilde, float(row["s_gt"] or 0.0), r_f, w)
+    return solver_reward(s_p_tilde, float(row["s_gt"]), r_f, w)
+
+
+def check_inputs(rows: list[dict], run_id: str, iteration: int) -> None:
+    """Refuse to score an iteration with no rollouts, or with Solver answers that have no verdict: s_gt 0 would
+    train the Solver on failures that never happened."""
+    where = f"iteration {iteration} of run {run_id!r}"
+    if not rows:
+        raise RuntimeError(f"score: {where} has no rollouts to score; run its earlier stages first (`sage run`)")
+    unverified = [r["rollout_id"] for r in rows if r["purpose"] == Purpose.SOLVE and r["s_gt"] is None]
+    if unverified:
+        raise RuntimeError(f"score: {len(unverified)} Solver answer(s) of {where} have no verdict "
+                           f"({', '.join(unverified[:3])}{', ...' if len(unverified) > 3 else ''}); run "
+                           f"`sage stage verify --run {run_id} --iteration {iteration}` first, then score")
 
 
 def run(ctx: StageContext) -> StageReport:
     rows = scoring_inputs(ctx.wh, ctx.run_id, ctx.iteration)
+    check_inputs(rows, ctx.run_id, ctx.iteration)
     scored = [_reward(r, ctx) for r in rows]
     groups = [trr_group(r["role"], r["domain"], ctx.cfg.rewards.group_by) for r in rows]
     advantages = trr_advantages([s[0] for s in scored], groups, ctx.cfg.rewards.eps)

@@ -7,7 +7,9 @@ Idempotency key: question id = hash(origin, domain, text, source); the stage its
 `stage_runs` under run id `seeds:<hash of the seeds settings and of a user file's content>`, so a second
 `sage seed` does nothing, and an edited file loads its new rows.
 Code tasks: test inputs come from the task's input generator and expected outputs from its reference
-solution, both run in the sandbox (twice for the solution: runs that error or disagree drop the task).
+solution, both run in the sandbox (twice for the solution: runs that error or disagree drop the task). A run
+that times out is retried once with `RETRY_WALL_FACTOR` times the wall-clock limit (the CPU limit unchanged) on
+fewer parallel workers, so whether a task is kept follows from its code, not from how loaded the machine was.
 Fails: a bad user file raises SeedFileError naming file and line, and so do code problems of a user's file
 whose reference solution cannot give outputs (each with its reason) unless `seeds.skip_bad`, which loads the
 rest and reports them; nothing is written when it fails.
@@ -37,6 +39,8 @@ from sage.warehouse import content_id, norm_hash
 from sage.warehouse.queries import existing_ids
 
 STAGE = Stage.SEED
+#: A sandbox run that timed out is retried with this many times `sandbox.timeout_s` (wall clock).
+RETRY_WALL_FACTOR = 8
 
 
 def seeds_key(ctx: StageContext) -> str:
@@ -98,7 +102,7 @@ def distinct_math(n: int, seed: int, split: str, generators: dict | None,
     Returns the problems, grouped by generator, and, when a generator's space is too small, which ones are short
     and by how much ('' when none)."""
     generators = generators or {name: {} for name in MATH_GENERATORS}
-    names = [f"reasoning_gym:{name}" for name in generators]
+    names = [f"reasoning_gym:{name}" for name in sorted(generators)]  # in name order, as `default_math` draws
     want = {name: n // len(names) + (i < n % len(names)) for i, name in enumerate(names)}
     for size in (n, 4 * n, 16 * n, 64 * n):
         picked, hashes = {name: [] for name in names}, set(seen)
@@ -127,6 +131,22 @@ def reference_chunk(engines, jobs: list) -> list:
     return reference_runs(engines.sandbox, jobs)
 
 
+def _patient_sandbox(ctx: StageContext):
+    """A sandbox for the retries: the same CPU and memory limits, a much longer wall-clock limit, one worker per
+    core (a wall-clock timeout under load says nothing about the code; running out of CPU time does)."""
+    import os
+
+    from sage.engines.verify.sandbox import Sandbox
+
+    cfg = ctx.cfg.sandbox
+    return Sandbox(cfg.model_copy(update={"timeout_s": cfg.timeout_s * RETRY_WALL_FACTOR,
+                                          "workers": os.cpu_count() or 1}))
+
+
+def _timed_out(why: str | None) -> bool:
+    return why is not None and why.startswith("the reference solution failed (timeout")
+
+
 def _complete_code(ctx: StageContext, items: list[SeedItem]) -> tuple[list[SeedItem], list[tuple[SeedItem, str]]]:
     """Fill in inputs (from generators) and outputs (from reference solutions) in the sandbox, wherever the flow
     fans out. Returns the items that are usable and the code items that are not, each with the reason."""
@@ -142,6 +162,10 @@ def _complete_code(ctx: StageContext, items: list[SeedItem]) -> tuple[list[SeedI
             jobs.append(Job(input_generator_job_code(item.input_generator, params), INPUTS_ENTRY,
                             [[ctx.cfg.seeds.seed + k, CODEIO_INPUTS_PER_TASK]]))
         results = [res for chunk in ctx.fanout.map(execute_chunk, jobs) for res in chunk]
+        late = [k for k, res in enumerate(results) if res.status == "timeout"]
+        if late:
+            for k, res in zip(late, _patient_sandbox(ctx).execute([jobs[k] for k in late])):
+                results[k] = res
         for item, res in zip(gen, results):
             if res.errors[0] is None and isinstance(res.outputs[0], list):
                 item.verifier["inputs"] = storable(res.outputs[0])
@@ -150,6 +174,12 @@ def _complete_code(ctx: StageContext, items: list[SeedItem]) -> tuple[list[SeedI
     todo = [i for i in items if "outputs" not in i.verifier and i.solution and i.verifier.get("inputs")]
     jobs = [Job(i.solution, i.verifier["entry_point"], i.verifier["inputs"]) for i in todo]
     runs = [run for chunk in ctx.fanout.map(reference_chunk, jobs) for run in chunk]
+    late = [k for k, (_, why) in enumerate(runs) if _timed_out(why)]
+    if late:
+        from sage.engines.verify.outputs import reference_runs
+
+        for k, run in zip(late, reference_runs(_patient_sandbox(ctx), [jobs[k] for k in late])):
+            runs[k] = run
     for item, (outputs, why) in zip(todo, runs):
         stored = storable(outputs)
         if stored is not None:

@@ -8,11 +8,14 @@ fed stored rows), in this process or, with `train.isolate` (the GPU default), in
 and training never hold GPU memory at once; with `train.accelerate_config` under `accelerate launch`,
 data-parallel over its processes.
 Writes: one `train_steps` row per optimizer update as the update ends, the adapter to
-`<run.dir>/adapters/<run>/iteration-<k>` (atomically; `<run>` as `run_dirname` maps it), then a `checkpoints`
-row with the metrics and `iterations.adapter_out`, in one transaction.
+`<project>/adapters/<run>/iteration-<k>` (atomically; `<project>` is the warehouse's directory, the one the
+command was given, never the stored run.dir, so a copied project writes into itself; `<run>` as `run_dirname` maps
+it), then a `checkpoints` row with the metrics and `iterations.adapter_out` (the path relative to the project), in
+one transaction.
 Idempotency: a recorded checkpoint is never retrained; a crash mid-training leaves no checkpoint row, so a
 re-run trains that iteration again (and only that), first deleting the steps the interrupted attempt stored.
-Fails: trainer errors propagate; a `train.accelerate_config` that names no file fails before any work.
+Fails: trainer errors propagate; no scored rollouts to train on raises; a `train.accelerate_config` that names
+no file fails before any work.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from sage.stages.score import REWARD_VERSION
 from sage.warehouse.queries import (
     checkpoint_path,
     clear_train_steps,
+    project_dir,
     record_checkpoint,
     record_train_step,
     training_rows,
@@ -54,9 +58,9 @@ def stored_rows(wh, cfg, run_id: str, iteration: int) -> list[TrainRow]:
 
 
 def adapter_dir(ctx: StageContext) -> Path:
-    """Where the iteration's adapter goes: `<run.dir>/adapters/<run>/iteration-<k>`."""
-    root = Path(ctx.cfg.run.dir).expanduser().resolve()
-    return root / "adapters" / run_dirname(ctx.run_id) / f"iteration-{ctx.iteration}"
+    """Where the iteration's adapter goes: `<project>/adapters/<run>/iteration-<k>`, in the warehouse's project
+    directory (a project copied elsewhere keeps a stored run.dir that names the original)."""
+    return project_dir(ctx.wh) / "adapters" / run_dirname(ctx.run_id) / f"iteration-{ctx.iteration}"
 
 
 class _StepWriter:
@@ -84,6 +88,10 @@ def run(ctx: StageContext) -> StageReport:
     if ctx.cfg.train.accelerate_config:  # a misspelt name fails here, before any work
         launch.accelerate_config_path(ctx.cfg.train.accelerate_config)
     rows = stored_rows(ctx.wh, ctx.cfg, ctx.run_id, ctx.iteration)
+    if not rows:  # an adapter trained on nothing would be recorded as this iteration's
+        raise RuntimeError(f"train: iteration {ctx.iteration} of run {ctx.run_id!r} has no scored rollouts of roles "
+                           f"{', '.join(map(str, ctx.cfg.train.roles))}; run `sage stage score --run {ctx.run_id} "
+                           f"--iteration {ctx.iteration}` first")
     out = adapter_dir(ctx)
     if out.exists():  # left by a run killed between saving and recording: train again
         shutil.rmtree(out)

@@ -23,7 +23,7 @@ from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.stages.verify import verify_rollouts
-from sage.warehouse.queries import iteration_adapter
+from sage.warehouse.queries import iteration_adapter, stored_path
 from sage.warehouse.validate_queries import BASE, record_validation, validation_questions, validation_scores
 
 STAGE = Stage.VALIDATE
@@ -57,7 +57,8 @@ def run(ctx: StageContext) -> StageReport:
     _, written = generate(vctx, STAGE, Purpose.VALIDATE, units, greedy=True)
     verify_rollouts(vctx, Purpose.VALIDATE, "validate_verify")
     scores = validation_scores(ctx.wh, ctx.run_id, ctx.iteration)
+    stored = BASE if adapter is None else stored_path(ctx.wh, adapter)  # relative to the project directory
     with ctx.wh.transaction():
-        record_validation(ctx.wh, ctx.run_id, ctx.iteration, adapter or BASE, scores)
+        record_validation(ctx.wh, ctx.run_id, ctx.iteration, stored, scores)
     info = {k: scores[k] for k in ("val_accuracy", "val_math", "val_code", "val_mean_s_gt", "n_math", "n_code")}
-    return StageReport(STAGE, rows_in=len(questions), rows_out=written, info={"adapter": adapter or BASE, **info})
+    return StageReport(STAGE, rows_in=len(questions), rows_out=written, info={"adapter": stored, **info})

@@ -7,7 +7,8 @@ answer's code runs in the sandbox on the question's test inputs; the parent comp
 with the expected outputs (s_gt = fraction of tests passed). The checks run through `ctx.fanout` (here, or
 on Ray workers with `orchestration.runner: ray`); only this process writes. Writes: one `verdicts` row per
 rollout, committed per batch; after the probe, `questions.difficulty` = 1 - mean probe s_gt.
-Idempotency key: verdict id = rollout id. Fails: engine errors propagate; bad answers score 0.
+Idempotency key: verdict id = rollout id. Fails: engine errors propagate; bad answers score 0; the `verify`
+stage finding no Solver answers at all raises (the solve stage wrote none: never `done` on nothing).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 
 from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
-from sage.warehouse.queries import set_difficulty_from_probes, unverified_rollouts
+from sage.warehouse.queries import rollout_count, set_difficulty_from_probes, unverified_rollouts
 
 
 def _math_verdicts(engines, rows: list[dict]) -> list[dict]:
@@ -87,4 +88,9 @@ def run_probe(ctx: StageContext) -> StageReport:
 
 
 def run_solve(ctx: StageContext) -> StageReport:
+    # The probe may have nothing to probe (no question written), but every iteration solves pool questions.
+    if not rollout_count(ctx.wh, ctx.run_id, ctx.iteration, Purpose.SOLVE):
+        raise RuntimeError(f"verify: iteration {ctx.iteration} of run {ctx.run_id!r} has no Solver answers to verify; "
+                           f"run the solve stage first (`sage stage solve --run {ctx.run_id} --iteration "
+                           f"{ctx.iteration}`)")
     return verify_rollouts(ctx, Purpose.SOLVE, Stage.VERIFY)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sage.warehouse.db import Warehouse
+from sage.warehouse.queries import located_path
 from sage.warehouse.validate_queries import BASE
 
 NAMES = ("base", "best", "latest")
@@ -25,13 +26,15 @@ class CheckpointNotFound(ValueError):
 class Checkpoint:
     label: str                   # as the user named it: 'base', 'best (iteration 3)', 'iteration 2'
     iteration: int               # 0 = the base model
-    adapter: str | None          # the LoRA adapter directory; None for the base model
+    adapter: str | None          # the LoRA adapter directory, where it is now; None for the base model
     val_accuracy: float | None = None
+    path: str | None = None      # the adapter as `checkpoints.adapter_path` stores it (relative to the project)
 
     @property
     def stored(self) -> str:
-        """How `checkpoints.adapter_path` and `evaluations.checkpoint` name it: 'base' or the adapter path."""
-        return self.adapter or BASE
+        """How `checkpoints.adapter_path` and `evaluations.checkpoint` name it: 'base' or the stored adapter path
+        (the same wherever the project directory moves)."""
+        return self.path or self.adapter or BASE
 
 
 def _rows(wh: Warehouse, run_id: str) -> list[dict]:
@@ -65,8 +68,8 @@ def resolve_checkpoint(wh: Warehouse, run_id: str | None, which: str | int) -> C
         raise CheckpointNotFound(f"run {run_id!r} has {what}: {have}")
     row = found[0]
     label = f"iteration {row['iteration']}" if key.isdigit() else f"{key} (iteration {row['iteration']})"
-    adapter = None if row["adapter_path"] == BASE else row["adapter_path"]
-    return Checkpoint(label, row["iteration"], adapter, row["val_accuracy"])
+    path = None if row["adapter_path"] == BASE else row["adapter_path"]
+    return Checkpoint(label, row["iteration"], located_path(wh, path), row["val_accuracy"], path)
 
 
 def _base_accuracy(wh: Warehouse, run_id: str | None) -> float | None:

@@ -6,6 +6,8 @@ nothing usable is stored (`Warehouse.records`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sage.configs.names import TRAINED_PURPOSES, Purpose
 from sage.warehouse.db import Warehouse
 
@@ -53,6 +55,12 @@ def stage_states(wh: Warehouse, run_id: str) -> list[dict]:
 def stage_status(wh: Warehouse, run_id: str, iteration: int, stage: str) -> str | None:
     return wh.scalar("SELECT status FROM stage_runs WHERE run_id = ? AND iteration = ? AND stage = ?",
                      [run_id, iteration, stage])
+
+
+def iteration_stage_states(wh: Warehouse, run_id: str, iteration: int) -> dict[str, str]:
+    """{stage: status} of the stages recorded for (run, iteration)."""
+    return dict(wh.execute("SELECT stage, status FROM stage_runs WHERE run_id = ? AND iteration = ?",
+                           [run_id, iteration]))
 
 
 def mark_stage_running(wh: Warehouse, run_id: str, iteration: int, stage: str) -> None:
@@ -151,6 +159,11 @@ def rollouts_for(wh: Warehouse, run_id: str, iteration: int, purpose: Purpose) -
                       [run_id, iteration, purpose])
 
 
+def rollout_count(wh: Warehouse, run_id: str, iteration: int, purpose: Purpose) -> int:
+    return wh.scalar("SELECT count(*) FROM rollouts WHERE run_id = ? AND iteration = ? AND purpose = ?",
+                     [run_id, iteration, purpose])
+
+
 def unverified_rollouts(wh: Warehouse, run_id: str, iteration: int, purpose: Purpose) -> list[dict]:
     """Solver rollouts of `purpose` without a verdict, with their question's domain and verifier."""
     return wh.records("""
@@ -228,7 +241,7 @@ def set_run_status(wh: Warehouse, run_id: str, status: str) -> None:
 def start_iteration(wh: Warehouse, run_id: str, iteration: int, adapter_in: str | None) -> None:
     wh.execute("""INSERT INTO iterations (run_id, iteration, adapter_in) VALUES (?, ?, ?)
                   ON CONFLICT DO UPDATE SET status = 'running', finished_at = NULL""",
-               [run_id, iteration, adapter_in])
+               [run_id, iteration, None if adapter_in is None else stored_path(wh, adapter_in)])
 
 
 def finish_iteration(wh: Warehouse, run_id: str, iteration: int, status: str) -> None:
@@ -236,9 +249,34 @@ def finish_iteration(wh: Warehouse, run_id: str, iteration: int, status: str) ->
                [status, run_id, iteration])
 
 
+# -- adapter paths: stored relative to the project directory (the warehouse's folder), so a copied or moved project
+# finds its own adapters and never the original's; a path stored absolute (older rows) stays as it is.
+
+def project_dir(wh: Warehouse) -> Path:
+    """The project directory of a warehouse: the folder its file is in."""
+    return Path(wh.path).expanduser().resolve().parent
+
+
+def stored_path(wh: Warehouse, path: str | Path) -> str:
+    """How an adapter path is stored: relative to the project directory when it is inside it, else absolute."""
+    full = Path(path).expanduser().resolve()
+    try:
+        return full.relative_to(project_dir(wh)).as_posix()
+    except ValueError:
+        return str(full)
+
+
+def located_path(wh: Warehouse, stored: str | None) -> str | None:
+    """Where a stored adapter path is now: a relative one under the warehouse's project directory."""
+    if stored is None or Path(stored).is_absolute():
+        return stored
+    return str(project_dir(wh) / stored)
+
+
 def iteration_adapter(wh: Warehouse, run_id: str, iteration: int) -> str | None:
     """The adapter iteration `iteration` produced (its train stage), or None."""
-    return wh.scalar("SELECT adapter_out FROM iterations WHERE run_id = ? AND iteration = ?", [run_id, iteration])
+    return located_path(wh, wh.scalar("SELECT adapter_out FROM iterations WHERE run_id = ? AND iteration = ?",
+                                      [run_id, iteration]))
 
 
 def set_iteration_adapter(wh: Warehouse, run_id: str, iteration: int, adapter_out: str) -> None:
@@ -312,7 +350,8 @@ def training_rows(wh: Warehouse, run_id: str, iteration: int, reward_version: in
 
 
 def record_checkpoint(wh: Warehouse, run_id: str, iteration: int, adapter_path: str, metrics: dict) -> None:
-    """The checkpoints row and the iteration's adapter_out, together."""
+    """The checkpoints row and the iteration's adapter_out, together (the path stored as `stored_path` says)."""
+    adapter_path = stored_path(wh, adapter_path)
     with wh.transaction():
         wh.insert("checkpoints", [dict(run_id=run_id, iteration=iteration, adapter_path=adapter_path, metrics=metrics)])
         set_iteration_adapter(wh, run_id, iteration, adapter_path)

@@ -11,7 +11,8 @@ from sage.configs import apply_override, config_from_dict, config_hash, config_j
 from sage.configs.names import Stage
 from sage.configs.schema import SageConfig
 from sage.warehouse.db import Warehouse
-from sage.warehouse.queries import iteration_states, run_config, run_ids, set_run_config
+from sage.warehouse.queries import iteration_stage_states, iteration_states, run_config, run_ids, set_run_config
+from sage.warehouse.redo import ORDER
 
 
 class RunNotFound(ValueError):
@@ -24,6 +25,10 @@ class RunConfigMismatch(ValueError):
 
 class IterationNotFound(ValueError):
     """A stage asked for an iteration the run does not have and cannot start yet."""
+
+
+class StageInputsMissing(IterationNotFound):
+    """A stage asked for an iteration whose earlier stages (what it reads) are not done yet."""
 
 
 def create_run(wh: Warehouse, cfg: SageConfig, run_id: str | None = None) -> str:
@@ -81,18 +86,20 @@ def run_dirname(run_id: str) -> str:
 
 
 def check_stage_target(wh: Warehouse, run_id: str, iteration: int, stage: str) -> None:
-    """Refuse, before anything is written, a stage on a run or an iteration that does not exist. A stage may run
-    on an iteration the run has, on the next one (last + 1) once the last is done, and `validate` also on
-    iteration 0 (the base model)."""
+    """Refuse, before anything is written, a stage on a run or an iteration that does not exist, or whose inputs
+    are not done (`check_stage_inputs`). A stage may run on an iteration the run has, on the next one (last + 1)
+    once the last is done, and `validate` also on iteration 0 (the base model)."""
     if run_config(wh, run_id) is None:
         names = run_ids(wh)
         have = f"runs here: {', '.join(names)}" if names else "no runs yet (start one with `sage run`)"
         raise RunNotFound(f"no run {run_id!r} in {wh.path}; {have}")
     states = iteration_states(wh, run_id)
     if iteration in states or (iteration == 0 and stage == Stage.VALIDATE):
+        check_stage_inputs(wh, run_id, iteration, stage)
         return
     last = max(states, default=0)
     if iteration == last + 1 and iteration > 0 and stage != Stage.VALIDATE and states.get(last, "done") == "done":
+        check_stage_inputs(wh, run_id, iteration, stage)
         return
     have = (f"it has iterations {', '.join(f'{k} ({v})' for k, v in sorted(states.items()))}" if states
             else "it has no iterations yet")
@@ -100,3 +107,28 @@ def check_stage_target(wh: Warehouse, run_id: str, iteration: int, stage: str) -
            else f"a stage other than validate may start the next one, {last + 1}")
     raise IterationNotFound(f"run {run_id!r} has no iteration {iteration}: {have}; {nxt}; validate also takes "
                             f"iteration 0 (the base model)")
+
+
+def stage_inputs(stage: str, iteration: int) -> list[str]:
+    """The stages whose rows `stage` reads in its iteration: every stage before it (the data flow is a chain, and
+    scoring reads nearly all of them); validation of iteration k reads its adapter, so all of them; validation of
+    iteration 0 (the base model) and the seed stage read none."""
+    if stage not in ORDER or (stage == Stage.VALIDATE and iteration == 0):
+        return []
+    return [str(s) for s in ORDER[:ORDER.index(Stage(stage))]]
+
+
+def check_stage_inputs(wh: Warehouse, run_id: str, iteration: int, stage: str) -> None:
+    """Refuse, before anything is written, a stage whose inputs are not `done` for the iteration: run on missing
+    rows it would find nothing (verify: no answers) and be recorded done, and the next `sage run` would skip it.
+    The error names the stages not done and the command that produces the first of them."""
+    states = iteration_stage_states(wh, run_id, iteration)
+    missing = [s for s in stage_inputs(stage, iteration) if states.get(s) != "done"]
+    if not missing:
+        return
+    listed = ", ".join(f"{s} ({states.get(s) or 'never run'})" for s in missing)
+    raise StageInputsMissing(
+        f"stage {stage} of run {run_id!r} iteration {iteration} reads what earlier stages write, and these are not "
+        f"done: {listed}; nothing was written. Produce them first: `sage run` with the run's config (--run "
+        f"{run_id}) does every missing stage in order, or `sage stage {missing[0]} --run {run_id} --iteration "
+        f"{iteration}` runs the first")

@@ -68,12 +68,15 @@ def default_math(n: int, seed: int, split: str,
                  generators: dict[str, dict[str, Any]] | None = None) -> list[SeedItem]:
     """`n` procedural problems split evenly among reasoning-gym `generators` (name -> that generator's config
     overrides; default: `MATH_GENERATORS` as reasoning-gym configures them). The seed, validation and test
-    splits use disjoint generator seeds. A name reasoning-gym does not know, an override its config does not take, or
-    settings it takes but cannot generate a problem with, raise ConfigError naming it."""
+    splits use disjoint generator seeds; the order the generators are given in does not matter. A name
+    reasoning-gym does not know, an override its config does not take, or settings it takes but cannot generate a
+    problem with, raise ConfigError naming it."""
     import reasoning_gym
     from reasoning_gym.factory import DATASETS
 
-    generators = {name: {} for name in MATH_GENERATORS} if generators is None else generators
+    # In name order: a config read back from the warehouse has its keys sorted, and the same settings must draw
+    # the same problems however the dict was written (`sage seed` from YAML, `sage run` from the stored run).
+    generators = dict(sorted(({name: {} for name in MATH_GENERATORS} if generators is None else generators).items()))
     items: list[SeedItem] = []
     per = -(-n // len(generators)) if n and generators else 0
     offset = SPLIT_OFFSETS[split]
@@ -239,15 +242,29 @@ def load_file(path: str | Path) -> list[SeedItem]:
 
 
 def load_hf(name: str) -> list[SeedItem]:
-    """A Hugging Face dataset (needs the hub or a local cache) with the schema above, split `train`."""
+    """A Hugging Face dataset (needs the hub or a local cache) with the schema above, split `train`. A name
+    that loads nothing is a SeedFileError: it was most likely meant as a file."""
     import datasets
 
-    ds = datasets.load_dataset(name, split="train")
+    try:
+        ds = datasets.load_dataset(name, split="train")
+    except Exception as e:  # the hub and datasets raise many types for a name that is not a dataset
+        cause = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise SeedFileError(f"{name}: no such file, and no Hugging Face dataset of that name could be loaded "
+                            f"({type(e).__name__}: {cause}); give a .jsonl, .json or .parquet file, a dataset "
+                            f"name, or 'default'") from None
     return [_check_row(dict(r), f"{name}:row {i + 1}") for i, r in enumerate(ds)]
 
 
+_PATH_START = ("/", "./", "../", "~")
+
+
 def load_source(source: str) -> list[SeedItem]:
-    """A user's problems: a JSONL/JSON/Parquet path, else a Hugging Face dataset name."""
+    """A user's problems: a JSONL/JSON/Parquet path, else a Hugging Face dataset name. A missing path (it
+    starts with /, ./, ../ or ~, or has a file suffix) is a missing file, never looked up on the hub."""
     if Path(source).suffix in SUFFIXES or Path(source).exists():
         return load_file(source)
+    if source.startswith(_PATH_START):
+        raise SeedFileError(f"{source}: no such file; give a .jsonl, .json or .parquet file, a Hugging Face "
+                            f"dataset name, or 'default'")
     return load_hf(source)

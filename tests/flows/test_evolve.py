@@ -5,6 +5,8 @@ depend on the adapter in use."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sage.flows import evolve, session
@@ -36,7 +38,7 @@ def curve_llm(right_by_adapter: dict) -> ScriptedLLM:
     def script(req):
         text = prompt_text(req)
         i = next(k for k, (q, _) in enumerate(QUESTIONS) if q in text)
-        right = i < right_by_adapter[llm.adapter]
+        right = i < right_by_adapter[llm.adapter and Path(llm.adapter).name]  # the adapter, wherever it is
         return f"<answer>\\boxed{{{QUESTIONS[i][1] if right else -1}}}</answer>"
     llm = ScriptedLLM(script)
     return llm
@@ -53,7 +55,7 @@ def run_evolve(monkeypatch, directory, run_id, iterations, llm, train: bool) -> 
             wh = s.warehouse
             start_iteration(wh, run_id, k, None)
             if train:
-                record_checkpoint(wh, run_id, k, f"adapter-{k}", {})
+                record_checkpoint(wh, run_id, k, str(Path(directory) / f"adapter-{k}"), {})  # stored relative
         return {"iteration": k}
 
     monkeypatch.setattr(evolve, "iteration_flow", fake_iteration)

@@ -78,7 +78,7 @@ def test_more_iterations_extend_the_same_run(prefect_api, scripted_cli, tmp_path
 def test_a_stage_may_start_the_next_iteration_once_the_last_is_done(prefect_api, scripted_cli, tmp_path):
     from sage.flows.session import Session
     from sage.warehouse.queries import finish_iteration, start_iteration
-    from sage.warehouse.runs import IterationNotFound, check_stage_target
+    from sage.warehouse.runs import IterationNotFound, StageInputsMissing, check_stage_target
 
     rid = scripted_run.prepare(tmp_path, "next")
     with Session(tmp_path) as s:
@@ -90,7 +90,8 @@ def test_a_stage_may_start_the_next_iteration_once_the_last_is_done(prefect_api,
             check_stage_target(wh, rid, 2, "challenge")
         finish_iteration(wh, rid, 1, "done")
         check_stage_target(wh, rid, 2, "challenge")
-        check_stage_target(wh, rid, 1, "validate")
+        with pytest.raises(StageInputsMissing, match=r"train \(never run\)"):  # validation reads its adapter
+            check_stage_target(wh, rid, 1, "validate")
 
 
 NAME = "exp.1/a b:c"
@@ -123,3 +124,92 @@ def test_other_run_names_map_to_one_safe_directory(name, tmp_path):
     assert "/" not in d and "\\" not in d and d not in (".", "..") and not d.startswith(".")
     assert (tmp_path / d).resolve().parent == tmp_path.resolve()
     assert d != run_dirname(name + "!")  # two names never share a directory
+
+
+def test_a_stage_without_its_inputs_is_refused_and_the_next_run_verifies_every_answer(prefect_api, scripted_cli,
+                                                                                       tmp_path):
+    rid = scripted_run.prepare(tmp_path, None)
+    assert sage_run(scripted_cli, tmp_path, "-n", 1).exit_code == 0
+    before = dump(tmp_path)
+    for name in ("verify", "score", "train"):  # iteration 2 has no answers yet: refused, nothing written
+        r = scripted_cli("stage", name, "--run", rid, "-i", 2, "--dir", tmp_path)
+        assert r.exit_code == 2, r.output + repr(r.exception)
+        assert f"stage {name} of run '{rid}' iteration 2" in said(r) and "challenge (never run)" in said(r)
+        assert f"sage stage challenge --run {rid} --iteration 2" in said(r) and "nothing was written" in said(r)
+    assert dump(tmp_path) == before and iterations(tmp_path) == [(rid, 1, "done")]
+
+    r = sage_run(scripted_cli, tmp_path, "-n", 2)
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        answers = wh.scalar("SELECT count(*) FROM rollouts WHERE iteration = 2 AND purpose = 'solve'")
+        verified = wh.scalar("SELECT count(*) FROM rollouts r JOIN verdicts v USING (rollout_id) "
+                             "WHERE r.iteration = 2 AND r.purpose = 'solve'")
+        assert answers > 0 and verified == answers
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:  # a solve that stopped half way: verify waits
+        wh.execute("UPDATE stage_runs SET status = 'interrupted' WHERE run_id = ? AND iteration = 2 "
+                   "AND stage = 'solve'", [rid])
+    r = scripted_cli("stage", "verify", "--run", rid, "-i", 2, "--dir", tmp_path, "--force")
+    assert r.exit_code == 2 and "solve (interrupted)" in said(r) and "sage stage solve" in said(r)
+
+
+def test_a_copied_project_trains_into_itself_and_works_without_the_original(prefect_api, scripted_cli, tmp_path,
+                                                                           monkeypatch):
+    """Adapter paths are stored relative to the project directory: `sage stage train --force` in a copy writes the
+    copy's adapter (the original's stays as it was), and the copy works with the original gone."""
+    import json
+    import shutil
+
+    from sage.engines.llm import models
+    from sage.engines.train import launch
+    from sage.warehouse.checkpoints import resolve_checkpoint
+
+    made = {"by": "original"}
+
+    def fake_train(model_path, adapter_in, adapter_out, rows, cfg, **kw):  # scripted token ids: no real trainer
+        from pathlib import Path
+
+        Path(adapter_out).mkdir(parents=True)
+        (Path(adapter_out) / "adapter_config.json").write_text(json.dumps({"made": made["by"], "rows": len(rows)}))
+        return {"loss": 0.5}
+
+    monkeypatch.setattr(launch, "train", fake_train)
+    monkeypatch.setattr(models, "resolve_model", lambda name, cache_dir=None: "scripted-model")
+    original, copy = tmp_path / "original", tmp_path / "elsewhere" / "copy"
+    scripted_run.prepare(original, extra=["train.enabled=true"])
+    scripted_run.run(original)
+    adapter = original / "adapters" / "scripted" / "iteration-1" / "adapter_config.json"
+    assert json.loads(adapter.read_text())["made"] == "original"
+    with Warehouse.open(original / "warehouse.duckdb", read_only=True) as wh:
+        stored = wh.rows("SELECT i.adapter_out, c.adapter_path FROM iterations i JOIN checkpoints c USING (run_id, "
+                         "iteration) WHERE run_id = 'scripted' AND iteration = 1")
+        assert stored == [{"adapter_out": "adapters/scripted/iteration-1",
+                           "adapter_path": "adapters/scripted/iteration-1"}]
+    shutil.copytree(original, copy)
+    before = dump(original)
+
+    made["by"] = "copy"
+    r = scripted_cli("stage", "train", "--run", "scripted", "-i", 1, "--force", "--dir", copy)
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert json.loads(adapter.read_text())["made"] == "original" and dump(original) == before
+    copied = copy / "adapters" / "scripted" / "iteration-1" / "adapter_config.json"
+    assert json.loads(copied.read_text())["made"] == "copy"
+
+    shutil.rmtree(original)
+    with Warehouse.open(copy / "warehouse.duckdb", read_only=True) as wh:
+        assert resolve_checkpoint(wh, "scripted", "latest").adapter == str(copied.parent.resolve())
+    r = scripted_cli("export", "--run", "scripted", "--checkpoint", "1", "--dir", copy, "--dest", tmp_path / "out")
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert json.loads((tmp_path / "out" / "adapter_config.json").read_text())["made"] == "copy"
+
+
+def test_an_adapter_path_stored_absolute_stays_absolute(tmp_path):
+    from sage.warehouse.queries import iteration_adapter, located_path, start_iteration, stored_path
+
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
+        assert located_path(wh, "/old/project/adapters/r/iteration-1") == "/old/project/adapters/r/iteration-1"
+        assert located_path(wh, "adapters/r/iteration-1") == str(tmp_path.resolve() / "adapters/r/iteration-1")
+        assert stored_path(wh, tmp_path / "adapters" / "r") == "adapters/r"
+        assert stored_path(wh, "/somewhere/else") == "/somewhere/else"
+        start_iteration(wh, "r", 1, None)
+        wh.execute("UPDATE iterations SET adapter_out = '/old/project/adapters/r/iteration-1'")
+        assert iteration_adapter(wh, "r", 1) == "/old/project/adapters/r/iteration-1"

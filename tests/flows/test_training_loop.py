@@ -37,8 +37,8 @@ def test_three_iterations_generate_with_previous_adapters(prefect_api, tiny_mode
     assert used[1]["adapters"] == [made[1]] and used[2]["adapters"] == [made[2]]
     assert [(i["adapter_in"], i["adapter_out"]) for i in iters] == [(None, made[1]), (made[1], made[2]),
                                                                     (made[2], made[3])]
-    for path in made.values():
-        assert os.path.exists(os.path.join(path, "adapter_config.json"))
+    for path in made.values():  # stored relative to the project directory
+        assert not os.path.isabs(path) and os.path.exists(os.path.join(tmp_path, path, "adapter_config.json"))
     # validation: the base model (iteration 0), then each iteration's own adapter
     assert validated == [{"iteration": 0, "adapter": None}] + [{"iteration": k, "adapter": made[k]} for k in (1, 2, 3)]
 

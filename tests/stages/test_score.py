@@ -173,3 +173,15 @@ def test_score_id_hashes_the_reward_version():
     assert REWARD_VERSION == 2
     assert score_id("r1") == content_id("score", "r1", 2) == score_id("r1", 2)
     assert score_id("r1", 1) != score_id("r1") != score_id("r2")
+
+
+def test_a_missing_verdict_is_refused_not_scored_as_wrong():
+    from sage.stages.score import check_inputs
+
+    answer = dict(rollout_id="r1", purpose="solve", s_gt=None)
+    with pytest.raises(RuntimeError, match=r"1 Solver answer\(s\) of iteration 3 of run 'x' have no verdict \(r1\); "
+                                           r"run `sage stage verify --run x --iteration 3` first"):
+        check_inputs([answer, dict(rollout_id="r0", purpose="plan", s_gt=None)], "x", 3)
+    with pytest.raises(RuntimeError, match="has no rollouts to score"):
+        check_inputs([], "x", 3)
+    check_inputs([{**answer, "s_gt": 0.0}, dict(rollout_id="r0", purpose="plan", s_gt=None)], "x", 3)  # scored

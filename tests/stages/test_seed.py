@@ -219,3 +219,44 @@ def test_validation_math_never_repeats_a_seed_or_itself():
     cfg.seeds.math_generators = None
     assert [i.question for i in held_out_math(SimpleNamespace(cfg=cfg), set())] == \
         [i.question for i in default_math(40, 0, "validation")]
+
+
+def test_seeds_follow_the_settings_not_the_order_a_config_was_written_in():
+    """`sage seed` reads the YAML (generators in its order); `sage run` reads the stored run config (keys sorted):
+    the same flags draw the same problems either way."""
+    from sage.configs import config_from_dict, config_json, load_config
+    from sage.stages.context import StageContext
+    from sage.stages.seed import held_out_math
+
+    cfg = load_config("cpu", ["seeds.n_math=12", "validate.n_math=2"])
+    stored = config_from_dict(json.loads(config_json(cfg)))
+    assert list(cfg.seeds.math_generators) != list(stored.seeds.math_generators)  # the order differs
+    for a, b in ((cfg, stored), (stored, cfg)):
+        s = a.seeds
+        assert default_math(12, s.seed, "seed", s.math_generators) == \
+            default_math(12, b.seeds.seed, "seed", b.seeds.math_generators)
+    seen: set[str] = set()
+    assert held_out_math(StageContext(cfg, None), seen) == held_out_math(StageContext(stored, None), seen)
+
+
+def test_a_reference_solution_that_times_out_under_load_is_retried_with_a_longer_limit(monkeypatch):
+    from sage.configs import load_config
+    from sage.engines.data.seeds import SeedItem
+    from sage.stages import seed
+    from sage.stages.context import StageContext
+
+    # the machine was busy: the first, parallel pass timed out (wall clock) on every reference solution
+    monkeypatch.setattr(seed, "reference_chunk", lambda engines, jobs: [
+        (None, "the reference solution failed (timeout)") for _ in jobs])
+    items = [SeedItem("code", "double", {"entry_point": "f", "inputs": [[1], [2]]}, "test",
+                      solution="def f(x):\n    return 2 * x\n"),
+             SeedItem("code", "loops", {"entry_point": "g", "inputs": [[1]]}, "test",
+                      solution="def g(x):\n    while True:\n        pass\n")]
+    ctx = StageContext(load_config("cpu", ["sandbox.timeout_s=1", "sandbox.cpu_s=1"]), None)
+    try:
+        kept, dropped = seed._complete_code(ctx, items)
+    finally:
+        ctx.close()
+    assert [i.question for i in kept] == ["double"] and kept[0].verifier["outputs"] == [2, 4]
+    assert [i.question for i, _ in dropped] == ["loops"]  # out of CPU time with the longer limit too
+    assert dropped[0][1].startswith("the reference solution failed (timeout")

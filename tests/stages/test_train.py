@@ -52,3 +52,20 @@ def test_train_roles_refuses_an_unknown_a_repeated_or_no_role():
                         ("[]", "at least 1")]:
         with pytest.raises(ConfigError, match=says):
             load_config(overrides=[f"train.roles={value}"])
+
+
+def test_train_without_scored_rollouts_is_never_done(tmp_path):
+    """Nothing scored: train raises before any model loads or adapter is written, it does not record one."""
+    import pytest
+
+    from sage.configs import load_config
+    from sage.stages import train
+    from sage.stages.context import StageContext
+    from sage.warehouse import Warehouse
+
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
+        ctx = StageContext(load_config("cpu", [f"run.dir={tmp_path}"]), wh, run_id="r", iteration=2)
+        with pytest.raises(RuntimeError, match=r"iteration 2 of run 'r' has no scored rollouts .*`sage stage score "
+                                               r"--run r --iteration 2` first"):
+            train.run(ctx)
+        assert wh.count("checkpoints") == 0 and not (tmp_path / "adapters").exists()

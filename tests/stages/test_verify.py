@@ -36,3 +36,20 @@ def test_one_hostile_answer_keeps_the_honest_verdicts_of_its_batch():
     got = {v["rollout_id"]: v for v in verdicts(engines, rows)}
     assert {k: v["s_gt"] for k, v in got.items()} == {"honest0": 1.0, "hostile": 0.0, "honest1": 1.0, "honest2": 1.0}
     assert got["hostile"]["error"] == "protocol_error" and got["hostile"]["tests"]["status"] == "protocol_error"
+
+
+def test_verify_without_solver_answers_is_never_done(tmp_path):
+    """The solve stage wrote nothing: verify raises (the flow records it failed), it does not end `done` on 0 rows."""
+    import pytest
+
+    from sage.configs import load_config
+    from sage.stages.context import StageContext
+    from sage.stages.verify import run_solve
+    from sage.warehouse import Warehouse
+
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
+        ctx = StageContext(load_config("cpu"), wh, run_id="r", iteration=3)
+        with pytest.raises(RuntimeError, match=r"iteration 3 of run 'r' has no Solver answers to verify; run the "
+                                               r"solve stage first \(`sage stage solve --run r --iteration 3`\)"):
+            run_solve(ctx)
+        assert wh.count("verdicts") == 0
