@@ -72,6 +72,7 @@ def _read_run(out: Path) -> dict:
     """The learning run's id and config, every trained iteration's adapter, the kept checkpoint, every question
     text the run's warehouse holds, and the validation pass@1 per iteration (what the kept one was chosen on)."""
     from sage.warehouse import Warehouse
+    from sage.warehouse.queries import located_path
     from sage.warehouse.runs import load_run_config
 
     path = out / "warehouse.duckdb"
@@ -84,7 +85,7 @@ def _read_run(out: Path) -> dict:
                              f"holds one")
         run_id = runs[0]
         return {"run_id": run_id, "cfg": load_run_config(wh, run_id),
-                "adapters": {r["iteration"]: r["adapter_out"] for r in wh.rows(
+                "adapters": {r["iteration"]: located_path(wh, r["adapter_out"]) for r in wh.rows(
                     "SELECT iteration, adapter_out FROM iterations WHERE run_id = ? AND adapter_out IS NOT NULL",
                     [run_id])},
                 "kept": wh.scalar("SELECT iteration FROM checkpoints WHERE run_id = ? AND is_best", [run_id]),

@@ -140,13 +140,16 @@ def kl_sequences(wh, run_id: str, limit: int) -> list[dict]:
 
 
 def extremes(wh, run_id: str, k: int, n: int) -> list[dict]:
-    """Iteration k's `n` trained rollouts with the highest positive and the `n` with the lowest negative advantage."""
+    """Iteration k's `n` trained rollouts with the highest positive and the `n` with the lowest negative advantage,
+    each with the adapter that sampled it where it is now (stored relative to the project)."""
     from sage.stages.score import REWARD_VERSION
+    from sage.warehouse.queries import located_path
 
     rows = wh.rows("""SELECT r.rollout_id, r.role, r.prompt_ids, r.completion_ids, r.logprobs, r.adapter, s.advantage
                       FROM scores s JOIN rollouts r USING (rollout_id)
                       WHERE s.run_id = ? AND s.iteration = ? AND s.reward_version = ?
                       ORDER BY s.advantage DESC, r.rollout_id""", [run_id, k, REWARD_VERSION])
+    rows = [dict(r, adapter=located_path(wh, r["adapter"])) for r in rows]
     top = [dict(r, group="top") for r in rows if r["advantage"] > 0][:n]
     bottom = [dict(r, group="bottom") for r in reversed(rows) if r["advantage"] < 0][:n]
     return top + bottom

@@ -14,6 +14,7 @@ import pytest
 from experiments.learning import mcnemar_exact, wilson
 from experiments.learning_report import kept_iteration
 from sage.warehouse import Warehouse
+from sage.warehouse.queries import located_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,7 +122,8 @@ def test_heldout_answers_fresh_problems_with_base_and_checkpoint_and_leaves_the_
     counts = _counts(out)
     with Warehouse.open(out / "warehouse.duckdb", read_only=True) as wh:
         seen = {r["text"] for r in wh.rows("SELECT text FROM questions")}
-        adapter = wh.scalar("SELECT adapter_out FROM iterations WHERE iteration = 2")
+        # where the run's adapter is (stored relative to the run's folder, which the held-out folder is not)
+        adapter = located_path(wh, wh.scalar("SELECT adapter_out FROM iterations WHERE iteration = 2"))
     done = _heldout(out)
     assert done.returncode == 0, done.stderr[-3000:]
     assert _counts(out) == counts  # the learning run's warehouse is only read
