@@ -10,23 +10,11 @@ from sage.configs.names import Purpose, Role, Stage
 from sage.stages import plan
 from sage.stages.prompts import TEMPLATE_VERSION
 from sage.stages.rollouts import Unit
-from sage.warehouse import content_id, norm_hash, seed_from_id
+from sage.warehouse import content_id, seed_from_id
 from tests.scripted import prompt_text
+from tests.stages.pool import question, seeds
 
 pytestmark = pytest.mark.fast
-
-SEEDS = ["What is 2+2?", "What is 10-3?", "Compute 6*7.", "What is 9+1?", "What is 8-5?", "Compute 3*3.",
-         "What is 7+7?", "What is 1+1?"]
-
-
-def question(qid: str, text: str, origin: str = "seed", domain: str = "math", **extra) -> dict:
-    return dict(question_id=qid, origin=origin, domain=domain, text=text, verifier={"answer": "1"},
-                norm_hash=norm_hash(text), **extra)
-
-
-def seeds(n: int) -> list[dict]:
-    return [question(f"s{k}", text) for k, text in enumerate(SEEDS[:n])]
-
 
 def planner(req) -> str:
     """A plan naming the question; the question about 9+1 gets an answer without the tag."""

@@ -16,13 +16,23 @@ from bench.orphans import OWNER, running  # the owner script the benchmark times
 from sage.engines.verify.isolation import backend_possible
 
 
-@pytest.mark.parametrize("backend", ["bwrap", "unshare", "rlimit"])
-def test_sigkill_of_the_owner_leaves_no_process(backend):
+def start_owner(backend: str) -> subprocess.Popen:
+    """The owner process of `OWNER` on `backend`, once it says its sandbox job and math workers started (the test
+    is skipped where the backend cannot run)."""
     if not backend_possible(backend):
         pytest.skip(f"{backend} is not usable here")
     owner = subprocess.Popen([sys.executable, "-c", OWNER, backend], stdout=subprocess.PIPE, text=True)
+    if owner.stdout.readline().strip() != "started":
+        owner.kill()
+        owner.wait()
+        pytest.fail("the owner process did not start its sandbox job and math workers")
+    return owner
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "unshare", "rlimit"])
+def test_sigkill_of_the_owner_leaves_no_process(backend):
+    owner = start_owner(backend)
     try:
-        assert owner.stdout.readline().strip() == "started"
         deadline = time.monotonic() + 60
         family: list[psutil.Process] = []
         while time.monotonic() < deadline:  # math workers and the sandbox's own processes
@@ -123,11 +133,8 @@ def _owned_dirs(pid: int) -> list[str]:
 def test_the_temp_dirs_of_a_killed_owner_go_at_the_next_start(backend):
     """SIGKILL runs no cleanup: the owner's child-module dir and its jobs' scratch roots stay in the temp dir,
     named with its PID; the next process to start a sandbox removes them."""
-    if not backend_possible(backend):
-        pytest.skip(f"{backend} is not usable here")
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, backend], stdout=subprocess.PIPE, text=True)
+    owner = start_owner(backend)
     try:
-        assert owner.stdout.readline().strip() == "started"
         deadline = time.monotonic() + 60
         while not _owned_dirs(owner.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
