@@ -12,9 +12,21 @@ from typing import Annotated
 
 import click
 import typer
+from rich.text import Text
 from typer.core import TyperGroup
 
-from sage.flows.terminal import BUSY, console, err, expected_error, fail, print_rows, quiet_prefect_tracebacks
+from sage.flows.terminal import (
+    BUSY,
+    FORMATS,
+    MAX_CELL,
+    cell,
+    console,
+    err,
+    expected_error,
+    fail,
+    print_rows,
+    quiet_prefect_tracebacks,
+)
 from sage.warehouse.db import warehouse_path
 
 
@@ -117,14 +129,16 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = 
 @app.command()
 def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"select * from curriculum_drift\".")],
         directory: DirOpt = Path("./sage-runs"),
-        fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
+        fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: long cells cut, middle "
+                                         "columns hidden when they do not fit), line (one `column = value` per "
+                                         "line: every column, whole), csv or json.")] = "table",
         write: Annotated[bool, typer.Option("--write", help="Open the warehouse for writing (default read-only).")]
         = False) -> None:
-    """Run SQL against the warehouse and print the result as a table, CSV or JSON."""
+    """Run SQL against the warehouse and print the result as a table, lines, CSV or JSON."""
     import duckdb
 
-    if fmt not in ("table", "csv", "json"):
-        fail(f"--format {fmt!r}: use table, csv or json")
+    if fmt not in FORMATS:
+        fail(f"--format {fmt!r}: use table, line, csv or json")
     wh = _open(warehouse_path(directory), read_only=not write)
     try:
         with wh.held() as con:
@@ -140,25 +154,44 @@ def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"select * f
 
 @app.command()
 def status(directory: DirOpt = Path("./sage-runs"),
-           run: Annotated[str | None, typer.Option("--run", help="Show only this run.")] = None) -> None:
+           run: Annotated[str | None, typer.Option("--run", help="Show only this run.")] = None,
+           fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: middle columns hidden "
+                                            "when they do not fit) or line (one `column = value` per line).")]
+           = "table") -> None:
     """List runs, their iterations and each stage's state."""
-    from sage.warehouse.queries import question_counts, runs_overview, stage_states
+    from sage.warehouse.queries import question_counts, run_ids, runs_overview, stage_states
 
+    if fmt not in ("table", "line"):
+        fail(f"--format {fmt!r}: use table or line")
     path = warehouse_path(directory)
     if not path.exists():
         console.print(f"no warehouse at {path}. Start with `sage seed` (load problems) or `make run`.")
         return
     with _open(path, read_only=True) as wh, wh.held():  # one connection: every table from the same state
         runs = [r for r in runs_overview(wh) if run is None or r["run_id"] == run]
+        names = run_ids(wh) if run is not None and not runs else []
         counts = question_counts(wh)
         stages = {r["run_id"]: stage_states(wh, r["run_id"]) for r in runs}
+    if run is not None and not runs:
+        have = f"runs here: {', '.join(map(cell, names))}" if names else "no runs yet (start one with `sage run`)"
+        fail(f"no run '{cell(run)}' in {path}; {have}")
+    more = "`sage status --format line` shows them"
     if counts:
-        print_rows(counts, title="questions")
+        print_rows(counts, fmt, title="questions", more=more)
     if not runs:
         console.print("no runs yet. Start one with `sage run` (or `make run`).")
     for r in runs:
-        print_rows([r], title=f"run {r['run_id']}")
-        print_rows(stages[r["run_id"]], title="stages")
+        print_rows([r], fmt, title=f"run {r['run_id']}", more=more)
+        rows = stages[r["run_id"]]
+        if fmt == "line":
+            print_rows(rows, fmt, title="stages")
+            continue
+        # Errors are sentences: printed whole under the table, which then fits a narrower terminal.
+        print_rows([{k: v for k, v in row.items() if k != "error"} for row in rows], title="stages", more=more)
+        for row in rows:
+            if row.get("error"):
+                console.print(Text(f"error in iteration {row['iteration']} {cell(row['stage'])}: {cell(row['error'])}"),
+                              soft_wrap=True)
 
 
 def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
@@ -303,21 +336,26 @@ def export_parquet(run_id: Annotated[str, typer.Option("--run", help="Run id (se
 
 @app.command("config")
 def show_config(config: ConfigOpt = "cpu", set_: SetOpt = None,
-                schema: Annotated[bool, typer.Option("--schema", help="List every field with its help text.")]
+                schema: Annotated[bool, typer.Option("--schema", help="List every field with its default, its value in "
+                                                     "the profile (with --set overrides) and its help text.")]
                 = False) -> None:
     """Print the resolved configuration (profile plus --set overrides) as YAML, or every field's help."""
     import yaml
 
     from sage.configs.schema import SageConfig
 
+    cfg = _config(config, set_)
     if schema:
-        defaults = SageConfig().model_dump(mode="json")
-        rows = [{"field": f"{section}.{name}", "default": json.dumps(defaults[section][name]), "help": f.description}
+        defaults, active = SageConfig().model_dump(mode="json"), cfg.model_dump(mode="json")
+        rows = [{"field": f"{section}.{name}", "default": json.dumps(defaults[section][name]),
+                 "profile": json.dumps(active[section][name]), "help": f.description}
                 for section, info in SageConfig.model_fields.items()
                 for name, f in info.annotation.model_fields.items()]
-        print_rows(rows)
+        # A table where every column fits with room for the help (default and profile cut at 24 characters),
+        # else one `column = value` line each: a hidden column would hide what the command is for.
+        print_rows(rows, title=f"profile: {config}" + (" with --set" if set_ else ""), hide=False,
+                   max_cell={"field": MAX_CELL, "default": 24, "profile": 24, "help": console.width})
         return
-    cfg = _config(config, set_)
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
 
 

@@ -8,6 +8,7 @@ missing, and re-running it after success changes no row. `stage_flow` re-runs ex
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import StrEnum
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -52,6 +53,9 @@ STAGE_NAMES = tuple(name for name, _ in STAGES)
 # flows/evolve.py schedules every `validate.every` iterations.
 EXTRA_STAGES: dict[Stage, Callable[[StageContext], StageReport]] = {Stage.VALIDATE: validate.run}
 RUNNABLE = {**dict(STAGES), **EXTRA_STAGES}
+# The stages `stage_flow` runs, as the type of its `stage` parameter: the Prefect UI offers them as a list and a
+# deployment run given another name is refused before the flow starts, in one sentence naming the valid ones.
+RunnableStage = StrEnum("RunnableStage", {name.name: name.value for name in RUNNABLE}, module=__name__)
 
 _TRANSIENT = (ConnectionError, TimeoutError, BrokenPipeError, MemoryError)
 
@@ -128,7 +132,8 @@ def iteration_flow(directory: str, run_id: str, iteration: int) -> dict:
 
 
 @flow(name="sage-stage", flow_run_name="{run_id}-iteration-{iteration}-{stage}")
-def stage_flow(directory: str, run_id: str, iteration: int, stage: str, force: bool = False) -> dict | None:
+def stage_flow(directory: str, run_id: str, iteration: int, stage: RunnableStage,
+               force: bool = False) -> dict | None:
     """Re-run exactly one stage of one iteration (`force` redoes a finished one)."""
     if stage not in RUNNABLE:
         raise ValueError(f"unknown stage {stage!r}; one of {', '.join(RUNNABLE)}")

@@ -10,6 +10,7 @@ import sys
 from typing import NoReturn
 
 import typer
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -21,47 +22,117 @@ USAGE, BUSY = 2, 3  # exit codes: bad input or state the user can fix; the wareh
 
 
 def fail(message: str, code: int = USAGE) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    """End the command: `message` (shown as written: no markup read from it) on stderr, and exit `code`."""
+    err.print("[bold red]error:[/]", Text(message), highlight=False)
     raise typer.Exit(code)
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# C0 and C1 controls, DEL, and the invisible Unicode controls that reorder or hide text (bidirectional
+# overrides and isolates, zero-width marks, line and paragraph separators): model output can carry any of them.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(char: str) -> str:
+    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
 
 
 def cell(value) -> str:
     """A value as a table cell: None empty, floats to 4 significant digits, and every control character
-    escaped (`\\n`, `\\x1b`, ...): cells can hold model output, whose escape sequences must not reach the
-    terminal and whose newlines would break the table."""
+    escaped (`\\n`, `\\x1b`, `\\u202e`, ...): cells can hold model output, whose escape sequences must not reach
+    the terminal and whose newlines would break the table."""
     if value is None:
         return ""
     text = f"{value:.4g}" if isinstance(value, float) else str(value)
-    return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
+    return _CONTROL.sub(lambda m: _escape(m.group()), text)
 
 
 def plain(text: str) -> str:
     """Text for the terminal with every control character escaped except newlines and tabs: log lines and
     stage summaries can carry model output, whose escape sequences must not reach the terminal."""
-    return _CONTROL.sub(lambda m: m.group() if m.group() in "\n\t" else f"\\x{ord(m.group()):02x}", text)
+    return _CONTROL.sub(lambda m: m.group() if m.group() in "\n\t" else _escape(m.group()), text)
 
 
-def _fit(natural: list[int], available: int) -> list[int]:
-    """Column widths that fit `available` characters: the widest columns are cut down to one common width,
-    the largest that fits, and narrower ones keep theirs (as DuckDB's shell does)."""
-    if sum(natural) <= available:
-        return natural
-    low, high = 1, max(natural)
+FORMATS = ("table", "line", "csv", "json")
+MAX_CELL = 40  # a table cell longer than this is cut with an ellipsis (`--format line` shows it whole)
+MIN_CELL = 20  # cells are cut down to this (never below their header) before middle columns are hidden
+HIDDEN = "…"  # the marker column standing for the hidden middle columns
+MORE = "--format line or --format csv shows them"  # how to see hidden columns (`sage sql`'s options)
+
+
+def _fit(floor: list[int], want: list[int], available: int) -> list[int]:
+    """Column widths between `floor` and `want` that fit `available` characters: the widest columns are cut
+    down to one common width, the largest that fits, and narrower ones keep theirs (as DuckDB's shell does)."""
+    if sum(want) <= available:
+        return want
+    low, high = 0, max(want)
     while low < high:  # the largest cap whose capped widths still fit
         cap = (low + high + 1) // 2
-        low, high = (cap, high) if sum(min(n, cap) for n in natural) <= available else (low, cap - 1)
-    return [min(n, low) for n in natural]
+        fits = sum(max(f, min(w, cap)) for f, w in zip(floor, want)) <= available
+        low, high = (cap, high) if fits else (low, cap - 1)
+    return [max(f, min(w, low)) for f, w in zip(floor, want)]
+
+
+def _layout(headers: list[int], natural: list[int], available: int, max_cell: list[int],
+            hide: bool = True) -> tuple[list[int], list[int]] | None:
+    """(indexes of the columns shown, their widths) for a table `available` characters wide, or None when
+    not even the first and the last column fit with their headers whole (or, unless `hide`, not every column).
+    Headers are never cut; cells are cut to their column's `max_cell`, then down to `MIN_CELL`, and then middle
+    columns are hidden, as many as needed, the others
+    kept alternately from the left and from the right (DuckDB's shell does the same). Each column costs
+    its width plus 3 (border and padding), the table 1 more; the hidden columns' marker column 4."""
+    n = len(headers)
+    want = [max(h, min(w, m)) for h, w, m in zip(headers, natural, max_cell)]
+    floor = [max(h, min(w, MIN_CELL)) for h, w in zip(headers, natural)]
+    if sum(floor) + 3 * n + 1 <= available:
+        shown = list(range(n))
+    else:
+        if n < 3 or not hide:
+            return None
+        left, right = [0], [n - 1]
+        used = floor[0] + floor[-1] + 2 * 3 + 1 + 4
+        if used > available:
+            return None
+        while len(left) + len(right) < n - 1:  # at least one column stays hidden
+            i = left[-1] + 1 if len(left) <= len(right) else right[0] - 1
+            if used + floor[i] + 3 > available:
+                break
+            used += floor[i] + 3
+            left.append(i) if len(left) <= len(right) else right.insert(0, i)
+        shown = left + right
+    room = available - 3 * len(shown) - 1 - (4 if len(shown) < n else 0)
+    return shown, _fit([floor[i] for i in shown], [want[i] for i in shown], room)
+
+
+def _line_mode(names: list[str], rows: list[dict], title: str | None) -> None:
+    """One `column = value` line per column, a blank line between rows, names right-aligned (DuckDB's
+    `.mode line`); values whole, control characters escaped, no markup read from them."""
+    if title:
+        console.print(Text(cell(title)), soft_wrap=True)
+    heads = [cell(n) for n in names]
+    width = max(map(cell_len, heads), default=0)
+    for k, row in enumerate(rows):
+        if k or title:
+            console.print()
+        for head, name in zip(heads, names):
+            console.print(Text(" " * (width - cell_len(head)) + f"{head} = {cell(row[name])}"), soft_wrap=True)
+
+
+def _count(n: int) -> None:
+    console.print(f"{n} row" + ("" if n == 1 else "s"), highlight=False)
 
 
 def print_rows(rows: list[dict], fmt: str = "table", title: str | None = None,
-               columns: list[str] | None = None, count: bool = False) -> None:
-    """Print rows as a table that fits the terminal (long cells cut with an ellipsis; no markup read from the
-    values), CSV (`\\n` line endings) or JSON. `columns` names the columns when there may be no rows, so an
-    empty result still shows its header; `count` adds "N rows" under the table, as DuckDB's shell does."""
+               columns: list[str] | None = None, count: bool = False, more: str = MORE,
+               max_cell: int | dict[str, int] = MAX_CELL, hide: bool = True) -> None:
+    """Print rows as a table that fits the terminal, one `column = value` line each (`line`), CSV (`\\n` line
+    endings) or JSON. The table keeps headers whole and cuts long cells with an ellipsis (no markup read
+    from the values); when the columns do not fit, middle ones are hidden behind a `…` column and a line
+    under the table says how many and how to see them (`more`); when not even the first and last fit, the
+    rows are printed as lines. One row too wide is shown on its side (column | value). `columns` names the
+    columns when there may be no rows, so an empty result still shows its header; `count` adds "N rows" under
+    the table, as DuckDB's shell does. `max_cell` is where a cell is cut when the terminal has room (one width,
+    or one per column name); `hide=False` prints lines rather than hide a column."""
     names = list(columns) if columns is not None else list(rows[0]) if rows else []
     if fmt == "json":
         console.print_json(json.dumps(rows, default=str)) if sys.stdout.isatty() \
@@ -75,23 +146,53 @@ def print_rows(rows: list[dict], fmt: str = "table", title: str | None = None,
             w.writerow(names)
             w.writerows([r[c] for c in names] for r in rows)
         return
+    if fmt == "line":
+        _line_mode(names, rows, title)
+        if count:
+            console.print()
+            _count(len(rows))
+        return
+    _table(names, rows, title, count, more, max_cell, hide)
+
+
+def _table(names: list[str], rows: list[dict], title: str | None, count: bool, more: str,
+           max_cell: int | dict[str, int] = MAX_CELL, hide: bool = True) -> None:
+    heads = [cell(name) for name in names]
     cells = [[cell(r[c]) for c in names] for r in rows]
-    natural = [max([len(cell(name)), *(len(row[i]) for row in cells)]) for i, name in enumerate(names)]
+    headers = [cell_len(h) for h in heads]
+    natural = [max([headers[i], *(cell_len(row[i]) for row in cells)]) for i in range(len(names))]
     if len(rows) == 1 and len(names) > 2 and sum(natural) + 3 * len(names) + 1 > console.width:
         # One row too wide for the terminal reads better turned on its side (column | value) than cut.
-        print_rows([{"column": n, "value": rows[0][n]} for n in names], fmt, title)
+        _table(["column", "value"], [{"column": n, "value": rows[0][n]} for n in names], title, False, more,
+               max_cell=console.width)
         if count:
-            console.print("1 row", highlight=False)
+            _count(1)
         return
-    widths = _fit(natural, console.width - 3 * len(names) - 1)  # each column: 2 padding + 1 border
-    table = Table(title=title, show_lines=False)
-    for name, width in zip(names, widths):
-        table.add_column(Text(cell(name)), overflow="ellipsis", no_wrap=True, width=width)
+    caps = [max_cell.get(n, MAX_CELL) if isinstance(max_cell, dict) else max_cell for n in names]
+    layout = _layout(headers, natural, console.width, caps, hide) if names else ([], [])
+    if layout is None:  # not even the first and last column fit with their headers whole (or, unless hide, all)
+        _line_mode(names, rows, title)
+        if count:
+            console.print()
+            _count(len(rows))
+        return
+    shown, widths = layout
+    hidden = len(names) - len(shown)
+    table = Table(title=Text(cell(title)) if title else None, show_lines=False)
+    for k, (i, width) in enumerate(zip(shown, widths)):
+        if hidden and k and shown[k - 1] != i - 1:
+            table.add_column(HIDDEN, no_wrap=True, width=1)
+        table.add_column(Text(heads[i]), overflow="ellipsis", no_wrap=True, width=width)
     for row in cells:
-        table.add_row(*map(Text, row))
+        values = [Text(row[i]) for i in shown]
+        if hidden:
+            values.insert(next(k for k in range(1, len(shown)) if shown[k] != shown[k - 1] + 1), Text(HIDDEN))
+        table.add_row(*values)
     console.print(table)
+    if hidden:
+        console.print(Text(f"{hidden} of {len(names)} columns hidden ({HIDDEN}): {more}"), soft_wrap=True)
     if count:
-        console.print(f"{len(rows)} row" + ("" if len(rows) == 1 else "s"), highlight=False)
+        _count(len(rows))
 
 
 def expected_error(exc: BaseException) -> tuple[str, int] | None:
