@@ -92,11 +92,19 @@ class IterationConfig(_Section):
                         "s_p >= beta.")
     domains: list[Literal["math", "code"]] = Field(["math", "code"], min_length=1,
                                                    description="Domains sampled from the pool.")
+    math_labels: Literal["agreement", "program", "answer"] = Field(
+        "agreement", description="How a generated math question's label is grounded. The Challenger also writes "
+        "a program computing the answer from the question's numbers; it runs twice in the sandbox, agreeing, and "
+        "its numeric literals must be exactly the numbers the question states. `agreement`: the label is admitted "
+        "only when the program's result and the stated answer agree under the math checker. `program`: the "
+        "program's result is the label (the stated answer is kept beside it; the question must name every "
+        "operation the program uses), for a model that writes correct programs but cannot do the arithmetic "
+        "(cpu.yaml). `answer`: the paper's answer-only Challenger (the answer need only parse; paper-7b.yaml).")
     near_duplicate_threshold: float | None = Field(
-        None, gt=0, le=1, description="Admission rejects a new question as `near_duplicate` when its estimated "
-        "Jaccard similarity (MinHash over word shingles) to a pool, validation or benchmark question, or to one "
-        "admitted before it in the same iteration, is at least this; None measures the similarity "
-        "(`questions.near_dup_similarity`) without rejecting.")
+        0.8, gt=0, le=1, description="Admission rejects a new question as `near_duplicate` when its estimated "
+        "Jaccard similarity (MinHash over word shingles) to a pool, validation or benchmark question, or to any "
+        "question written before it in the same iteration, is at least this (a batch of copies of one puzzle "
+        "admits at most one); None measures the similarity (`questions.near_dup_similarity`) without rejecting.")
     shingle_words: int = Field(3, ge=1, description="Words per shingle for the near-duplicate MinHash.")
     minhash_permutations: int = Field(128, ge=16, description="MinHash permutations (signature length) for the "
                                       "near-duplicate estimate; its standard error is about 1/sqrt(this).")

@@ -88,6 +88,7 @@ def validation(wh, run_id: str, k: int) -> dict:
 def signal(wh, run_id: str, k: int) -> dict:
     from sage.configs.names import TRAINED_PURPOSES
     from sage.flows.report import REJECTION_REASONS
+    from sage.stages.admit import LABEL_FAILURES
 
     roles = {r["role"]: r for r in wh.rows("""
         WITH cur AS (SELECT * FROM scores WHERE run_id = ? AND iteration = ?
@@ -111,10 +112,15 @@ def signal(wh, run_id: str, k: int) -> dict:
         SELECT coalesce(rejection_reason, CASE WHEN admitted THEN 'admitted' ELSE 'undecided' END) AS reason,
                count(*) AS n FROM questions WHERE origin = 'generated' AND run_id = ? AND iteration = ?
         GROUP BY ALL""", [run_id, k])}
-    generated = sum(reasons.values())
+    reasons["ungrounded"] = sum(reasons.get(r, 0) for r in LABEL_FAILURES)
+    generated = sum(reasons.values()) - reasons["ungrounded"]
+    audit = wh.rows("""SELECT count(*) FILTER (WHERE label_check = 'grounded') AS grounded,
+                              avg(copy_of_batch::INT) AS copy_share
+                       FROM curriculum_audit WHERE run_id = ? AND iteration = ?""", [run_id, k])[0]
     out.update({"generated": generated, "admitted": reasons.get("admitted", 0),
                 "admission_rate": reasons.get("admitted", 0) / generated if generated else None,
-                **{f"rej_{r}": reasons.get(r, 0) for r in REJECTION_REASONS}})
+                "grounded": audit["grounded"] or 0, "copy_share": audit["copy_share"],
+                **{f"rej_{r}": reasons.get(r, 0) for r in (*REJECTION_REASONS, *sorted(LABEL_FAILURES))}})
     plans = wh.rows("SELECT count(*) AS n, avg(passed::INT) AS rate FROM plans WHERE run_id = ? AND iteration = ?",
                     [run_id, k])[0]
     out.update({"plans": plans["n"], "plan_pass_rate": plans["rate"]})

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +33,10 @@ from sage.warehouse import report_queries as q
 from sage.warehouse.db import Warehouse
 
 Tables = dict[str, list[dict]]
-REJECTION_REASONS = ("low_quality", "invalid_verifier", "duplicate", "near_duplicate", "contaminated", "unparseable")
+#: The rejection columns of `curriculum_drift` (`rejected_<reason>`); `ungrounded` sums a math label's reasons
+#: (`stages.admit.LABEL_FAILURES`).
+REJECTION_REASONS = ("low_quality", "invalid_verifier", "ungrounded", "duplicate", "near_duplicate", "contaminated",
+                     "unparseable")
 
 
 def iteration_figure(title: str) -> tuple[Figure, object]:
@@ -221,11 +225,15 @@ def html_table(rows: list[dict]) -> str:
     return f"<div class=\"wide\"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~&])")
+
+
 def markdown_table(rows: list[dict]) -> str:
     if not rows:
         return "_no rows_"
     cols = _visible(rows)
-    cell = lambda v: fmt(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    # model-written text (admitted questions) must not become markdown: every punctuation mark is escaped
+    cell = lambda v: _MARKDOWN_SPECIAL.sub(r"\\\1", fmt(v)).replace("\n", " ")  # noqa: E731
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
@@ -252,13 +260,15 @@ def _load(wh: Warehouse, run_id: str) -> tuple[dict, Tables]:
     summary = q.run_summary(wh, run_id)
     if summary is None:
         raise ValueError(f"no run {run_id!r} in the warehouse {wh.path}; `sage status` lists the runs")
-    return summary, {**q.report_tables(wh, run_id), "training_curve": q.training_curve(wh, run_id),
+    return summary, {**q.report_tables(wh, run_id), "admitted_questions": q.admitted_questions(wh, run_id),
+                     "training_curve": q.training_curve(wh, run_id),
                      "evaluations": q.evaluations(wh, run_id), "stage_timings": q.stage_timings(wh, run_id)}
 
 
 #: The tables the page and the artifacts show, in order: validation and evaluations side by side. The
 #: training curve's rows (one per optimizer step) are shown as its plot; `training_curve` in SQL has them all.
-SHOWN = ("curriculum_drift", "role_rewards", "gate_stats", "validation_curve", "evaluations", "stage_timings")
+SHOWN = ("curriculum_drift", "admitted_questions", "role_rewards", "gate_stats", "validation_curve", "evaluations",
+         "stage_timings")
 
 
 def _config_text(wh: Warehouse, run_id: str) -> str:

@@ -1,13 +1,17 @@
-"""admit: the filter. A new question enters the pool only if its verifier is valid, s_q >= alpha, its normalised
-text is neither a validation or benchmark question's nor already in the pool, and (when
-`iteration.near_duplicate_threshold` is set) it is not a near-duplicate of one; every rejection keeps its reason.
+"""admit: the filter. A new question enters the pool only if its verifier is valid (a math label grounded, under
+`iteration.math_labels: program`), s_q >= alpha, its normalised text is neither a validation or benchmark
+question's nor already in the pool, and (when `iteration.near_duplicate_threshold` is set) it is not a
+near-duplicate of one, nor of any question written before it in this iteration (so a batch of copies of one puzzle
+admits at most one); every rejection keeps its reason.
 
 Reads: this iteration's generated questions not yet decided (`admitted` NULL), the pool's text and text hashes,
 the validation and benchmark questions (origin `validation`, `benchmark`).
 Writes: `questions.admitted`, `admitted_iteration`, `rejection_reason` (`contaminated`, `invalid_verifier`,
-`low_quality`, `duplicate`, `near_duplicate`; `unparseable` was set by the challenge stage), and for every
-decided question `near_dup_similarity` (the MinHash estimate of word-shingle Jaccard similarity to the closest
-pool, held-out, or earlier-admitted question) and `near_dup_of` (that question), in one transaction.
+`low_quality`, `duplicate`, `near_duplicate`; for a math label that is not grounded, the challenge stage's reason
+instead of `invalid_verifier`: `no_program`, `program_failed`, `number_mismatch`, `operation_mismatch`,
+`label_mismatch`, `no_answer`; `unparseable` was set by the challenge stage), and for every decided question
+`near_dup_similarity` (the MinHash estimate of word-shingle Jaccard similarity to the closest pool, held-out, or
+earlier question of this iteration) and `near_dup_of` (that question), in one transaction.
 Questions are decided in id order, so of two identical new questions the same one is admitted on every re-run.
 Idempotency: only undecided questions are touched. Fails: never on model output.
 """
@@ -28,6 +32,9 @@ from sage.warehouse.queries import (
 )
 
 STAGE = Stage.ADMIT
+#: The challenge stage's reasons a math label is not grounded (`verifier.label`), kept as rejection reasons.
+LABEL_FAILURES = frozenset({"no_program", "program_failed", "number_mismatch", "operation_mismatch", "label_mismatch",
+                            "no_answer"})
 
 
 def decide(q: dict, alpha: float, seen: set[str], heldout: frozenset[str] = frozenset(),
@@ -37,7 +44,8 @@ def decide(q: dict, alpha: float, seen: set[str], heldout: frozenset[str] = froz
     if q["norm_hash"] in heldout:
         return "contaminated"
     if not q["verifier_valid"]:
-        return "invalid_verifier"
+        label = (q.get("verifier") or {}).get("label") if q.get("domain") == "math" else None
+        return label if label in LABEL_FAILURES else "invalid_verifier"
     if q["s_q"] is None or q["s_q"] < alpha:
         return "low_quality"
     if q["norm_hash"] in seen:
@@ -53,8 +61,8 @@ def run(ctx: StageContext) -> StageReport:
     seen = pool_norm_hashes(ctx.wh, ctx.run_id)
     held = heldout_questions(ctx.wh)
     heldout = frozenset(h["norm_hash"] for h in held)
-    # The texts a new question is compared with: the pool and the held-out questions, then each question
-    # admitted before it in this pass.
+    # The texts a new question is compared with: the pool and the held-out questions, then each question of this
+    # iteration before it (admitted or not: a copy of a rejected question is a copy all the same).
     refs = pool_texts(ctx.wh, ctx.run_id) + [{"question_id": h["question_id"], "text": h["text"]} for h in held]
     ref_ids = [r["question_id"] for r in refs]
     sigs = signatures([r["text"] for r in refs] + [q["text"] or "" for q in pending], it.shingle_words,
@@ -66,6 +74,7 @@ def run(ctx: StageContext) -> StageReport:
         reason = decide(q, it.alpha, seen, heldout, similarity, it.near_duplicate_threshold)
         if reason is None:
             seen.add(q["norm_hash"])
+        if q["text"]:
             ref_sigs = np.vstack([ref_sigs, sig[None, :]])
             ref_ids.append(q["question_id"])
         updates.append(dict(question_id=q["question_id"], admitted=reason is None,

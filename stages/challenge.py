@@ -2,9 +2,17 @@
 
 Reads: the pool (seeds + questions admitted before this iteration). Samples `iteration.n_challenge`
 references with a seed derived from (run seed, iteration), so a re-run picks the same ones.
-Writes: `rollouts` (purpose `challenge`), then one `questions` row per rollout (origin `generated`) with
-its verifier checked: math, the reference answer parses; code, the reference solution runs twice on every
-test input in the sandbox without error and with the same outputs, which become the expected outputs.
+Writes: `rollouts` (purpose `challenge`), then one `questions` row per rollout (origin `generated`, `source` the
+reference's family: a seed's source, inherited down the generations) with its label checked.
+- Math, grounded (`iteration.math_labels` `agreement` or `program`): the Challenger's program runs twice in the
+  sandbox, agreeing, and its numbers must be exactly the question's, so a program that computes another problem
+  grounds nothing. Under `agreement` the stated answer must equal the program's result under the math checker;
+  under `program` the result is the label (the stated answer is kept, with whether it agrees) and, the program
+  being the only witness, the question must name every operation it uses. Each failure keeps its own reason
+  (`verifier.label`: no_program, program_failed, number_mismatch, operation_mismatch, label_mismatch, no_answer).
+- Math under `answer` (the paper's): the answer parses.
+- Code: the reference solution runs twice on every test input in the sandbox without error and with the same
+  outputs, which become the expected outputs.
 An output without a question is stored with s_q = 0 and rejection reason `unparseable`.
 Idempotency key: rollout id (see stages/rollouts.py); question id = hash("generated", rollout id).
 Fails: engine errors propagate (the flow retries); model output never fails the stage.
@@ -12,7 +20,13 @@ Fails: engine errors propagate (the flow retries); model output never fails the 
 
 from __future__ import annotations
 
+import ast
+import re
+from collections import Counter
+from fractions import Fraction
+
 from sage.configs.names import Purpose, Role, Stage
+from sage.engines.text.grammar import MATH_PROGRAM_ENTRY
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate
 from sage.warehouse import content_id, norm_hash
@@ -31,22 +45,169 @@ def parse_checks(engines, answers: list[str]) -> list[float]:
     return engines.mathcheck.check_many([(a, a) for a in answers])
 
 
+def agreement_checks(engines, pairs: list[tuple[str, str]]) -> list[float]:
+    """The math checker's score of each (program result, stated answer) pair; a chunk for `ctx.fanout`."""
+    return engines.mathcheck.check_many(pairs)
+
+
+#: Appended to a grounded math question's program: runs `solve()` and returns its value as the label's text (a
+#: whole Fraction as its integer), in the sandbox. A None, a bool or a non-number-like value fails the job.
+_LABEL_WRAPPER = f"""
+
+def _sage_label_():
+    import fractions
+    value = {MATH_PROGRAM_ENTRY}()
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float, fractions.Fraction, str)):
+        raise TypeError("solve() must return a number (int, float, Fraction) or its text, got " + type(value).__name__)
+    if isinstance(value, fractions.Fraction) and value.denominator == 1:
+        value = value.numerator
+    return str(value)[:200]
+"""
+_NUMBER = re.compile(r"\d+(?:\.\d+)?|\.\d+")
+
+
+def _number(text: str) -> Fraction | None:
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return None
+
+
+def number_mismatch(program: str, question: str) -> str | None:
+    """Why the numeric literals of `program` are not exactly the numbers `question` states, each as many times
+    (None when they are). A program that computes from a number the question never gives, or leaves out one it
+    gives, computes another problem: on SmolLM2-135M's questions this rejected every ill-posed one whose program
+    nevertheless ran (docs/curriculum-audit.md). A program that does not parse is left to the sandbox."""
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    used = Counter(_number(repr(n.value)) for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                   and isinstance(n.value, (int, float)) and not isinstance(n.value, bool))
+    stated = Counter(_number(t) for t in _NUMBER.findall(question))
+    extra, missing = sorted(map(str, (used - stated).elements())), sorted(map(str, (stated - used).elements()))
+    parts = []
+    if extra:
+        parts.append(f"the program uses {', '.join(extra[:5])}, which the question does not state")
+    if missing:
+        parts.append(f"the question states {', '.join(missing[:5])}, which the program does not use")
+    return "; ".join(parts) or None
+
+
+#: The operations a program may use, by class, and how a question names each (case-folded). `+` and `-` are one
+#: class, as are `*` and `/`, so solving `x + 3 = 9` by `9 - 3` names its operation.
+_NAMED = {
+    "addition or subtraction": re.compile(r"[+\-\u2212]|\b(plus|minus|sum|add|added|adds|subtract\w*|difference|total|"
+                                         r"more|less|fewer|left|remain\w*|altogether|together|increase\w*|"
+                                         r"decrease\w*)\b"),
+    "multiplication or division": re.compile(r"[*\u00d7\u00f7/%^]|\d\s*x\s*\d|\b(times|product|multipl\w*|divid\w*|"
+                                             r"quotient|per|each|every|half|twice|double|triple|ratio|average|"
+                                             r"mean|rate|square\w*|cube\w*|power|percent\w*|share|split)\b"),
+    "gcd": re.compile(r"\bgcd\b|greatest common (divisor|factor)|highest common factor|\bhcf\b"),
+    "lcm": re.compile(r"\blcm\b|(least|lowest) common multiple"),
+}
+_OPERATOR_CLASS = {ast.Add: "addition or subtraction", ast.Sub: "addition or subtraction",
+                   ast.Mult: "multiplication or division", ast.Div: "multiplication or division",
+                   ast.FloorDiv: "multiplication or division", ast.Mod: "multiplication or division",
+                   ast.Pow: "multiplication or division"}
+_CALL_CLASS = {"gcd": "gcd", "lcm": "lcm", "sum": "addition or subtraction", "pow": "multiplication or division",
+               "prod": "multiplication or division"}
+_NEUTRAL_CALLS = {"Fraction", "int", "float", "str", "bool", "abs", "round", "range", "len", "list", "tuple"}
+
+
+def operation_mismatch(program: str, question: str) -> str | None:
+    """Why `program` does not compute with operations `question` names (None when it does): it computes nothing
+    (returns a constant), or uses an operation whose class no symbol or word of the question names. With the
+    program's result as the label (`math_labels: program`) the program is the only witness, and a program that
+    applies its question's numbers to other operations (`20 - 18` for "the integer d with 18 <= d <= 20") grounds
+    a wrong label. A program that does not parse is left to the sandbox."""
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.BinOp, ast.AugAssign)):
+            used.add(_OPERATOR_CLASS.get(type(node.op), type(node.op).__name__))
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "?")
+            if name not in _NEUTRAL_CALLS:
+                used.add(_CALL_CLASS.get(name, f"{name}()"))
+    if not used:
+        return "the program computes nothing: it returns a constant"
+    text = question.casefold()
+    unnamed = sorted(c for c in used if c not in _NAMED or not _NAMED[c].search(text))
+    return f"the question names no {', '.join(unnamed)}, which the program uses" if unnamed else None
+
+
 def reference_chunk(engines, jobs: list) -> list:
-    """Each reference solution's outputs over two sandbox runs, or None (`reference_outputs`); a chunk for
-    `ctx.fanout`."""
+    """Each reference solution's (or math program's) outputs over two sandbox runs, or None
+    (`reference_outputs`); a chunk for `ctx.fanout`."""
     from sage.engines.verify.outputs import reference_outputs
 
     return reference_outputs(engines.sandbox, jobs)
 
 
 def _check_math(ctx: StageContext, items: list[dict]) -> None:
-    """A reference answer is valid when the math checker finds it equivalent to itself: it parses, within
-    the checker's time and memory limits (in its worker processes, never here), wherever the flow fans out."""
+    """Answer-only (`math_labels: answer`): a reference answer is valid when the math checker finds it
+    equivalent to itself: it parses, within the checker's time and memory limits (in its worker processes, never
+    here), wherever the flow fans out."""
+    if ctx.cfg.iteration.math_labels != "answer":
+        return _ground_math(ctx, items)
     answers = [(it["fields"].get("answer") or "").strip() for it in items]
     scores = [s for chunk in ctx.fanout.map(parse_checks, answers) for s in chunk]
     for it, a, s in zip(items, answers, scores):
         it["valid"] = bool(a) and s == 1.0
         it["error"] = None if it["valid"] else ("no reference answer" if not a else "reference answer does not parse")
+        it["label"] = "answer_only" if it["valid"] else ("no_answer" if not a else None)  # None: invalid_verifier
+
+
+def _fail(it: dict, label: str, error: str) -> None:
+    it["valid"], it["label"], it["error"] = False, label, error
+
+
+def _ground_math(ctx: StageContext, items: list[dict]) -> None:
+    """Grounded labels: each question's program runs twice in the sandbox (wherever the flow fans out), agreeing,
+    and may use only numbers the question states. Under `program` its result is the label (the stated answer is
+    kept beside it, with whether the two agree); under `agreement` the stated answer must equal it under the math
+    checker. Every failure keeps its own `label` and sentence."""
+    from sage.engines.verify.sandbox import Job
+
+    strict = ctx.cfg.iteration.math_labels == "agreement"
+    runnable = []
+    for it in items:
+        f = it["fields"]
+        answer, program = (f.get("answer") or "").strip(), (f.get("program") or "").strip()
+        if strict and not answer:
+            _fail(it, "no_answer", "no reference answer")
+        elif not program:
+            _fail(it, "no_program", "no program computes the answer")
+        elif mismatch := number_mismatch(program, it["question"]):
+            _fail(it, "number_mismatch", mismatch)
+        elif not strict and (mismatch := operation_mismatch(program, it["question"])):
+            _fail(it, "operation_mismatch", mismatch)
+        else:
+            runnable.append(it)
+    jobs = [Job(it["fields"]["program"] + _LABEL_WRAPPER, "_sage_label_", [[]]) for it in runnable]
+    outputs_of = [outputs for chunk in ctx.fanout.map(reference_chunk, jobs) for outputs in chunk]
+    ran = []
+    for it, outputs in zip(runnable, outputs_of):
+        if not outputs or not isinstance(outputs[0], str) or not outputs[0].strip():
+            _fail(it, "program_failed", "the program failed, returned no number or was nondeterministic")
+        else:
+            it["program_result"] = outputs[0].strip()
+            ran.append(it)
+    stated = [it for it in ran if (it["fields"].get("answer") or "").strip()]
+    pairs = [(it["program_result"], it["fields"]["answer"].strip()) for it in stated]
+    scores = [s for chunk in ctx.fanout.map(agreement_checks, pairs) for s in chunk]
+    agrees = {id(it): s == 1.0 for it, s in zip(stated, scores)}
+    for it in ran:
+        it["answer_agrees"] = agrees.get(id(it), False)
+        if strict and not it["answer_agrees"]:
+            _fail(it, "label_mismatch", f"the stated answer does not equal the program's result "
+                                        f"{it['program_result'][:60]}")
+        else:
+            it["valid"], it["label"], it["error"] = True, "grounded", None
 
 
 def _check_code(ctx: StageContext, items: list[dict]) -> None:
@@ -71,7 +232,8 @@ def _check_code(ctx: StageContext, items: list[dict]) -> None:
 
 def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
     parents = {r["question_id"] for r in rollouts}
-    domain_of = {qid: q["domain"] for qid, q in questions_by_id(ctx.wh, list(parents)).items()}
+    parent_rows = questions_by_id(ctx.wh, list(parents))
+    domain_of = {qid: q["domain"] for qid, q in parent_rows.items()}
     missing = sorted(parents - set(domain_of))
     if missing:  # the references were sampled from the pool: a missing one means the warehouse lost rows
         raise LookupError(f"challenge rollouts of iteration {ctx.iteration} name reference question(s) the "
@@ -88,12 +250,18 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
     for it in items:
         f, r = it["fields"], it["rollout"]
         if it["domain"] == "math":
-            verifier = {"answer": f.get("answer")}
+            verifier = {"answer": f.get("answer"), "label": it.get("label")}
+            if ctx.cfg.iteration.math_labels != "answer":
+                verifier.update(stated_answer=f.get("answer"), program=f.get("program"),
+                                program_result=it.get("program_result"), answer_agrees=it.get("answer_agrees"))
+                if ctx.cfg.iteration.math_labels == "program" and it.get("program_result") is not None:
+                    verifier["answer"] = it["program_result"]   # the label the Solver is checked against
         else:
             verifier = {"entry_point": f.get("entry_point"), "signature": f.get("signature"),
                         "inputs": f.get("inputs") or [], "outputs": it.get("outputs")}
         row = dict(question_id=content_id("question", "generated", r["rollout_id"]), origin="generated",
-                   domain=it["domain"], text=it["question"], verifier=verifier, source=Role.CHALLENGER,
+                   domain=it["domain"], text=it["question"], verifier=verifier,
+                   source=parent_rows[r["question_id"]].get("source") or Role.CHALLENGER,
                    norm_hash=norm_hash(it["question"]), parent_id=r["question_id"], run_id=ctx.run_id,
                    iteration=ctx.iteration, rollout_id=r["rollout_id"], verifier_valid=it.get("valid", False),
                    verifier_error=it.get("error"))
@@ -104,16 +272,27 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
     return rows
 
 
+def challenger_kind(domain: str, math_labels: str) -> str:
+    """The Challenger's prompt kind (and output format) for a reference of `domain`."""
+    return "challenger_math_answer" if domain == "math" and math_labels == "answer" else f"challenger_{domain}"
+
+
 def run(ctx: StageContext) -> StageReport:
     refs = references(ctx)
-    units = [Unit(f"challenger_{q['domain']}", q["question_id"], q["domain"], {"question": q["text"]}) for q in refs]
+    labels = ctx.cfg.iteration.math_labels
+    units = [Unit(challenger_kind(q["domain"], labels), q["question_id"], q["domain"],
+                  {"question": q["text"], "family": q.get("source")}) for q in refs]
     _, written = generate(ctx, STAGE, Purpose.CHALLENGE, units)
     rollouts = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.CHALLENGE)
     done = existing_ids(ctx.wh, "questions", "rollout_id", [r["rollout_id"] for r in rollouts])
     todo = [r for r in rollouts if r["rollout_id"] not in done]
     step = ctx.cfg.run.batch_rows
-    added = 0
+    added = grounded = 0
     for start in range(0, len(todo), step):
-        added += ctx.wh.insert_batch("questions", _question_rows(ctx, todo[start:start + step]))
-    return StageReport(STAGE, rows_in=len(refs), rows_out=written + added,
-                       info={"rollouts": written, "questions": added})
+        rows = _question_rows(ctx, todo[start:start + step])
+        grounded += sum(r["domain"] == "math" and r["verifier"].get("label") == "grounded" for r in rows)
+        added += ctx.wh.insert_batch("questions", rows)
+    info = {"rollouts": written, "questions": added}
+    if labels != "answer":
+        info["grounded"] = grounded
+    return StageReport(STAGE, rows_in=len(refs), rows_out=written + added, info=info)

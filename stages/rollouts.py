@@ -22,7 +22,8 @@ from sage.stages.prompts import TEMPLATE_VERSION, field_limit, render
 from sage.warehouse import content_id, seed_from_id
 from sage.warehouse.queries import existing_ids, stored_path
 
-ROLE_OF_KIND = {"challenger_math": Role.CHALLENGER, "challenger_code": Role.CHALLENGER, "planner": Role.PLANNER,
+ROLE_OF_KIND = {"challenger_math": Role.CHALLENGER, "challenger_math_answer": Role.CHALLENGER,
+                "challenger_code": Role.CHALLENGER, "planner": Role.PLANNER,
                 "critic_question": Role.CRITIC, "critic_plan": Role.CRITIC, "solver_math": Role.SOLVER,
                 "solver_code": Role.SOLVER, "solver_math_plan": Role.SOLVER, "solver_code_plan": Role.SOLVER}
 
@@ -70,9 +71,17 @@ def prompt(ctx: StageContext, kind: str, max_new_tokens: int, **fields: Any) -> 
     return render(kind, limit, **fields)
 
 
-def parse(role: Role, domain: str, text: str) -> tags.Parsed:
+def format_key(unit: Unit) -> str:
+    """The output format (`tags.REQUIRED_TAGS` / `ROLE_REGEX` key) a unit's replies are held to: a Challenger's
+    is its prompt kind (the math kinds differ in format), the others' their role's."""
+    if unit.role == Role.CHALLENGER:
+        return unit.kind
+    return tags.role_key(unit.role, unit.domain if unit.role == Role.SOLVER else None)
+
+
+def parse(role: Role, domain: str, text: str, key: str | None = None) -> tags.Parsed:
     if role == Role.CHALLENGER:
-        return tags.parse_challenger(text, domain)
+        return tags.parse_challenger(text, domain, key)
     if role == Role.PLANNER:
         return tags.parse_planner(text)
     if role == Role.CRITIC:
@@ -95,8 +104,7 @@ def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool, roll
     role_cfg = getattr(ctx.cfg.roles, unit.role)
     regex = None
     if role_cfg.constrain:
-        key = tags.role_key(unit.role, unit.domain if unit.role in (Role.CHALLENGER, Role.SOLVER) else None)
-        regex = tags.role_regex(key, role_cfg.max_new_tokens)
+        regex = tags.role_regex(format_key(unit), role_cfg.max_new_tokens)
     seed = seed_from_id(content_id(ctx.cfg.run.seed, unit.unit_id(ctx, purpose)))
     return GenRequest(messages=prompt(ctx, unit.kind, role_cfg.max_new_tokens, **unit.fields), n=unit.n,
                       max_new_tokens=role_cfg.max_new_tokens, temperature=0.0 if greedy else role_cfg.temperature,
@@ -124,7 +132,7 @@ def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit
                 if rid in have:
                     continue
                 text = comp.text.encode("utf-8", "replace").decode("utf-8")  # storable whatever came back
-                p = parse(unit.role, unit.domain, text)
+                p = parse(unit.role, unit.domain, text, format_key(unit))
                 rows.append(dict(
                     rollout_id=rid, run_id=ctx.run_id, iteration=ctx.iteration, stage=stage, role=unit.role,
                     purpose=purpose, question_id=unit.question_id, plan_id=unit.plan_id,

@@ -9,7 +9,7 @@ plan, solve) with what its reward needs; writes one `scores` row each (reward, c
 advantage, `reward_version`) in one transaction. Idempotency key: `score_id` = hash of (rollout id,
 REWARD_VERSION); a re-run computes the same values and inserts nothing new, while a re-score after a change of
 the formulas (a new REWARD_VERSION) adds rows beside the old ones, and readers take the newest version.
-Fails: a Challenger question that earns the difficulty term but was never probed raises; so does a Solver
+Fails: an admitted Challenger question that was never probed raises; so does a Solver
 answer without a verdict (a missing verdict is never scored as a wrong answer) and an iteration with nothing
 to score.
 """
@@ -29,8 +29,8 @@ from sage.warehouse.queries import scoring_inputs
 
 #: Version of the reward formulas below. Bump it whenever a formula changes: it is hashed into every score id,
 #: so rewards of different versions never share a row. 1: suppressed Challenger branch (s_q + r_f) / 2;
-#: 2: (s_q + r_f) / 3 (SAGE.md step 4).
-REWARD_VERSION = 2
+#: 2: (s_q + r_f) / 3 (SAGE.md step 4); 3: the difficulty third only for an admitted question.
+REWARD_VERSION = 3
 
 
 def score_id(rollout_id: str, version: int = REWARD_VERSION) -> str:
@@ -38,21 +38,23 @@ def score_id(rollout_id: str, version: int = REWARD_VERSION) -> str:
     return content_id("score", rollout_id, version)
 
 
-def challenger_reward(s_q: float, r_d: float | None, r_f: float, valid: bool,
-                      alpha: float) -> tuple[float, dict[str, Any]]:
-    """r_c = (s_q + r_d + r_f) / 3 when s_q >= alpha and the verifier is valid, else (s_q + r_f) / 3
-    (quality suppression: the difficulty third is withheld, so for the same s_q and r_f an admitted question
-    never earns less than a rejected one)."""
-    earns_difficulty = bool(valid) and s_q >= alpha
-    if earns_difficulty:
+def challenger_reward(s_q: float, r_d: float | None, r_f: float, admitted: bool) -> tuple[float, dict[str, Any]]:
+    """r_c = (s_q + r_d + r_f) / 3 when the question was admitted, else (s_q + r_f) / 3 (quality suppression:
+    the difficulty third is withheld, so for the same s_q and r_f an admitted question never earns less than a
+    rejected one).
+
+    SAGE.md pays the difficulty third when s_q >= alpha and the verifier is valid; admission is that and more
+    (a grounded label, not a duplicate, near-duplicate or copy of a held-out question). A question no Solver
+    can match because its label is wrong, or a copy of one already in the pool, would otherwise earn the most
+    difficulty exactly for being wrong or copied."""
+    if admitted:
         if r_d is None:
-            raise ValueError("challenger_reward: r_d (difficulty) is needed when s_q >= alpha and the "
-                             "verifier is valid; run the difficulty probe first")
+            raise ValueError("challenger_reward: r_d (difficulty) is needed for an admitted question; run the "
+                             "difficulty probe first")
         reward = (s_q + r_d + r_f) / 3
     else:
         reward = (s_q + r_f) / 3
-    return reward, {"s_q": s_q, "r_d": r_d, "r_f": r_f, "valid": bool(valid), "alpha": alpha,
-                    "suppressed": not earns_difficulty}
+    return reward, {"s_q": s_q, "r_d": r_d, "r_f": r_f, "admitted": bool(admitted), "suppressed": not admitted}
 
 
 def planner_reward(s_p: float, r_f: float, w: RewardsConfig) -> tuple[float, dict[str, Any]]:
@@ -121,8 +123,7 @@ def trr_advantages(rewards: list[float], groups: list[str], eps: float) -> list[
 def _reward(row: dict, ctx: StageContext) -> tuple[float, dict[str, Any]]:
     w, r_f = ctx.cfg.rewards, float(row["format_reward"] or 0.0)
     if row["purpose"] == Purpose.CHALLENGE:
-        return challenger_reward(float(row["s_q"] or 0.0), row["difficulty"], r_f, bool(row["verifier_valid"]),
-                                 ctx.cfg.iteration.alpha)
+        return challenger_reward(float(row["s_q"] or 0.0), row["difficulty"], r_f, bool(row["admitted"]))
     if row["role"] == Role.CRITIC:
         return critic_reward(r_f)
     if row["purpose"] == Purpose.PLAN:

@@ -146,7 +146,7 @@ def generated_questions(wh: Warehouse, run_id: str, iteration: int) -> list[dict
 def questions_by_id(wh: Warehouse, ids: list[str]) -> dict[str, dict]:
     if not ids:
         return {}
-    rows = _rows_with_ids(wh, "SELECT question_id, domain, text, verifier FROM questions "
+    rows = _rows_with_ids(wh, "SELECT question_id, domain, text, verifier, source FROM questions "
                               "WHERE question_id IN (SELECT id FROM _ids)", ids)
     return {r["question_id"]: r for r in rows}
 
@@ -198,7 +198,7 @@ def scoring_inputs(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
     """Every trainable rollout of the iteration with what its reward needs (NULL where not applicable)."""
     return wh.rows("""
         SELECT r.rollout_id, r.role, r.purpose, q.domain, r.format_reward,
-               g.s_q, g.difficulty, g.verifier_valid,       -- challenger: the question it wrote
+               g.s_q, g.difficulty, g.verifier_valid, g.admitted,  -- challenger: the question it wrote
                pl.s_p AS plan_s_p, pl.passed AS plan_passed, -- planner: its own plan; solver: the plan it got
                v.s_gt
         FROM rollouts r

@@ -48,6 +48,15 @@ def report_tables(wh: Warehouse, run_id: str) -> dict[str, list[dict]]:
             "gate_stats": gate_stats(wh, run_id), "validation_curve": validation_curve(wh, run_id)}
 
 
+def admitted_questions(wh: Warehouse, run_id: str) -> list[dict]:
+    """The run's admitted generated questions from `curriculum_audit`, oldest first: what every later iteration
+    trains on, with the evidence for its label (the program's result, the probes' modal answer and share)."""
+    return wh.rows("""SELECT iteration, family, text, label, label_check, program_result, probe_mode,
+                             probe_mode_share, s_q, difficulty, suspect_label
+                      FROM curriculum_audit WHERE run_id = ? AND admitted ORDER BY iteration, question_id""",
+                   [run_id])
+
+
 def training_curve(wh: Warehouse, run_id: str) -> list[dict]:
     """Every optimizer update of the run in order (the `training_curve` view)."""
     return wh.rows("SELECT * EXCLUDE (created_at) FROM training_curve WHERE run_id = ? ORDER BY global_step",

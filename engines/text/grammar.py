@@ -19,7 +19,10 @@ from sage.configs.names import Role
 TAG_NAMES = ("question", "answer", "signature", "solution", "inputs", "plan", "score")
 
 REQUIRED_TAGS: dict[str, tuple[str, ...]] = {
-    "challenger_math": ("question", "answer"),
+    # Grounded math (`iteration.math_labels: program`): the question, a program that computes its answer, the
+    # answer; the paper's answer-only form (`answer`) is `challenger_math_answer`.
+    "challenger_math": ("question", "solution", "answer"),
+    "challenger_math_answer": ("question", "answer"),
     "challenger_code": ("question", "signature", "solution", "inputs"),
     Role.PLANNER: ("plan",),
     Role.CRITIC: ("score",),
@@ -28,6 +31,8 @@ REQUIRED_TAGS: dict[str, tuple[str, ...]] = {
 }
 
 DOMAINS = ("math", "code")
+#: The function a grounded math question's program defines; its return value is the program's answer.
+MATH_PROGRAM_ENTRY = "solve"
 
 # Prose (questions, reasoning, plans, answers) is a plain character class without `<`, with a bounded
 # length so the closing tag is reached within the token budget. A bounded repetition of an alternation
@@ -43,8 +48,8 @@ _FIRST = r"[!-;=-~]"                      # printable ASCII, not a space and not
 
 CHARS_PER_TOKEN = 3.0   # rough average over prose, code and tags; the budget keeps a fifth in reserve
 # Token budgets ROLE_REGEX is sized for; `role_regex(key, max_new_tokens)` sizes for any other budget.
-DEFAULT_TOKENS = {"challenger_math": 256, "challenger_code": 640, Role.PLANNER: 256, Role.CRITIC: 128,
-                  "solver_math": 256, "solver_code": 512}
+DEFAULT_TOKENS = {"challenger_math": 256, "challenger_math_answer": 256, "challenger_code": 640, Role.PLANNER: 256,
+                  Role.CRITIC: 128, "solver_math": 256, "solver_code": 512}
 
 
 def _clamp(x: float, lo: int, hi: int) -> int:
@@ -68,9 +73,13 @@ def role_bounds(key: str, max_new_tokens: int | None = None,
     if key == "solver_code":
         code = max(20, int((chars - 40) * 0.8))
         return {"reasoning": max(0, chars - 40 - code), "code": code}
-    if key == "challenger_math":
+    if key == "challenger_math_answer":
         answer = _clamp(chars // 6, 8, 80)
         return {"question": max(10, chars - answer - 45), "answer": answer}
+    if key == "challenger_math":
+        answer = _clamp(chars // 8, 8, 40)
+        avail = chars - answer - 90       # tags, fences and the `def solve():` line
+        return {"question": max(10, int(avail * 0.5)), "code": max(20, int(avail * 0.5)), "answer": answer}
     avail = chars - 170                   # tags, fences, `def `, name (<= 30) and return type (<= 30)
     line = 40
     return {"question": max(10, int(avail * 0.3)), "params": _clamp(avail * 0.08, 10, 150),
@@ -98,8 +107,12 @@ def role_regex(key: str, max_new_tokens: int | None = None, chars_per_token: flo
         return rf"{_TEXT}{{0,{b['reasoning']}}}<answer>{_text(b['answer'])}</answer>"
     if key == "solver_code":
         return rf"{_TEXT}{{0,{b['reasoning']}}}<answer>\n{_py_block(b['code'])}\n</answer>"
-    if key == "challenger_math":
+    if key == "challenger_math_answer":
         return rf"<question>{_text(b['question'])}</question>\n<answer>{_text(b['answer'])}</answer>"
+    if key == "challenger_math":
+        return (rf"<question>{_text(b['question'])}</question>\n"
+                rf"<solution>\n```python\ndef {MATH_PROGRAM_ENTRY}\(\):\n{_CODE}+```\n</solution>\n"
+                rf"<answer>{_text(b['answer'])}</answer>")
     return (rf"<question>{_text(b['question'])}</question>\n"
             rf"<signature>def [A-Za-z_][A-Za-z0-9_]{{0,29}}\([^\n<()]{{0,{b['params']}}}\)"
             r"(?: -> [^\n<:]{1,26})?</signature>\n"
@@ -110,11 +123,14 @@ def role_regex(key: str, max_new_tokens: int | None = None, chars_per_token: flo
 ROLE_REGEX: dict[str, str] = {key: role_regex(key) for key in REQUIRED_TAGS}
 
 
-def role_key(role: Role | str, domain: str | None = None) -> str:
-    """The key of `ROLE_REGEX` / `REQUIRED_TAGS` for a role: challenger and solver depend on the domain."""
+def role_key(role: Role | str, domain: str | None = None, math_labels: str = "program") -> str:
+    """The key of `ROLE_REGEX` / `REQUIRED_TAGS` for a role: challenger and solver depend on the domain, a math
+    Challenger on `iteration.math_labels` too (`answer`: the paper's answer-only form)."""
     if role in (Role.CHALLENGER, Role.SOLVER):
         if domain not in DOMAINS:
             raise ValueError(f"role '{role}' needs domain 'math' or 'code', got {domain!r}")
+        if role == Role.CHALLENGER and domain == "math" and math_labels == "answer":
+            return "challenger_math_answer"
         return f"{role}_{domain}"
     if role not in (Role.PLANNER, Role.CRITIC):
         raise ValueError(f"unknown role {role!r}; expected challenger, planner, critic or solver")

@@ -27,6 +27,7 @@ from sage.engines.text.grammar import (  # noqa: F401 - re-exported
     CHARS_PER_TOKEN,
     DEFAULT_TOKENS,
     DOMAINS,
+    MATH_PROGRAM_ENTRY,
     REQUIRED_TAGS,
     ROLE_REGEX,
     TAG_NAMES,
@@ -162,24 +163,27 @@ def _reason(problems: list[str]) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- parsers
-def _challenger_empty(domain: str) -> dict[str, Any]:
+def _challenger_empty(domain: str, key: str | None = None) -> dict[str, Any]:
     if domain == "math":
-        return {"question": None, "answer": None}
+        return {"question": None, "answer": None, "program": None}
     return {"question": None, "signature": None, "solution": None, "entry_point": None, "inputs": [],
             "input_errors": [], "syntax_error": "no code"}
 
 
 @_never_raises(_challenger_empty)
-def parse_challenger(text: str, domain: str) -> Parsed:
-    """Challenger: math -> question, answer; code -> question, signature, solution, entry_point, inputs
-    (plus input_errors and syntax_error, for the verifier's validity)."""
+def parse_challenger(text: str, domain: str, key: str | None = None) -> Parsed:
+    """Challenger: math -> question, answer, program (the code in <solution>, which defines
+    `MATH_PROGRAM_ENTRY`; None when absent); code -> question, signature, solution, entry_point, inputs (plus
+    input_errors and syntax_error, for the verifier's validity). `key` is the format the reply is held to
+    (`role_key`; default the domain's grounded form)."""
     if _is_empty(text):
         return Parsed(_challenger_empty(domain), 0.5, "empty completion")
     toks = _tokens(text)
-    reward, problems, _ = _format(text, toks, REQUIRED_TAGS[f"challenger_{domain}"])
+    reward, problems, _ = _format(text, toks, REQUIRED_TAGS[key or f"challenger_{domain}"])
     question = _extract(text, toks, "question") or None
     if domain == "math":
-        return Parsed({"question": question, "answer": _extract(text, toks, "answer") or None},
+        return Parsed({"question": question, "answer": _extract(text, toks, "answer") or None,
+                       "program": code_from(_extract(text, toks, "solution"), "first")},
                       reward, _reason(problems))
     signature = _extract(text, toks, "signature") or ""
     signature = signature.replace("```python", "").replace("```", "").strip().rstrip(":").strip() or None
@@ -201,14 +205,12 @@ def parse_planner(text: str) -> Parsed:
     return Parsed({"plan": _extract(text, toks, "plan") or None}, reward, _reason(problems))
 
 
-def normalise_score(value: float | int | None) -> float:
-    """SAGE.md: N in 1..10 -> (N - 1) / 9; a value already in [0, 1] is kept; anything else -> 0.5 [MAE]."""
-    if value is None:
-        return 0.5
-    if isinstance(value, int) and 1 <= value <= 10:
+def normalise_score(value: int | None) -> float:
+    """SAGE.md: an integer N in 1..10 -> (N - 1) / 9; anything else (None, a decimal, a number off the scale)
+    -> the neutral 0.5 [MAE]. The prompt asks for an integer 1..10, so only that scale is read: `1.0` or `0.9`
+    would otherwise be taken as an already-normalised score, and a Critic writing one could admit a question."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 10:
         return (value - 1) / 9
-    if 0.0 <= value <= 1.0:
-        return float(value)
     return 0.5
 
 
@@ -220,18 +222,10 @@ def _read_score(content: str) -> tuple[int | None, float]:
         token = nums[-1] if nums else None
     if token is None:
         return None, 0.5
-    try:
-        if "." not in token:
-            n = int(token)
-            return n, normalise_score(n)
-        x = float(token)
-    except (ValueError, OverflowError):
+    if "." in token or len(token) > 3:   # a decimal is off the integer scale the prompt asks for
         return None, 0.5
-    if 0.0 <= x <= 1.0:
-        return None, x
-    if x.is_integer() and 1 <= x <= 10:
-        return int(x), normalise_score(int(x))
-    return None, 0.5
+    n = int(token)
+    return (n, normalise_score(n)) if 1 <= n <= 10 else (None, 0.5)
 
 
 @_never_raises(lambda: {"raw": None, "score": 0.5})

@@ -45,6 +45,9 @@ class Template:
     optional: tuple[str, ...] = ()      # rendered through `{{name_line}}`: empty when not given
     example: dict[str, str] = field(default_factory=dict)  # the worked example's fields; empty: shown inline
     reply: str = ""                     # the worked example's answer, shown as the assistant's turn
+    # Worked examples per question family (a seed's `source`, e.g. `reasoning_gym:gcd`), chosen by the `family`
+    # field; `example` / `reply` serve every other family
+    examples: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)
 
 
 SYSTEM = "You are a careful assistant."
@@ -71,6 +74,50 @@ final answer in <answer></answer>. Write nothing else."""
 _CHALLENGER_MATH_REPLY = """<question>A cyclist rides at 15 km per hour for 4 hours. How many kilometres does \
 she ride?</question>
 <answer>60</answer>"""
+
+# Grounded math (`iteration.math_labels: program`): beside its answer the Challenger writes a program that computes
+# it; the sandbox runs it, and the label enters the pool only when the program's result and the answer agree
+# (stages/challenge.py). The worked example is of the reference's own family when one is written for it (the
+# seeds' generators): same kind and form, new numbers, one step harder, so that the new problem leaves the
+# seed and validation sets (a one-digit sum with new numbers is often one of them) and the model varies its
+# reference instead of copying one memorised puzzle (a generic word-problem example drew the same bat-and-ball
+# puzzle in 12 of 24 outputs).
+_CHALLENGER_GROUNDED = """Reference problem:
+{{question}}
+
+Write ONE new math problem of the same kind and form as the reference: new numbers, one step harder. It must \
+have a single exact answer. Put the new problem in <question></question>, a Python function `solve()` that \
+computes the answer from the problem's numbers (standard library only; `fractions.Fraction` for exact \
+fractions) in <solution></solution>, and the final answer in <answer></answer>. Write nothing else."""
+
+
+def _grounded_reply(question: str, body: str, answer: str) -> str:
+    return (f"<question>{question}</question>\n<solution>\n```python\ndef solve():\n{body}\n```\n</solution>\n"
+            f"<answer>{answer}</answer>")
+
+
+_RG = "reasoning_gym:"
+_GROUNDED_EXAMPLES: dict[str, tuple[dict[str, str], str]] = {
+    f"{_RG}basic_arithmetic": ({"question": "Calculate 3 + 5."},
+                               _grounded_reply("Calculate 12 + 7.", "    return 12 + 7", "19")),
+    f"{_RG}products": ({"question": "Solve the following multiplication: 3 * 4. Give only the result as your final "
+                                    "answer."},
+                       _grounded_reply("Solve the following multiplication: 6 * 13. Give only the result as your "
+                                       "final answer.", "    return 6 * 13", "78")),
+    f"{_RG}chain_sum": ({"question": "State the final answer to the following arithmetic problem: 2 + 6 ="},
+                        _grounded_reply("State the final answer to the following arithmetic problem: 5 + 3 + 8 =",
+                                        "    return 5 + 3 + 8", "16")),
+    f"{_RG}simple_equations": ({"question": "Find the value of x in the equation: x + 3 = 9"},
+                               _grounded_reply("Find the value of x in the equation: x + 12 = 30",
+                                               "    return 30 - 12", "18")),
+    f"{_RG}gcd": ({"question": "Find the Greatest Common Divisor (GCD) of these numbers: 6, 9. Give only the GCD as "
+                               "your final answer."},
+                  _grounded_reply("Find the Greatest Common Divisor (GCD) of these numbers: 24, 36. Give only the "
+                                  "GCD as your final answer.", "    import math\n    return math.gcd(24, 36)", "12")),
+    f"{_RG}lcm": ({"question": "Find the Least Common Multiple (LCM) of these numbers: 2, 3"},
+                  _grounded_reply("Find the Least Common Multiple (LCM) of these numbers: 4, 10",
+                                  "    import math\n    return math.lcm(4, 10)", "20")),
+}
 
 _CHALLENGER_CODE = """Reference task:
 {{question}}{{signature_line}}
@@ -161,8 +208,13 @@ def _solver(kind: str, code: bool, plan: bool) -> Template:
 
 
 TEMPLATES: dict[str, Template] = {
-    "challenger_math": Template("challenger_math", SYSTEM, _CHALLENGER_MATH, ("question",), (), _MATH,
-                                _CHALLENGER_MATH_REPLY),
+    "challenger_math": Template("challenger_math", SYSTEM, _CHALLENGER_GROUNDED, ("question",), (), _MATH,
+                                _grounded_reply("A cyclist rides at 15 km per hour for 4 hours. How many kilometres "
+                                                "does she ride?", "    return 15 * 4", "60"),
+                                _GROUNDED_EXAMPLES),
+    # The paper's answer-only Challenger (`iteration.math_labels: answer`)
+    "challenger_math_answer": Template("challenger_math_answer", SYSTEM, _CHALLENGER_MATH, ("question",), (), _MATH,
+                                       _CHALLENGER_MATH_REPLY),
     "challenger_code": Template("challenger_code", SYSTEM, _CHALLENGER_CODE, ("question",), ("signature",),
                                 {"question": _EX_CODE.split("\n")[0]}, _CHALLENGER_CODE_REPLY),
     "critic_question": Template("critic_question", _SYSTEM_INLINE, _CRITIC_QUESTION, ("question",),
@@ -184,6 +236,8 @@ def template_version(t: Template) -> str:
     """`kind@<hash>` of everything `t` puts in a prompt: editing any of it gives new row ids."""
     parts = [t.kind, t.system, t.user, repr(t.required), repr(t.optional), repr(sorted(t.example.items())), t.reply,
              repr([(f, _OPTIONAL_LINES[f]) for f in t.optional])]
+    if t.examples:
+        parts.append(repr(sorted((k, sorted(f.items()), r) for k, (f, r) in t.examples.items())))
     return f"{t.kind}@{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:10]}"
 
 
@@ -207,12 +261,15 @@ class FieldLimit:
 @lru_cache(maxsize=256)
 def _field_limit(kind: str, tokenizer: Any, max_model_len: int, max_new_tokens: int) -> FieldLimit:
     t = TEMPLATES[kind]
-    empty = render(kind, **{f: "" for f in t.required})
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(empty, add_generation_prompt=True, tokenize=False)
-        fixed = len(tokenizer(text, add_special_tokens=False)["input_ids"])  # as the engines count a prompt
-    else:
-        fixed = sum(len(tokenizer.encode(m["content"], add_special_tokens=False)) + 8 for m in empty)
+
+    def tokens(family: str | None) -> int:
+        empty = render(kind, family=family, **{f: "" for f in t.required})
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(empty, add_generation_prompt=True, tokenize=False)
+            return len(tokenizer(text, add_special_tokens=False)["input_ids"])  # as the engines count a prompt
+        return sum(len(tokenizer.encode(m["content"], add_special_tokens=False)) + 8 for m in empty)
+
+    fixed = max(tokens(family) for family in (None, *t.examples))  # the longest worked example
     fixed += sum(len(tokenizer.encode(_OPTIONAL_LINES[f].format(""), add_special_tokens=False)) for f in t.optional)
     # 8 tokens a field for the " ..." mark and for merges where a field's text meets the template's
     room = (max_model_len - max_new_tokens - fixed) // (len(t.required) + len(t.optional)) - 8
@@ -244,13 +301,17 @@ def _fill(t: Template, fields: dict, limit: FieldLimit | None = None) -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], t.user)
 
 
-def render(kind: str, limit: FieldLimit | None = None, **fields: object) -> list[dict[str, str]]:
+def render(kind: str, limit: FieldLimit | None = None, family: str | None = None,
+           **fields: object) -> list[dict[str, str]]:
     """Chat messages for one prompt of `kind`: system, the worked example's task (user) and reply
-    (assistant) when the kind shows it as a turn, then the task itself (user, always the last message), its
-    fields cut by `limit` (see `field_limit`)."""
+    (assistant) when the kind shows it as a turn (the example of the question's `family` when the kind has
+    one), then the task itself (user, always the last message), its fields cut by `limit` (see `field_limit`)."""
     if kind not in TEMPLATES:
         raise ValueError(f"unknown prompt kind {kind!r}; expected one of: {', '.join(KINDS)}")
     t = TEMPLATES[kind]
+    if family in t.examples:
+        example_fields, reply = t.examples[family]
+        t = Template(t.kind, t.system, t.user, t.required, t.optional, example_fields, reply)
     missing = [f for f in t.required if fields.get(f) is None]
     unknown = sorted(set(fields) - set(t.required) - set(t.optional))
     if missing or unknown:

@@ -23,7 +23,10 @@ MATH_SEEDS = [("What is 2+2?", "4"), ("What is 10-3?", "7"), ("Compute 6*7.", "4
 CODE_SEED = ("Write a Python function `add(a, b)` that returns a + b.",
              {"entry_point": "add", "inputs": [[1, 2], [3, 4]], "outputs": [3, 7]})
 
-CHALLENGE_MATH = "<question>What is 3+4?</question>\n<answer>7</answer>"
+# the grounded form (`iteration.math_labels: program`, cpu.yaml): the program uses exactly the question's numbers
+# and an operation the question names (`+`), so its result 7 is the label
+CHALLENGE_MATH = ("<question>What is 3+4?</question>\n<solution>\n```python\ndef solve():\n    return 3 + 4\n```\n"
+                  "</solution>\n<answer>7</answer>")
 CHALLENGE_CODE = ("<question>Write mul(a, b) returning a * b.</question>\n<signature>def mul(a, b)</signature>\n"
                   "<solution>\n```python\ndef mul(a, b):\n    return a * b\n```\n</solution>\n"
                   "<inputs>\n[2, 3]\n[4, 5]\n</inputs>")

@@ -47,6 +47,12 @@ def test_admission_gating_and_rewards(one_iteration):
         code_q = [q for q in qs if q["domain"] == "code"]
         # four references produced the same math question: one admitted, three duplicates
         assert sorted(str(q["rejection_reason"]) for q in math_q) == ["None", "duplicate", "duplicate", "duplicate"]
+        # cpu.yaml's `math_labels: program`: the program (exactly the question's 3 and 4, and its named `+`) ran in
+        # the sandbox and its result is the label, beside the stated answer that agrees with it
+        for q in math_q:
+            v = json.loads(q["verifier"])
+            assert v["label"] == "grounded" and v["answer"] == v["program_result"] == "7"
+            assert v["stated_answer"] == "7" and v["answer_agrees"] is True and "return 3 + 4" in v["program"]
         assert all(q["difficulty"] == pytest.approx(0.5) for q in math_q)  # probe answers: one right, one wrong
         assert code_q[0]["admitted"] and code_q[0]["difficulty"] == 0.0
         assert json.loads(code_q[0]["verifier"])["outputs"] == [6, 20]  # computed by the reference in the sandbox
@@ -64,13 +70,22 @@ def test_admission_gating_and_rewards(one_iteration):
         assert shown and all(r["template"].split("@")[0].endswith("_plan") == r["passed"] for r in shown)
 
         # every reward path against its formula
-        scores = wh.rows("SELECT s.role, r.purpose, s.reward, s.components, s.advantage, s.group_key "
-                         "FROM scores s JOIN rollouts r USING (rollout_id)")
+        scores = wh.rows("SELECT s.role, r.purpose, s.reward, s.components, s.advantage, s.group_key, q.admitted "
+                         "FROM scores s JOIN rollouts r USING (rollout_id) "
+                         "LEFT JOIN questions q ON q.rollout_id = s.rollout_id AND q.origin = 'generated'")
         assert {s["purpose"] for s in scores} == {"challenge", "critique_question", "critique_plan", "plan", "solve"}
+        # the difficulty third is paid only to an admitted question (REWARD_VERSION 3): the three duplicates are
+        # suppressed although their s_q >= alpha and their verifier is valid
+        challenge = [s for s in scores if s["purpose"] == "challenge"]
+        assert sorted(bool(s["admitted"]) for s in challenge) == [False, False, False, True, True]
         for s in scores:
             c = json.loads(s["components"])
             if s["purpose"] == "challenge":
-                assert not c["suppressed"] and s["reward"] == pytest.approx((c["s_q"] + c["r_d"] + c["r_f"]) / 3)
+                assert c["admitted"] == bool(s["admitted"]) and c["suppressed"] == (not s["admitted"])
+                if s["admitted"]:
+                    assert s["reward"] == pytest.approx((c["s_q"] + c["r_d"] + c["r_f"]) / 3)
+                else:
+                    assert s["reward"] == pytest.approx((c["s_q"] + c["r_f"]) / 3)
             elif s["role"] == "critic":
                 assert s["reward"] == c["r_f"] == 1.0
             elif s["purpose"] == "plan":

@@ -166,15 +166,37 @@ def test_unknown_run(wh, tmp_path):
 
 def test_report_artifacts(wh):
     arts = dict(report_artifacts(wh, RUN))
-    keys = [artifact_key("sage", RUN, n) for n in ("curriculum_drift", "role_rewards", "gate_stats", "validation_curve",
-                                                  "evaluations", "stage_timings", "samples", "config", "plots")]
+    names = ("curriculum_drift", "admitted_questions", "role_rewards", "gate_stats", "validation_curve", "evaluations",
+             "stage_timings", "samples", "config", "plots")
+    keys = [artifact_key("sage", RUN, n) for n in names]
     assert list(arts) == keys and keys[0] == "sage-run-a1-curriculum-drift"
-    assert "| best | math500 | pass@1 | 0.3333 | 12 |" in arts[keys[4]] and "| 37.5 |" in arts[keys[5]]
-    assert "## solver" in arts[keys[6]] and "\x1b" not in arts[keys[6]]
-    assert '"note": "<b>bold</b>"' in arts[keys[7]] and arts[keys[7]].count("```") == 2  # inside one fence
+    art = dict(zip(names, (arts[k] for k in keys)))
+    # every cell's markdown punctuation is escaped (a number's `.` too: `0\.3333` renders as 0.3333)
+    assert "| best | math500 | pass@1 | 0\\.3333 | 12 |" in art["evaluations"]
+    assert "| 37\\.5 |" in art["stage_timings"]
+    assert "## solver" in art["samples"] and "\x1b" not in art["samples"]
+    assert '"note": "<b>bold</b>"' in art["config"] and art["config"].count("```") == 2  # inside one fence
     assert all(re.fullmatch(r"[a-z0-9-]+", k) for k in keys)
-    assert "| 2 | 7 | 4 | 2 | 2 | 0 | 1 | 1 | 0.625 | 0.5 |" in arts[keys[0]]
-    assert "0.8125" in arts[keys[1]] and "0.6667" in arts[keys[2]] and "0.5625" in arts[keys[3]]
-    uris = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", arts[keys[-1]])
+    assert "| 2 | 7 | 4 | 2 | 2 | 0 | 1 | 1 | 0\\.625 | 0\\.5 |" in art["curriculum_drift"]
+    assert "0\\.8125" in art["role_rewards"] and "0\\.6667" in art["gate_stats"]
+    assert "0\\.5625" in art["validation_curve"]
+    # the admitted generated questions, oldest first: iteration, family, text, label, ..., s_q, difficulty
+    admitted = [line for line in art["admitted_questions"].splitlines() if line.startswith("| ") and "question" in line]
+    assert admitted == ["| 1 |  | question 1\\.0 | 1 |  |  |  |  | 0\\.8 | 0\\.5 | no |",
+                        "| 2 |  | question 2\\.0 | 1 |  |  |  |  | 0\\.9 | 0\\.25 | no |",
+                        "| 2 |  | question 2\\.1 | 1 |  |  |  |  | 0\\.7 | 0\\.5 | no |"]
+    uris = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", art["plots"])
     assert len(uris) == len(PLOTS) and all(base64.b64decode(u).startswith(b"\x89PNG") for u in uris)
     assert [k for k, _ in report_artifacts(wh, RUN, images=False)] == keys[:-1]
+
+
+def test_markdown_table_cells_cannot_become_markdown():
+    from sage.flows.report import markdown_table
+
+    hostile = "**bold** [link](http://x) `code` <b>|</b>\n# heading _it_ 1. ~~s~~ !"
+    md = markdown_table([{"run_id": "hidden", "text": hostile, "value": 0.25}])
+    head, rule, row = md.split("\n")
+    assert head == "| text | value |" and rule == "|---|---|"  # run_id is never shown
+    assert row == ("| \\*\\*bold\\*\\* \\[link\\]\\(http://x\\) \\`code\\` \\<b\\>\\|\\</b\\> "
+                   "\\# heading \\_it\\_ 1\\. \\~\\~s\\~\\~ \\! | 0\\.25 |")
+    assert markdown_table([]) == "_no rows_"

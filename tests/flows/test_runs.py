@@ -56,7 +56,7 @@ def test_more_iterations_extend_the_same_run(prefect_api, scripted_cli, tmp_path
 
     # a field that decides rows: refused with what differs and how to start a new run instead
     r = sage_run(scripted_cli, tmp_path, "--run", rid, "--set", "iteration.alpha=0.9")
-    assert r.exit_code == 2 and "iteration.alpha: 0.7 -> 0.9" in said(r) and "--run NAME" in said(r)
+    assert r.exit_code == 2 and "iteration.alpha: 0.3 -> 0.9" in said(r) and "--run NAME" in said(r)
 
     # sage stage: a missing iteration or run is refused, naming what exists, and writes nothing
     before = dump(tmp_path)

@@ -54,7 +54,8 @@ def _decided(wh) -> dict[str, dict]:
 
 
 def test_contaminated_rejected_and_near_duplicates_measured(setup):
-    ctx, wh = setup()                                   # near_duplicate_threshold None: measured only
+    # near_duplicate_threshold None: measured only; alpha 0.7 (the paper's; cpu.yaml lowers it)
+    ctx, wh = setup("iteration.near_duplicate_threshold=null", "iteration.alpha=0.7")
     report = admit.run(ctx)
     got = _decided(wh)
     assert {k: v["rejection_reason"] for k, v in got.items()} == {
@@ -77,7 +78,7 @@ def test_contaminated_rejected_and_near_duplicates_measured(setup):
 
 
 def test_near_duplicate_rejected_at_the_threshold(setup):
-    ctx, wh = setup("iteration.near_duplicate_threshold=0.6")
+    ctx, wh = setup("iteration.near_duplicate_threshold=0.6", "iteration.alpha=0.7")
     admit.run(ctx)
     got = _decided(wh)
     assert got["near_seed"]["rejection_reason"] == "near_duplicate" and got["ok"]["admitted"]
@@ -91,3 +92,127 @@ def test_decide_order():
     assert admit.decide(q, 0.7, {"h"}, similarity=1.0, threshold=0.5) == "duplicate"
     assert admit.decide(q, 0.7, set(), similarity=0.5, threshold=0.5) == "near_duplicate"
     assert admit.decide(q, 0.7, set(), similarity=0.49, threshold=0.5) is None
+
+
+
+def test_the_default_threshold_rejects_near_duplicates():
+    assert load_config("cpu").iteration.near_duplicate_threshold == 0.8
+
+
+def _generated(name: str, text: str, s_q: float = 0.9, valid: bool = True, domain: str = "math",
+               verifier: dict | None = None) -> dict:
+    return dict(question_id=name, origin="generated", domain=domain, text=text,
+                verifier=verifier if verifier is not None else {"answer": "1", "label": "grounded"},
+                norm_hash=norm_hash(text), run_id="r", iteration=1, s_q=s_q, verifier_valid=valid,
+                rollout_id=content_id("rollout", name))
+
+
+def _admit(tmp_path, rows: list[dict], *overrides: str):
+    cfg = load_config("cpu", [f"run.dir={tmp_path}", "iteration.alpha=0.7", *overrides])
+    wh = Warehouse.open(":memory:")
+    wh.insert_batch("questions", [dict(question_id="seed", origin="seed", domain="math", text=SEED,
+                                       verifier={"answer": "6"}, norm_hash=norm_hash(SEED)),
+                                  dict(question_id="val", origin="validation", domain="math", text=VALIDATION,
+                                       verifier={"answer": "12"}, norm_hash=norm_hash(VALIDATION))] + rows)
+    wh.insert_batch("iterations", [dict(run_id="r", iteration=1)])
+    report = admit.run(StageContext(cfg=cfg, wh=wh, run_id="r", iteration=1))
+    return wh, report
+
+
+_TEXTS = ["A shop sells 14 pens a day. How many pens does it sell in a week?",
+          "Divide 9 cakes equally among 3 plates; how many per plate?",
+          "Tom has 5 marbles and buys 8 more. How many marbles now?",
+          "A rectangle is 6 cm by 11 cm. What is its area in square cm?",
+          "How many wheels do 13 bicycles have altogether on the road?",
+          "A bus carries 31 people and 12 get off at the first stop. How many remain?"]
+# each reason the challenge stage gives a math label that is not grounded (tests/stages/test_challenge.py checks
+# the stage writes exactly these)
+UNGROUNDED = dict(zip(sorted(admit.LABEL_FAILURES), _TEXTS))
+
+
+def test_an_ungrounded_math_label_keeps_its_reason(tmp_path):
+    rows = [_generated(label, text, valid=False, verifier={"answer": "1", "label": label})
+            for label, text in UNGROUNDED.items()]
+    rows += [_generated("code_invalid", "Write a function that sorts a list of words by length.", valid=False,
+                        domain="code", verifier={"entry_point": "f", "inputs": [], "outputs": None}),
+             _generated("no_label", "A farmer plants 21 rows of 17 trees. How many trees?", valid=False,
+                        verifier={"answer": "x"}),
+             _generated("odd_label", "What is the product of 23 and 29 exactly?", valid=False,
+                        verifier={"answer": "1", "label": "answer_only"}),
+             # a code question whose verifier happened to carry a label name: code keeps invalid_verifier
+             _generated("code_label", "Write a function that reverses the words of a sentence.", valid=False,
+                        domain="code", verifier={"label": "no_program"})]
+    wh, report = _admit(tmp_path, rows)
+    got = {k: v["rejection_reason"] for k, v in _decided(wh).items()}
+    assert got == {**{label: label for label in UNGROUNDED}, "code_invalid": "invalid_verifier",
+                   "no_label": "invalid_verifier", "odd_label": "invalid_verifier", "code_label": "invalid_verifier"}
+    assert set(UNGROUNDED) == admit.LABEL_FAILURES and len(UNGROUNDED) == len(admit.LABEL_FAILURES)
+    n = len(UNGROUNDED)
+    assert report.info == {"admitted": 0, "rejected": n + 4, "invalid_verifier": 4,
+                           **{label: 1 for label in UNGROUNDED}}
+    drift = wh.rows("SELECT rejected, rejected_invalid_verifier, rejected_ungrounded FROM curriculum_drift "
+                    "WHERE run_id = 'r' AND iteration = 1")
+    assert drift == [{"rejected": n + 4, "rejected_invalid_verifier": 4, "rejected_ungrounded": n}]
+
+
+def test_an_ungrounded_label_is_rejected_before_quality_and_duplicates(tmp_path):
+    # contaminated still beats it; the label's reason beats low quality and duplication
+    rows = [_generated("low", "A tank holds 40 litres and leaks 3 litres an hour. When is it empty?", s_q=0.1,
+                       valid=False, verifier={"answer": "1", "label": "label_mismatch"}),
+            _generated("dup", SEED, valid=False, verifier={"answer": "1", "label": "program_failed"}),
+            _generated("copy_val", VALIDATION, valid=False, verifier={"answer": "1", "label": "no_program"})]
+    wh, _ = _admit(tmp_path, rows)
+    assert {k: v["rejection_reason"] for k, v in _decided(wh).items()} == {"low": "label_mismatch",
+                                                                           "dup": "program_failed",
+                                                                           "copy_val": "contaminated"}
+
+
+COPY = "Sara has 17 red beads and 25 blue beads in a jar. How many beads are in the jar?"
+
+
+def test_a_batch_of_copies_admits_at_most_one(tmp_path):
+    variants = [COPY, COPY.replace("jar?", "jar ?"), COPY.replace("Sara", "Sarah"), COPY.replace("Sara", "Ann"),
+                COPY, COPY.lower()]
+    rows = [_generated(f"c{k}", text) for k, text in enumerate(variants)]
+    rows.append(_generated("other", "A train travels 60 km in 1.5 hours. What is its speed in km per hour?"))
+    wh, report = _admit(tmp_path, rows)
+    got = _decided(wh)
+    assert [got[f"c{k}"]["admitted"] for k in range(len(variants))] == [True] + [False] * (len(variants) - 1)
+    assert got["other"]["admitted"]
+    for k in range(1, len(variants)):
+        assert got[f"c{k}"]["rejection_reason"] in ("duplicate", "near_duplicate"), k
+        assert got[f"c{k}"]["near_dup_similarity"] >= 0.8 and got[f"c{k}"]["near_dup_of"].startswith("c"), k
+    assert got["c3"]["rejection_reason"] == "near_duplicate"        # another name, the same puzzle
+    assert got["c4"]["rejection_reason"] == "duplicate"             # the same text as the admitted one
+    assert report.info["admitted"] == 2
+    share = wh.scalar("SELECT copy_share FROM curriculum_drift WHERE run_id = 'r' AND iteration = 1")
+    assert share == pytest.approx(5 / 7)
+
+
+def test_a_copy_of_an_earlier_rejected_question_is_a_near_duplicate(tmp_path):
+    # c0 is written first and rejected (low quality); its copies are copies all the same, and the best-rated
+    # of them is not admitted in its place
+    rows = [_generated("c0", COPY, s_q=0.2), _generated("c1", COPY, s_q=0.9),
+            _generated("c2", COPY.replace("Sara", "Mia"), s_q=1.0)]
+    wh, _ = _admit(tmp_path, rows)
+    got = _decided(wh)
+    assert [(got[q]["admitted"], got[q]["rejection_reason"]) for q in ("c0", "c1", "c2")] == [
+        (False, "low_quality"), (False, "near_duplicate"), (False, "near_duplicate")]
+    assert got["c1"]["near_dup_of"] == "c0" and got["c1"]["near_dup_similarity"] == 1.0
+    assert got["c2"]["near_dup_of"] in ("c0", "c1")
+
+
+def test_copies_are_decided_in_id_order_on_every_run(tmp_path):
+    rows = [_generated("b", COPY), _generated("a", COPY.replace("Sara", "Ann"))]
+    first, _ = _admit(tmp_path, rows)
+    again, _ = _admit(tmp_path, list(reversed(rows)))
+    assert _decided(first) == _decided(again)
+    assert _decided(first)["a"]["admitted"] and _decided(first)["b"]["rejection_reason"] == "near_duplicate"
+
+
+def test_without_a_threshold_copies_are_measured_not_rejected(tmp_path):
+    rows = [_generated("c0", COPY), _generated("c1", COPY.replace("Sara", "Ann"))]
+    wh, _ = _admit(tmp_path, rows, "iteration.near_duplicate_threshold=null")
+    got = _decided(wh)
+    assert got["c0"]["admitted"] and got["c1"]["admitted"]
+    assert got["c1"]["near_dup_of"] == "c0" and got["c1"]["near_dup_similarity"] >= 0.8

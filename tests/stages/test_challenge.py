@@ -3,16 +3,22 @@ references it draws from the pool, the question rows it writes from the Challeng
 invalid ones kept with their reason), re-runs, batches and sampling seeds.
 
 Math references only: a code question's reference solution runs in the sandbox, a subprocess this tier never
-starts (the stage calls `ctx.sandbox` directly, not through the fan-out); code questions are covered end to end
-in tests/flows. The stage asks for the sandbox even with no code question, so these tests give it one that
-runs nothing."""
+starts; code questions are covered end to end in tests/flows. Grounded math labels (`iteration.math_labels:
+program`, the default) run the Challenger's program in the sandbox too: here a scripted stand-in
+(`ScriptedProgramSandbox`) runs the tests' own scripted programs in this process, so the label checks (each
+failure reason, the agreement with the stated answer) run on known programs without a subprocess. The answer-only
+form (`math_labels: answer`) must run nothing: its tests give the stage a sandbox that refuses any job."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
 from sage.configs.names import Purpose, Role, Stage
-from sage.stages import challenge
+from sage.engines.verify.sandbox import ExecResult
+from sage.stages import admit, challenge
+from sage.stages.challenge import number_mismatch
 from sage.stages.prompts import TEMPLATE_VERSION
 from sage.stages.rollouts import Unit
 from sage.warehouse import content_id, norm_hash, seed_from_id
@@ -21,20 +27,33 @@ from tests.stages.pool import question, seeds
 
 pytestmark = pytest.mark.fast
 
-def new_question(reference: str) -> tuple[str, str]:
-    """The (question, answer) the scripted Challenger writes for a reference."""
-    return f"{reference} Then add one.", str(len(reference))
+def new_question(reference: str) -> tuple[str, str, str]:
+    """The (question, program, answer) the scripted Challenger writes for a reference: one more step with a new
+    number, a program that computes the answer from exactly the numbers the question states (the sum of them all),
+    and that answer."""
+    question = f"{reference} Then add {len(reference)}."
+    numbers = re.findall(r"\d+", question)
+    return question, "def solve():\n    return " + " + ".join(numbers), str(sum(map(int, numbers)))
 
 
-def challenger(replies: dict[str, str] | None = None):
-    """The Challenger's reply to each reference: `replies[reference]`, else a well-formed new question."""
+def grounded_reply(question: str, program: str, answer: str) -> str:
+    return (f"<question>{question}</question>\n<solution>\n```python\n{program}\n```\n</solution>\n"
+            f"<answer>{answer}</answer>")
+
+
+def reference_of(req) -> str:
+    return prompt_text(req).split("Reference problem:\n", 1)[1].split("\n\n", 1)[0]
+
+
+def challenger(replies: dict[str, str] | None = None, answer_only: bool = False):
+    """The Challenger's reply to each reference: `replies[reference]`, else a well-formed new question (grounded,
+    or in the answer-only form)."""
     def script(req):
-        task = prompt_text(req)
-        reference = task.split("Reference problem:\n", 1)[1].split("\n\n", 1)[0]
+        reference = reference_of(req)
         if replies and reference in replies:
             return replies[reference]
-        q, a = new_question(reference)
-        return f"<question>{q}</question>\n<answer>{a}</answer>"
+        q, program, a = new_question(reference)
+        return f"<question>{q}</question>\n<answer>{a}</answer>" if answer_only else grounded_reply(q, program, a)
     return script
 
 
@@ -52,16 +71,57 @@ class ScriptedChecker:
 
 
 class NoCodeSandbox:
-    """The sandbox's interface for math-only batches: it must never be given a job."""
+    """The sandbox's interface for answer-only math batches: it must never be given a job."""
 
     def execute(self, jobs: list) -> list:
-        assert not jobs, "a math-only batch ran code"
+        assert not jobs, "an answer-only math batch ran code"
         return []
 
 
-def context(scripted_stage, script, *overrides: str, iteration: int = 1, checker: ScriptedChecker | None = None):
+class ScriptedProgramSandbox:
+    """A SCRIPTED STAND-IN for the sandbox (engines/verify/sandbox.py), for these fast unit tests only: it runs
+    each job's code in this process with `exec` (no isolation, no limits, no subprocess) and returns
+    `ExecResult`s as the sandbox does: status `ok`, or `error` with the exception. The code it runs is the tests'
+    own scripted programs plus the stage's `_sage_label_` wrapper, never model output. Records every batch."""
+
+    def __init__(self):
+        self.batches: list[list] = []
+
+    def execute(self, jobs: list) -> list[ExecResult]:
+        self.batches.append(list(jobs))
+        return [self._run(job) for job in jobs]
+
+    @staticmethod
+    def _run(job) -> ExecResult:
+        outputs, errors = [], []
+        for args in job.inputs:
+            try:
+                namespace: dict = {"__name__": "__scripted__"}
+                exec(compile(job.code, "<scripted program>", "exec"), namespace)
+                outputs.append(namespace[job.entry_point](*args))
+                errors.append(None)
+            except Exception as e:   # what the child reports for a failing input
+                outputs.append(None)
+                errors.append(f"{type(e).__name__}: {e}")
+        status = "ok" if all(e is None for e in errors) else "error"
+        return ExecResult(outputs, errors, status, "scripted", 0.0)
+
+
+def verifier(answer: str | None, program: str | None, result: str | None, label: str = "grounded",
+             agrees: bool | None = True, label_answer: str | None = None) -> dict:
+    """A grounded math question's verifier: the label (`answer`: the stated answer, or the program's result under
+    `math_labels: program`), how it was checked, the stated answer, the program, its result, and whether the two
+    agree."""
+    return {"answer": label_answer if label_answer is not None else answer, "label": label, "stated_answer": answer,
+            "program": program, "program_result": result, "answer_agrees": agrees}
+
+
+def context(scripted_stage, script, *overrides: str, iteration: int = 1, checker: ScriptedChecker | None = None,
+            sandbox=None):
+    answer_only = "iteration.math_labels=answer" in overrides
     return scripted_stage(script, "iteration.domains=[math]", *overrides, iteration=iteration,
-                          mathcheck=checker or ScriptedChecker(), sandbox=NoCodeSandbox())
+                          mathcheck=checker or ScriptedChecker(),
+                          sandbox=sandbox or (NoCodeSandbox() if answer_only else ScriptedProgramSandbox()))
 
 
 def generated(ctx) -> dict[str, dict]:
@@ -100,16 +160,19 @@ def test_one_question_per_pool_reference_with_its_parent_verifier_and_id(scripte
     texts = {r["question_id"]: r["text"] for r in ctx.wh.rows("SELECT question_id, text FROM questions")}
     for r in rollouts:
         q = got[r["question_id"]]
-        text, answer = new_question(texts[r["question_id"]])
+        text, program, answer = new_question(texts[r["question_id"]])
         assert q["question_id"] == content_id("question", "generated", r["rollout_id"])
+        # the label is grounded: the program ran, and its result is the stated answer
         assert (q["rollout_id"], q["text"], q["verifier"], q["norm_hash"], q["domain"], q["source"]) == \
-            (r["rollout_id"], text, {"answer": answer}, norm_hash(text), "math", "challenger")
+            (r["rollout_id"], text, verifier(answer, program, answer), norm_hash(text), "math", "challenger")
         assert (q["run_id"], q["iteration"], q["verifier_valid"], q["verifier_error"]) == ("r", 2, True, None)
         assert (q["s_q"], q["admitted"], q["rejection_reason"]) == (None, None, None)  # critique and admit decide
-        assert r["parsed"] == {"question": text, "answer": answer} and r["format_reward"] == 1.0
+        assert r["parsed"] == {"question": text, "answer": answer, "program": program} and r["format_reward"] == 1.0
+    # the checker compares each program's result with its stated answer
     assert sorted(p for batch in checker.asked for p in batch) == sorted((q["verifier"]["answer"],) * 2
                                                                          for q in got.values())
-    assert report.rows_in == 5 and report.rows_out == 10 and report.info == {"rollouts": 5, "questions": 5}
+    assert report.rows_in == 5 and report.rows_out == 10
+    assert report.info == {"rollouts": 5, "questions": 5, "grounded": 5}
     assert llm.calls == [5]
 
 
@@ -118,25 +181,30 @@ def test_unparseable_and_invalid_outputs_are_kept_with_their_reason(scripted_sta
     replies = {refs[0]["text"]: "I cannot think of one.",
                refs[1]["text"]: "",
                refs[2]["text"]: "<question>How many legs do 3 cats have?</question>",
-               refs[3]["text"]: "<question>What is 5/0?</question>\n<answer>undefined</answer>"}
+               refs[3]["text"]: grounded_reply("What is 5/0?", "def solve():\n    return 5 / 0", "undefined")}
     checker = ScriptedChecker(broken=("undefined",))
     ctx, _ = context(scripted_stage, challenger(replies), "iteration.n_challenge=5", checker=checker)
     ctx.wh.insert_batch("questions", refs)
     report = challenge.run(ctx)
 
     got = generated(ctx)
-    assert len(got) == 5 and report.info == {"rollouts": 5, "questions": 5}
-    decided = {p: (q["text"], q["s_q"], q["admitted"], q["rejection_reason"], q["verifier_valid"], q["verifier_error"])
+    assert len(got) == 5 and report.info == {"rollouts": 5, "questions": 5, "grounded": 1}
+    decided = {p: (q["text"], q["s_q"], q["admitted"], q["rejection_reason"], q["verifier_valid"], q["verifier_error"],
+                   q["verifier"]["label"])
                for p, q in got.items()}
     assert decided == {
-        "s0": ("", 0.0, False, "unparseable", False, "missing <question>; missing <answer>"),
-        "s1": ("", 0.0, False, "unparseable", False, "empty completion"),
-        "s2": ("How many legs do 3 cats have?", None, None, None, False, "no reference answer"),
-        "s3": ("What is 5/0?", None, None, None, False, "reference answer does not parse"),
-        "s4": (new_question(refs[4]["text"])[0], None, None, None, True, None)}
-    # the checker hears only about questions with text; an output without one is never checked
-    asked = {gold for batch in checker.asked for gold, _ in batch}
-    assert asked - {""} == {"undefined", new_question(refs[4]["text"])[1]}
+        "s0": ("", 0.0, False, "unparseable", False, "missing <question>; missing <solution>; missing <answer>",
+               None),
+        "s1": ("", 0.0, False, "unparseable", False, "empty completion", None),
+        # cpu.yaml's `math_labels: program`: a question without a program has no label
+        "s2": ("How many legs do 3 cats have?", None, None, None, False, "no program computes the answer",
+               "no_program"),
+        "s3": ("What is 5/0?", None, None, None, False,
+               "the program failed, returned no number or was nondeterministic", "program_failed"),
+        "s4": (new_question(refs[4]["text"])[0], None, None, None, True, None, "grounded")}
+    # the checker hears only about programs that ran; an output without a question is never checked
+    asked = [pair for batch in checker.asked for pair in batch]
+    assert asked == [(new_question(refs[4]["text"])[2],) * 2]
     formats = {r["question_id"]: r["format_reward"]
                for r in ctx.wh.rows("SELECT question_id, format_reward FROM rollouts")}
     assert formats == {"s0": 0.0, "s1": 0.5, "s2": 0.0, "s3": 1.0, "s4": 1.0}
@@ -148,7 +216,8 @@ def test_a_rerun_generates_and_writes_nothing(scripted_stage):
     first = challenge.run(ctx)
     before, calls = snapshot(ctx), list(llm.calls)
     again = challenge.run(ctx)
-    assert first.rows_out == 8 and again.rows_out == 0 and again.info == {"rollouts": 0, "questions": 0}
+    assert first.rows_out == 8 and again.rows_out == 0
+    assert again.info == {"rollouts": 0, "questions": 0, "grounded": 0}
     assert llm.calls == calls and snapshot(ctx) == before
 
 
@@ -160,14 +229,14 @@ def test_lost_rows_are_rewritten_as_they_were_without_asking_for_more(scripted_s
     # a crash after a batch of rollouts committed and before its questions did
     ctx.wh.execute("DELETE FROM questions WHERE origin = 'generated'")
     report = challenge.run(ctx)
-    assert report.info == {"rollouts": 0, "questions": 4} and len(llm.requests) == requests
+    assert report.info == {"rollouts": 0, "questions": 4, "grounded": 4} and len(llm.requests) == requests
     assert snapshot(ctx) == before
     # a lost rollout is generated again, alone, with the seed it had: the same row comes back
     lost = before[0][0]
     ctx.wh.execute("DELETE FROM rollouts WHERE rollout_id = ?", [lost["rollout_id"]])
     ctx.wh.execute("DELETE FROM questions WHERE rollout_id = ?", [lost["rollout_id"]])
     report = challenge.run(ctx)
-    assert report.info == {"rollouts": 1, "questions": 1} and llm.calls[-1] == 1
+    assert report.info == {"rollouts": 1, "questions": 1, "grounded": 1} and llm.calls[-1] == 1
     assert llm.requests[-1].seed == lost["seed"] and snapshot(ctx) == before
 
 
@@ -192,9 +261,201 @@ def test_references_and_seeds_derive_from_the_run_seed_run_and_iteration(scripte
 
 
 def test_generates_and_checks_in_whole_batches(scripted_stage):
-    checker = ScriptedChecker()
-    ctx, llm = context(scripted_stage, challenger(), "run.batch_rows=2", "iteration.n_challenge=5", checker=checker)
+    checker, sandbox = ScriptedChecker(), ScriptedProgramSandbox()
+    ctx, llm = context(scripted_stage, challenger(), "run.batch_rows=2", "iteration.n_challenge=5", checker=checker,
+                       sandbox=sandbox)
     ctx.wh.insert_batch("questions", seeds(5))
     report = challenge.run(ctx)
     assert llm.calls == [2, 2, 1] and [len(batch) for batch in checker.asked] == [2, 2, 1]
-    assert report.info == {"rollouts": 5, "questions": 5}
+    assert [len(batch) for batch in sandbox.batches] == [4, 4, 2]      # each program runs twice
+    assert report.info == {"rollouts": 5, "questions": 5, "grounded": 5}
+
+
+# ---------------------------------------------------------------------------------------------- grounded labels
+REF = "What is 2+2?"
+Q = "A box holds 12 apples and 7 pears. How many fruits in total?"
+
+
+def one(scripted_stage, reply: str, mode: str, checker: ScriptedChecker | None = None, sandbox=None):
+    """The question row the stage writes from one Challenger `reply` to REF under `math_labels: mode`, and the
+    stage's report."""
+    ctx, _ = context(scripted_stage, lambda req: reply, "iteration.n_challenge=1", f"iteration.math_labels={mode}",
+                     checker=checker, sandbox=sandbox)
+    ctx.wh.insert_batch("questions", [question("ref", REF)])
+    report = challenge.run(ctx)
+    (row,) = generated(ctx).values()
+    return row, report
+
+
+@pytest.mark.parametrize("mode", ["agreement", "program"])
+def test_a_grounded_label_runs_its_program_twice_and_keeps_its_result(scripted_stage, mode):
+    sandbox, checker = ScriptedProgramSandbox(), ScriptedChecker()
+    program = "def solve():\n    apples, pears = 12, 7\n    return apples + pears"
+    row, report = one(scripted_stage, grounded_reply(Q, program, "19"), mode, checker, sandbox)
+    assert row["verifier"] == verifier("19", program, "19")
+    assert (row["verifier_valid"], row["verifier_error"], row["text"]) == (True, None, Q)
+    assert report.info == {"rollouts": 1, "questions": 1, "grounded": 1}
+    (batch,) = sandbox.batches
+    assert len(batch) == 2 and batch[0] == batch[1]                        # two runs of one job, which must agree
+    assert batch[0].code.startswith(program) and batch[0].entry_point == "_sage_label_" and batch[0].inputs == [[]]
+    assert checker.asked == [[("19", "19")]]                              # (program result, stated answer)
+
+
+@pytest.mark.parametrize("mode", ["agreement", "program"])
+@pytest.mark.parametrize("name,program,answer,label,error", [
+    ("no_program", None, "19", "no_program", "no program computes the answer"),
+    ("extra_number", "def solve():\n    return 12 + 7 + 5", "24", "number_mismatch",
+     "the program uses 5, which the question does not state"),
+    ("missing_number", "def solve():\n    return 12 + 12", "24", "number_mismatch",
+     "the program uses 12, which the question does not state; the question states 7, which the program does not "
+     "use"),
+    ("raises", "def solve():\n    a, b = 12, 7\n    return a + b + int('x')", "19", "program_failed",
+     "the program failed, returned no number or was nondeterministic"),
+    ("returns_none", "def solve():\n    x = 12 + 7", "19", "program_failed",
+     "the program failed, returned no number or was nondeterministic"),
+    ("returns_bool", "def solve():\n    return bool(12 + 7)", "19", "program_failed",
+     "the program failed, returned no number or was nondeterministic"),
+    ("nondeterministic", "def solve():\n    import random\n    return 12 + 7 + random.random()", "19", "program_failed",
+     "the program failed, returned no number or was nondeterministic"),
+    ("syntax_error", "def solve():\n    return 12 +", "19", "program_failed",
+     "the program failed, returned no number or was nondeterministic"),
+])
+def test_each_ungrounded_label_keeps_its_own_reason(scripted_stage, mode, name, program, answer, label, error):
+    if mode == "program" and name == "nondeterministic":  # the program alone is the witness: its calls are checked
+        label, error = "operation_mismatch", "the question names no random(), which the program uses"
+    if program is None:   # the answer-only form, held to the grounded format
+        reply = f"<question>{Q}</question>\n<answer>{answer}</answer>"
+    else:
+        reply = grounded_reply(Q, program, answer)
+    row, report = one(scripted_stage, reply, mode)
+    assert (row["verifier_valid"], row["verifier"]["label"], row["verifier_error"]) == (False, label, error)
+    assert row["verifier"]["stated_answer"] == answer and row["verifier"]["program_result"] is None
+    assert (row["s_q"], row["admitted"], row["rejection_reason"]) == (None, None, None)   # admit decides
+    assert report.info["grounded"] == 0
+    # and admission keeps this very reason (admit.LABEL_FAILURES must name every label the stage writes)
+    assert admit.decide({**row, "s_q": 0.9}, 0.7, set()) == label
+
+
+def test_a_stated_answer_the_program_contradicts_is_a_label_mismatch_under_agreement(scripted_stage):
+    program = "def solve():\n    return 12 + 7"
+    row, _ = one(scripted_stage, grounded_reply(Q, program, "20"), "agreement")
+    assert row["verifier"] == verifier("20", program, "19", label="label_mismatch", agrees=False)
+    assert (row["verifier_valid"], row["verifier_error"]) == (
+        False, "the stated answer does not equal the program's result 19")
+
+
+def test_under_program_the_programs_result_is_the_label_whatever_the_stated_answer(scripted_stage):
+    program = "def solve():\n    return 12 + 7"
+    row, _ = one(scripted_stage, grounded_reply(Q, program, "20"), "program")
+    assert row["verifier"] == verifier("20", program, "19", agrees=False, label_answer="19")
+    assert (row["verifier_valid"], row["verifier_error"]) == (True, None)
+    # a question with a program and no stated answer is grounded by its program alone
+    reply = f"<question>{Q}</question>\n<solution>\n```python\n{program}\n```\n</solution>"
+    row, _ = one(scripted_stage, reply, "program")
+    assert row["verifier"] == verifier(None, program, "19", agrees=False, label_answer="19")
+    assert row["verifier_valid"]
+
+
+def test_under_agreement_a_missing_answer_is_no_answer(scripted_stage):
+    sandbox = ScriptedProgramSandbox()
+    reply = f"<question>{Q}</question>\n<solution>\n```python\ndef solve():\n    return 12 + 7\n```\n</solution>"
+    row, _ = one(scripted_stage, reply, "agreement", sandbox=sandbox)
+    assert (row["verifier_valid"], row["verifier"]["label"], row["verifier_error"]) == (
+        False, "no_answer", "no reference answer")
+    assert sandbox.batches in ([], [[]])                                   # nothing ran
+
+
+def test_a_fraction_result_is_written_as_its_text(scripted_stage):
+    q = "Share 3 cakes among 4 children. How much cake does each child get?"
+    program = "def solve():\n    from fractions import Fraction\n    return Fraction(3, 4)"
+    row, _ = one(scripted_stage, grounded_reply(q, program, "3/4"), "agreement")
+    assert (row["verifier"]["program_result"], row["verifier"]["label"]) == ("3/4", "grounded")
+    whole = "def solve():\n    from fractions import Fraction\n    return Fraction(12, 4)"
+    row, _ = one(scripted_stage, grounded_reply("Share 12 cakes among 4 children.", whole, "3"), "agreement")
+    assert (row["verifier"]["program_result"], row["verifier"]["label"]) == ("3", "grounded")   # not "3/1"
+
+
+def test_answer_mode_keeps_the_answer_only_prompt_and_format(scripted_stage):
+    checker = ScriptedChecker()
+    ctx, llm = context(scripted_stage, challenger(answer_only=True), "iteration.n_challenge=3",
+                       "iteration.math_labels=answer", checker=checker)   # NoCodeSandbox: nothing may run
+    ctx.wh.insert_batch("questions", seeds(3))
+    report = challenge.run(ctx)
+    assert report.info == {"rollouts": 3, "questions": 3}                  # no `grounded` count
+    task = prompt_text(llm.requests[0])
+    assert "<solution>" not in task and "<question>" in task and "<answer>" in task
+    assert all("solve()" not in m["content"] for m in llm.requests[0].messages)
+    rollouts = ctx.wh.records("SELECT * FROM rollouts")
+    assert {r["template"] for r in rollouts} == {TEMPLATE_VERSION["challenger_math_answer"]}
+    assert all(r["format_reward"] == 1.0 and r["parsed"]["program"] is None for r in rollouts)
+    texts = {r["question_id"]: r["text"] for r in ctx.wh.rows("SELECT question_id, text FROM questions")}
+    for parent, q in generated(ctx).items():
+        text, _, answer = new_question(texts[parent])
+        assert (q["text"], q["verifier"], q["verifier_valid"]) == (text, {"answer": answer, "label": "answer_only"},
+                                                                  True)
+    assert sorted(p for batch in checker.asked for p in batch) == sorted((a, a) for a in
+                                                                          (new_question(t)[2] for t in
+                                                                           [texts[p] for p in generated(ctx)]))
+
+
+def test_answer_mode_labels_a_missing_answer(scripted_stage):
+    row, _ = one(scripted_stage, f"<question>{Q}</question>", "answer", sandbox=NoCodeSandbox())
+    assert (row["verifier"], row["verifier_valid"], row["verifier_error"]) == (
+        {"answer": None, "label": "no_answer"}, False, "no reference answer")
+
+
+def test_the_references_family_picks_the_worked_example_and_is_inherited(scripted_stage):
+    gcd = "Find the Greatest Common Divisor (GCD) of these numbers: 8, 12. Give only the GCD as your final answer."
+    new = "Find the Greatest Common Divisor (GCD) of these numbers: 18, 30. Give only the GCD as your final answer."
+    reply = grounded_reply(new, "def solve():\n    import math\n    return math.gcd(18, 30)", "6")
+    ctx, llm = context(scripted_stage, lambda req: reply, "iteration.n_challenge=1")
+    ctx.wh.insert_batch("questions", [question("ref", gcd, source="reasoning_gym:gcd")])
+    challenge.run(ctx)
+    example_task, example_reply = llm.requests[0].messages[1]["content"], llm.requests[0].messages[2]["content"]
+    assert "Greatest Common Divisor" in example_task and "math.gcd(24, 36)" in example_reply
+    (row,) = generated(ctx).values()
+    assert (row["source"], row["verifier"]["label"], row["verifier"]["program_result"]) == (
+        "reasoning_gym:gcd", "grounded", "6")
+    # a reference without a family gets the default example, and its question the source `challenger`
+    ctx2, llm2 = context(scripted_stage, challenger(), "iteration.n_challenge=1")
+    ctx2.wh.insert_batch("questions", [question("ref", REF)])
+    challenge.run(ctx2)
+    assert "Greatest Common Divisor" not in llm2.requests[0].messages[2]["content"]
+    assert [q["source"] for q in generated(ctx2).values()] == ["challenger"]
+
+
+def test_a_generated_reference_passes_its_family_on(scripted_stage):
+    ctx, llm = context(scripted_stage, challenger(), "iteration.n_challenge=1", iteration=2)
+    ctx.wh.insert_batch("questions", [
+        question("g1", "Find the GCD of 14 and 21.", "generated", run_id="r", iteration=1, admitted=True,
+                 admitted_iteration=1, source="reasoning_gym:gcd")])
+    challenge.run(ctx)
+    assert "math.gcd(24, 36)" in llm.requests[0].messages[2]["content"]
+    assert [q["source"] for q in generated(ctx).values()] == ["reasoning_gym:gcd"]
+
+
+@pytest.mark.parametrize("program,question,mismatch", [
+    ("def solve():\n    return 12 + 7", "Add 12 and 7.", None),
+    ("def solve():\n    return 7 + 12", "Add 12 and 7.", None),                             # any order
+    ("def solve():\n    return 12 + 8", "Add 12 and 7.",
+     "the program uses 8, which the question does not state; the question states 7, which the program does not use"),
+    ("def solve():\n    return 12 + 7 + 1", "Add 12 and 7.", "the program uses 1, which the question does not state"),
+    ("def solve():\n    return 12", "Add 12 and 7.", "the question states 7, which the program does not use"),
+    ("def solve():\n    return 2.5 * 4", "Multiply 2.5 by 4.", None),
+    ("def solve():\n    return 2.50 * 4.0", "Multiply 2.5 by 4.", None),                  # the same numbers
+    ("def solve():\n    return 30 - 12", "Find x in x + 12 = 30", None),
+    ("def solve():\n    return -3 + 10", "What is -3 + 10?", None),                        # the sign is an operator
+    ("def solve():\n    return True + 12", "Add true to 12.", None),                       # a bool is no number
+    ("def solve():\n    return 7 * 24", "How many hours are in 7 days?",
+     "the program uses 24, which the question does not state"),                           # a fact it does not state
+    ("def solve():\n    return 12 +", "Add 12 and 7.", None),                              # does not parse: the sandbox
+])
+def test_number_mismatch(program, question, mismatch):
+    assert number_mismatch(program, question) == mismatch
+
+
+def test_number_mismatch_reads_only_numeric_literals():
+    # a number in a string or a name is not a literal of the program (the sandbox result still has to agree)
+    assert number_mismatch("def solve():\n    v99 = 12\n    return v99 + int('5')", "Add 12.") is None
+    assert number_mismatch("def solve():\n    return 3", "No numbers here.") == \
+        "the program uses 3, which the question does not state"

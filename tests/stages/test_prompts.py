@@ -24,10 +24,11 @@ from sage.stages.prompts import (
     template_version,
 )
 
-EXPECTED_KINDS = {"challenger_math", "challenger_code", "critic_question", "critic_plan", "planner",
-                  "solver_math", "solver_code", "solver_math_plan", "solver_code_plan"}
+EXPECTED_KINDS = {"challenger_math", "challenger_math_answer", "challenger_code", "critic_question", "critic_plan",
+                  "planner", "solver_math", "solver_code", "solver_math_plan", "solver_code_plan"}
 INLINE = {"critic_question", "critic_plan"}         # the Critic's example stays inline (see the module doc)
-TAGS = {"challenger_math": ["question", "answer"], "challenger_code": ["question", "signature", "solution", "inputs"],
+TAGS = {"challenger_math": ["question", "solution", "answer"], "challenger_math_answer": ["question", "answer"],
+        "challenger_code": ["question", "signature", "solution", "inputs"],
         "critic_question": ["score"], "critic_plan": ["score"], "planner": ["plan"]}
 TAGS.update({k: ["answer"] for k in EXPECTED_KINDS if k.startswith("solver")})
 QUESTION = "QUESTION-TEXT {{plan}} \\boxed{x} $5"
@@ -40,11 +41,15 @@ def _fields(kind):
     return f
 
 
-def _example_reply(kind) -> str:
-    msgs = render(kind, **_fields(kind))
+def _example_reply(kind, family: str | None = None) -> str:
+    msgs = render(kind, family=family, **_fields(kind))
     if kind in INLINE:
         return msgs[-1]["content"].split("Example reply:\n")[-1]
     return msgs[-2]["content"]
+
+
+# every (kind, family) with a worked example of its own (the grounded math Challenger's seed families)
+FAMILY_EXAMPLES = [(kind, family) for kind in sorted(TEMPLATES) for family in sorted(TEMPLATES[kind].examples)]
 
 
 def test_kinds_and_versions():
@@ -52,6 +57,15 @@ def test_kinds_and_versions():
     assert len(set(TEMPLATE_VERSION.values())) == len(KINDS)
     for kind, version in TEMPLATE_VERSION.items():
         assert re.fullmatch(rf"{kind}@[0-9a-f]{{10}}", version)
+
+
+def test_editing_a_family_example_changes_the_version():
+    t = TEMPLATES["challenger_math"]
+    family, (fields, reply) = sorted(t.examples.items())[0]
+    for examples in ({**t.examples, family: (fields, reply + "\n")}, {**t.examples, family: ({"question": "x"}, reply)},
+                     {k: v for k, v in t.examples.items() if k != family}, {**t.examples, "other": (fields, reply)}):
+        assert template_version(dataclasses.replace(t, examples=examples)) != TEMPLATE_VERSION["challenger_math"]
+    assert template_version(dataclasses.replace(t, examples=dict(t.examples))) == TEMPLATE_VERSION["challenger_math"]
 
 
 @pytest.mark.parametrize("part", ["system", "user", "reply", "example", "optional"])
@@ -83,9 +97,12 @@ def _tokens(tokenizer, messages) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-@pytest.mark.parametrize("kind", ["solver_code_plan", "critic_plan", "challenger_math"])
-def test_fields_are_cut_in_tokens_to_what_the_context_leaves(kind, tokenizer):
-    max_len, new = 1024, 200
+# the grounded math Challenger's template and worked example alone take ~890 tiny-model tokens: a 1024 context
+# leaves it no room beyond the floor, so it is checked with twice that
+@pytest.mark.parametrize("kind,max_len", [("solver_code_plan", 1024), ("critic_plan", 1024),
+                                          ("challenger_math_answer", 1024), ("challenger_math", 2048)])
+def test_fields_are_cut_in_tokens_to_what_the_context_leaves(kind, max_len, tokenizer):
+    new = 200
     limit = field_limit(kind, tokenizer, max_len, new)
     long = {f: " ".join(f"w{i}" for i in range(3000)) for f in TEMPLATES[kind].required}
     if "signature" in TEMPLATES[kind].optional:
@@ -131,16 +148,64 @@ def test_example_turn_is_the_same_template_and_nothing_is_inline(kind):
             assert line in example["content"], (kind, line)
 
 
-@pytest.mark.parametrize("kind", sorted(EXPECTED_KINDS))
-def test_worked_example_parses_with_full_format_reward_and_fits_the_constraint(kind):
-    reply = _example_reply(kind)
+@pytest.mark.parametrize("kind,family", [(k, None) for k in sorted(EXPECTED_KINDS)] + FAMILY_EXAMPLES)
+def test_worked_example_parses_with_full_format_reward_and_fits_the_constraint(kind, family):
+    reply = _example_reply(kind, family)
     role, domain = kind.split("_")[0], "code" if "code" in kind else "math"
-    parse = {"challenger": lambda s: parse_challenger(s, domain), "critic": parse_critic,
+    # the format a reply is held to: a Challenger's is its prompt kind (the two math kinds differ)
+    key = kind if role == "challenger" else role_key(role, domain if role == "solver" else None)
+    parse = {"challenger": lambda s: parse_challenger(s, domain, key), "critic": parse_critic,
              "planner": parse_planner, "solver": lambda s: parse_solver(s, domain)}[role]
-    assert parse(reply).format_reward == 1.0, (kind, reply)
+    parsed = parse(reply)
+    assert parsed.format_reward == 1.0 and parsed.reason is None, (kind, family, reply)
     # Under `constrain: true` the model can write exactly what the example shows.
-    key = role_key(role, domain if role in ("challenger", "solver") else None)
-    assert re.fullmatch(role_regex(key), reply), (kind, reply)
+    assert re.fullmatch(role_regex(key), reply), (kind, family, reply)
+    if key == "challenger_math":     # and the worked example is itself grounded: a program, from its own numbers
+        from sage.stages.challenge import number_mismatch
+
+        program, question = parsed.fields["program"], parsed.fields["question"]
+        assert program and program.startswith("def solve():"), (family, program)
+        assert number_mismatch(program, question) is None, (family, program)
+        namespace: dict = {}
+        exec(program, namespace)     # the examples' own fixed text, not model output
+        assert str(namespace["solve"]()) == parsed.fields["answer"], (family, program)
+
+
+@pytest.mark.parametrize("kind,family", FAMILY_EXAMPLES)
+def test_a_family_gets_its_own_worked_example(kind, family):
+    fields, reply = TEMPLATES[kind].examples[family]
+    msgs = render(kind, family=family, **_fields(kind))
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+    assert fields["question"] in msgs[1]["content"] and msgs[2]["content"] == reply
+    assert QUESTION in msgs[-1]["content"] and msgs[-1] == render(kind, **_fields(kind))[-1]   # the same task
+    assert msgs[2]["content"] != _example_reply(kind)                       # not the default example
+    assert sum(len(m["content"]) for m in msgs) < 2000
+    # and the example's new question is of the reference's kind, with other numbers
+    new_question = parse_challenger(reply, "math", kind).fields["question"]
+    assert new_question != fields["question"]
+
+
+def test_the_gcd_family_shows_the_gcd_example_and_others_the_default():
+    gcd = render("challenger_math", family="reasoning_gym:gcd", question="Find the GCD of 8, 12.")
+    assert "Greatest Common Divisor" in gcd[1]["content"] and "math.gcd(24, 36)" in gcd[2]["content"]
+    assert "<answer>12</answer>" in gcd[2]["content"]
+    for family in (None, "challenger", "reasoning_gym:unknown_family", "human_eval:HumanEval/0"):
+        msgs = render("challenger_math", family=family, question="Find the GCD of 8, 12.")
+        assert msgs[:3] == render("challenger_math", question="Find the GCD of 8, 12.")[:3]
+        assert "Greatest Common Divisor" not in msgs[1]["content"] + msgs[2]["content"]
+    # the answer-only kind has no family examples: the family changes nothing
+    assert not TEMPLATES["challenger_math_answer"].examples
+    assert render("challenger_math_answer", family="reasoning_gym:gcd", question="x") == \
+        render("challenger_math_answer", question="x")
+
+
+def test_a_family_example_is_counted_in_the_field_limit(tokenizer):
+    max_len, new = 2048, 200
+    limit = field_limit("challenger_math", tokenizer, max_len, new)
+    long = " ".join(f"w{i}" for i in range(3000))
+    for family in [None, *TEMPLATES["challenger_math"].examples]:
+        cut = render("challenger_math", limit, family=family, question=long)
+        assert _tokens(tokenizer, cut) + new <= max_len, family
 
 
 @pytest.mark.parametrize("kind", sorted(EXPECTED_KINDS))

@@ -29,72 +29,83 @@ ALPHA = IterationConfig().alpha      # 0.7
 BETA = IterationConfig().beta        # 0.3
 
 
-def test_challenger_earns_difficulty_when_good_and_valid():
-    r, c = challenger_reward(s_q=0.8, r_d=0.5, r_f=1.0, valid=True, alpha=ALPHA)
+def test_challenger_earns_difficulty_when_admitted():
+    r, c = challenger_reward(s_q=0.8, r_d=0.5, r_f=1.0, admitted=True)
     assert r == pytest.approx((0.8 + 0.5 + 1.0) / 3) == pytest.approx(0.766667, abs=1e-6)
-    assert c == {"s_q": 0.8, "r_d": 0.5, "r_f": 1.0, "valid": True, "alpha": 0.7, "suppressed": False}
-    r, _ = challenger_reward(s_q=0.7, r_d=0.25, r_f=1.0, valid=True, alpha=ALPHA)     # s_q == alpha counts
+    assert c == {"s_q": 0.8, "r_d": 0.5, "r_f": 1.0, "admitted": True, "suppressed": False}
+    r, _ = challenger_reward(s_q=0.7, r_d=0.25, r_f=1.0, admitted=True)     # s_q == alpha was admitted
     assert r == pytest.approx(0.65)
 
 
-def test_challenger_suppressed_by_low_quality_or_invalid_verifier():
-    r, c = challenger_reward(s_q=0.6, r_d=0.9, r_f=1.0, valid=True, alpha=ALPHA)
+def test_challenger_suppressed_unless_admitted():
+    r, c = challenger_reward(s_q=0.6, r_d=0.9, r_f=1.0, admitted=False)
     assert r == pytest.approx(1.6 / 3) and c["suppressed"]       # (0.6 + 1.0) / 3: difficulty third withheld
-    r, c = challenger_reward(s_q=0.9, r_d=1.0, r_f=0.5, valid=False, alpha=ALPHA)
-    assert r == pytest.approx(1.4 / 3) and c["suppressed"]       # (0.9 + 0.5) / 3
-    r, _ = challenger_reward(s_q=0.2, r_d=None, r_f=0.0, valid=False, alpha=ALPHA)
+    r, c = challenger_reward(s_q=0.9, r_d=1.0, r_f=0.5, admitted=False)
+    assert r == pytest.approx(1.4 / 3) and c["suppressed"]       # (0.9 + 0.5) / 3: good and hard, but not admitted
+    assert c == {"s_q": 0.9, "r_d": 1.0, "r_f": 0.5, "admitted": False, "suppressed": True}
+    r, _ = challenger_reward(s_q=0.2, r_d=None, r_f=0.0, admitted=False)
     assert r == pytest.approx(0.2 / 3)                           # no probe needed when suppressed
 
 
 def test_challenger_rejected_examples_of_the_issue_earn_less_than_admitted():
     # Critic 7 (s_q = 6/9, below alpha), format 1: rejected as low quality
-    rejected, _ = challenger_reward(s_q=6 / 9, r_d=0.0, r_f=1.0, valid=True, alpha=ALPHA)
+    rejected, _ = challenger_reward(s_q=6 / 9, r_d=0.0, r_f=1.0, admitted=False)
     assert rejected == pytest.approx((6 / 9 + 1) / 3) == pytest.approx(0.555556, abs=1e-6)   # was 0.833 with / 2
     # Critic 7.x admitted (s_q = 7/9), every probe passes (r_d = 0): the least an admitted question earns with r_f 1
-    admitted, _ = challenger_reward(s_q=7 / 9, r_d=0.0, r_f=1.0, valid=True, alpha=ALPHA)
+    admitted, _ = challenger_reward(s_q=7 / 9, r_d=0.0, r_f=1.0, admitted=True)
     assert admitted == pytest.approx(0.592593, abs=1e-6) and admitted > rejected
     # Critic 10 with a broken verifier: no longer the maximum 1.0
-    broken, _ = challenger_reward(s_q=1.0, r_d=None, r_f=1.0, valid=False, alpha=ALPHA)
+    broken, _ = challenger_reward(s_q=1.0, r_d=None, r_f=1.0, admitted=False)
     assert broken == pytest.approx(2 / 3)
+    # Critic 10, a label no probe matches (r_d = 1) that was rejected (mismatched label, duplicate, ...): the
+    # difficulty it "earned" by being wrong or copied is not paid
+    wrong, _ = challenger_reward(s_q=1.0, r_d=1.0, r_f=1.0, admitted=False)
+    assert wrong == pytest.approx(2 / 3)
 
 
-GRID = sorted({i / 9 for i in range(10)} | {ALPHA})     # every Critic score 1..10, normalised, and alpha itself
+GRID = sorted({i / 9 for i in range(10)} | {ALPHA, 0.0, 1.0})   # every Critic score 1..10, normalised, and alpha
 FORMATS = [0.0, 0.5, 1.0]
-DIFFICULTIES = [0.0, 0.125, 1 / 3, 0.5, 0.875, 1.0]
+DIFFICULTIES = [None, 0.0, 0.125, 1 / 3, 0.5, 0.875, 1.0]
 
 
-def test_challenger_invariant_admission_never_earns_less_than_rejection():
-    """SAGE.md step 4: for the same s_q and r_f, admission never earns less than rejection, over a grid of
-    s_q (all ten Critic scores), r_d and r_f, both rejection causes (s_q < alpha or an invalid verifier)."""
-    checked = 0
-    for s_q in GRID:
-        for r_f in FORMATS:
-            for r_d in DIFFICULTIES:
-                invalid, c_inv = challenger_reward(s_q, r_d, r_f, valid=False, alpha=ALPHA)
-                assert c_inv["suppressed"]
-                if s_q < ALPHA:      # rejected for quality whatever the verifier: both branches suppressed
-                    assert challenger_reward(s_q, r_d, r_f, valid=True, alpha=ALPHA)[0] == invalid
-                    continue
-                admitted, c_adm = challenger_reward(s_q, r_d, r_f, valid=True, alpha=ALPHA)
-                assert not c_adm["suppressed"]
-                assert admitted >= invalid, (s_q, r_d, r_f)
-                assert admitted - invalid == pytest.approx(r_d / 3)            # exactly the difficulty third
-                # every question rejected for quality (lower s_q, any r_d) earns less than this admitted one
-                for low in (q for q in GRID if q < ALPHA):
-                    assert challenger_reward(low, r_d, r_f, valid=True, alpha=ALPHA)[0] < admitted + 1e-12
-                checked += 1
-    assert checked == 4 * 3 * 6          # s_q in {0.7, 7/9, 8/9, 1} x 3 formats x 6 difficulties
+@pytest.mark.parametrize("s_q", GRID)
+@pytest.mark.parametrize("r_f", FORMATS)
+@pytest.mark.parametrize("r_d", DIFFICULTIES)
+def test_a_question_not_admitted_never_earns_the_difficulty_term(s_q, r_f, r_d):
+    """Whatever its quality, difficulty and format, a rejected question is paid (s_q + r_f) / 3: r_d never
+    enters, so no difficulty (1 included: a wrong label no Solver matches) moves its reward."""
+    reward, c = challenger_reward(s_q, r_d, r_f, admitted=False)
+    assert reward == pytest.approx((s_q + r_f) / 3)
+    assert c["suppressed"] and not c["admitted"]
+    for other in DIFFICULTIES:
+        assert challenger_reward(s_q, other, r_f, admitted=False)[0] == reward
 
+
+@pytest.mark.parametrize("s_q", GRID)
+@pytest.mark.parametrize("r_f", FORMATS)
+def test_for_equal_quality_and_format_admission_never_earns_less_than_rejection(s_q, r_f):
+    """SAGE.md step 4: for the same s_q and r_f, an admitted question never earns less than a rejected one,
+    whatever either's difficulty; the difference is exactly the difficulty third."""
+    for r_d in DIFFICULTIES[1:]:
+        admitted, c_adm = challenger_reward(s_q, r_d, r_f, admitted=True)
+        assert not c_adm["suppressed"] and c_adm["admitted"]
+        for rejected_r_d in DIFFICULTIES:
+            rejected, _ = challenger_reward(s_q, rejected_r_d, r_f, admitted=False)
+            assert admitted >= rejected, (s_q, r_d, r_f, rejected_r_d)
+            assert admitted - rejected == pytest.approx(r_d / 3)
+
+
+def test_an_admitted_question_needs_its_difficulty():
     with pytest.raises(ValueError, match="r_d"):
-        challenger_reward(s_q=0.9, r_d=None, r_f=1.0, valid=True, alpha=ALPHA)
+        challenger_reward(s_q=0.9, r_d=None, r_f=1.0, admitted=True)
 
 
 def test_challenger_empty_completion_and_unparseable_score():
     r_f = parse_planner("").format_reward                        # any role: empty completion -> 0.5
     s_q = parse_critic("I cannot decide.").fields["score"]       # unparseable -> neutral 0.5
     assert (r_f, s_q) == (0.5, 0.5)
-    r, c = challenger_reward(s_q=s_q, r_d=1.0, r_f=r_f, valid=True, alpha=ALPHA)
-    assert r == pytest.approx(1 / 3) and c["suppressed"]         # 0.5 < alpha: (0.5 + 0.5) / 3
+    r, c = challenger_reward(s_q=s_q, r_d=1.0, r_f=r_f, admitted=False)
+    assert r == pytest.approx(1 / 3) and c["suppressed"]         # 0.5 < alpha, rejected: (0.5 + 0.5) / 3
 
 
 def test_planner_reward():
@@ -170,8 +181,8 @@ def test_trr_groups_and_errors():
 
 
 def test_score_id_hashes_the_reward_version():
-    assert REWARD_VERSION == 2
-    assert score_id("r1") == content_id("score", "r1", 2) == score_id("r1", 2)
+    assert REWARD_VERSION == 3
+    assert score_id("r1") == content_id("score", "r1", 3) == score_id("r1", 3)
     assert score_id("r1", 1) != score_id("r1") != score_id("r2")
 
 
@@ -185,3 +196,69 @@ def test_a_missing_verdict_is_refused_not_scored_as_wrong():
     with pytest.raises(RuntimeError, match="has no rollouts to score"):
         check_inputs([], "x", 3)
     check_inputs([{**answer, "s_gt": 0.0}, dict(rollout_id="r0", purpose="plan", s_gt=None)], "x", 3)  # scored
+
+
+# ---------------------------------------------------------------------------------------------- the stage
+def _challenge_rollout(rid: str) -> dict:
+    return {"rollout_id": rid, "run_id": "r", "iteration": 1, "stage": "challenge", "role": "challenger",
+            "purpose": "challenge", "question_id": "ref", "template": "v1", "prompt_text": "p",
+            "completion_text": "c", "prompt_ids": [1], "completion_ids": [2], "sample_index": 0, "seed": 0,
+            "format_reward": 1.0}
+
+
+def _generated(rid: str, text: str, admitted: bool, reason: str | None, s_q: float = 1.0,
+               difficulty: float | None = 1.0, valid: bool = True) -> dict:
+    from sage.warehouse import norm_hash
+
+    return dict(question_id=f"q-{rid}", origin="generated", domain="math", text=text, verifier={"answer": "1"},
+                norm_hash=norm_hash(text), parent_id="ref", run_id="r", iteration=1, rollout_id=rid, s_q=s_q,
+                difficulty=difficulty, verifier_valid=valid, admitted=admitted,
+                admitted_iteration=1 if admitted else None, rejection_reason=reason)
+
+
+# a Critic 10, format 1 question no probe solved (r_d = 1) under each admission outcome
+OUTCOMES = {"admitted": (True, None, True), "duplicate": (False, "duplicate", True),
+            "near_duplicate": (False, "near_duplicate", True), "contaminated": (False, "contaminated", True),
+            "label_mismatch": (False, "label_mismatch", False), "low_quality": (False, "low_quality", True)}
+
+
+def test_the_stage_pays_rejected_questions_the_suppressed_branch(scripted_stage):
+    """A duplicate, near-duplicate or contaminated question has a valid verifier and s_q >= alpha (SAGE.md's
+    condition for the difficulty third), yet was not admitted: the stage pays it (s_q + r_f) / 3."""
+    from sage.stages import score
+    from tests.stages.pool import question
+
+    ctx, _ = scripted_stage(lambda req: "")
+    ctx.wh.insert_batch("questions", [question("ref", "What is 2+2?")] + [
+        _generated(name, f"What is {k} + {k}?", admitted, reason, valid=valid)
+        for k, (name, (admitted, reason, valid)) in enumerate(OUTCOMES.items())])
+    ctx.wh.insert_batch("rollouts", [_challenge_rollout(name) for name in OUTCOMES])
+    report = score.run(ctx)
+    assert report.rows_out == len(OUTCOMES)
+    got = {r["rollout_id"]: r for r in ctx.wh.records("SELECT * FROM scores")}
+    assert set(got) == set(OUTCOMES)
+    assert all(r["reward_version"] == REWARD_VERSION and r["score_id"] == score_id(rid) for rid, r in got.items())
+    assert got["admitted"]["reward"] == pytest.approx(1.0)
+    assert got["admitted"]["components"] == {"s_q": 1.0, "r_d": 1.0, "r_f": 1.0, "admitted": True,
+                                             "suppressed": False}
+    for name in OUTCOMES.keys() - {"admitted"}:
+        assert got[name]["reward"] == pytest.approx(2 / 3), name
+        assert got[name]["components"] == {"s_q": 1.0, "r_d": 1.0, "r_f": 1.0, "admitted": False,
+                                           "suppressed": True}, name
+
+
+def test_the_stage_refuses_an_admitted_question_that_was_never_probed(scripted_stage):
+    from sage.stages import score
+    from tests.stages.pool import question
+
+    ctx, _ = scripted_stage(lambda req: "")
+    ctx.wh.insert_batch("questions", [question("ref", "What is 2+2?"),
+                                      _generated("a", "What is 3 + 3?", True, None, difficulty=None),
+                                      _generated("d", "What is 4 + 4?", False, "duplicate", difficulty=None)])
+    ctx.wh.insert_batch("rollouts", [_challenge_rollout("a")])
+    with pytest.raises(ValueError, match="r_d"):
+        score.run(ctx)
+    # a rejected question needs no probe
+    ctx.wh.execute("DELETE FROM rollouts")
+    ctx.wh.insert_batch("rollouts", [_challenge_rollout("d")])
+    assert score.run(ctx).rows_out == 1

@@ -37,7 +37,7 @@ def snapshot(ctx) -> list[dict]:
 
 
 def test_the_probe_answers_questions_that_can_earn_difficulty(scripted_stage):
-    ctx, llm = scripted_stage(solver, "iteration.n_probe=3")      # alpha 0.7
+    ctx, llm = scripted_stage(solver, "iteration.n_probe=3", "iteration.alpha=0.7")
     ctx.wh.insert_batch("questions", [
         question("good", "What is 3+4?", s_q=0.9, verifier_valid=True),
         question("at_alpha", "What is 2+5?", s_q=0.7, verifier_valid=True),

@@ -39,9 +39,20 @@ def add(a: int, b: int) -> int:
 [-3, 4]
 </inputs>"""
 
+# A grounded math Challenger's reply (`iteration.math_labels: program`): question, program, answer.
+MATH_OK = """<question>What is 6 * 7?</question>
+<solution>
+```python
+def solve():
+    return 6 * 7
+```
+</solution>
+<answer>42</answer>"""
+
 # key -> (parser, well-formed example)
 PARSERS = {
     "challenger_math": lambda s: parse_challenger(s, "math"),
+    "challenger_math_answer": lambda s: parse_challenger(s, "math", "challenger_math_answer"),
     "challenger_code": lambda s: parse_challenger(s, "code"),
     "planner": parse_planner,
     "critic": parse_critic,
@@ -49,7 +60,8 @@ PARSERS = {
     "solver_code": lambda s: parse_solver(s, "code"),
 }
 EXAMPLES = {
-    "challenger_math": "<question>What is 6 * 7?</question>\n<answer>42</answer>",
+    "challenger_math": MATH_OK,
+    "challenger_math_answer": "<question>What is 6 * 7?</question>\n<answer>42</answer>",
     "challenger_code": CODE_OK,
     "planner": "<plan>\n1. Multiply 6 by 7.\n2. Check: 42 / 7 = 6.</plan>",
     "critic": "Clear and solvable, if easy; x less than y holds. <score>7</score>",
@@ -61,7 +73,31 @@ EXAMPLES = {
 # ---------------------------------------------------------------------------------------------- well formed
 def test_challenger_math_well_formed():
     p = parse_challenger(EXAMPLES["challenger_math"], "math")
-    assert p == Parsed({"question": "What is 6 * 7?", "answer": "42"}, 1.0, None)
+    assert p == Parsed({"question": "What is 6 * 7?", "answer": "42", "program": "def solve():\n    return 6 * 7"},
+                       1.0, None)
+    assert parse_challenger(MATH_OK, "math", "challenger_math") == p
+
+
+def test_challenger_math_answer_only_well_formed():
+    """The paper's answer-only form: no program, and held to its own tags (a <solution> is not required)."""
+    text = EXAMPLES["challenger_math_answer"]
+    p = parse_challenger(text, "math", "challenger_math_answer")
+    assert p == Parsed({"question": "What is 6 * 7?", "answer": "42", "program": None}, 1.0, None)
+    # the same reply held to the grounded format misses its program
+    grounded = parse_challenger(text, "math")
+    assert (grounded.format_reward, grounded.reason, grounded.fields["program"]) == (0.0, "missing <solution>", None)
+    # and a grounded reply held to the answer-only format has an unexpected tag
+    assert parse_challenger(MATH_OK, "math", "challenger_math_answer").format_reward == 0.0
+
+
+def test_role_key_picks_the_math_challengers_format():
+    assert role_key(Role.CHALLENGER, "math") == "challenger_math"
+    assert role_key(Role.CHALLENGER, "math", "program") == "challenger_math"
+    assert role_key(Role.CHALLENGER, "math", "answer") == "challenger_math_answer"
+    assert role_key(Role.CHALLENGER, "code", "answer") == "challenger_code"
+    assert role_key(Role.SOLVER, "math", "answer") == "solver_math"
+    assert REQUIRED_TAGS["challenger_math"] == ("question", "solution", "answer")
+    assert REQUIRED_TAGS["challenger_math_answer"] == ("question", "answer")
 
 
 def test_challenger_code_well_formed():
@@ -143,9 +179,17 @@ def test_repeated_with_an_empty_copy_scores_zero():
     ("<score>1</score>", 1, 0.0),
     ("<score>10</score>", 10, 1.0),
     ("<score> 4 </score>", 4, 3 / 9),
-    ("<score>0.25</score>", None, 0.25),           # already in [0, 1]: kept
-    ("<score>11</score>", 11, 0.5),                # out of range: neutral
-    ("<score>-3</score>", -3, 0.5),
+    ("<score>0.25</score>", None, 0.5),            # a decimal is off the integer scale: neutral
+    ("<score>1.0</score>", None, 0.5),             # ... even one that reads as a whole number or a top score
+    ("<score>0.9</score>", None, 0.5),
+    ("<score>10.0</score>", None, 0.5),
+    ("<score>7.</score>", None, 0.5),
+    ("<score>11</score>", None, 0.5),              # out of range: neutral
+    ("<score>0</score>", None, 0.5),
+    ("<score>-3</score>", None, 0.5),
+    ("<score>100</score>", None, 0.5),
+    ("<score>7/10</score>", 7, 6 / 9),             # an integer out of 10 is read
+    ("<score>+5</score>", 5, 4 / 9),
     ("<score>great</score>", None, 0.5),           # unparseable: neutral
     ("I would say 3, no, 10.", 10, 1.0),           # no tag: the last integer 1..10 (MAE)
     ("3, no: 8 out of 10.", 8, 7 / 9),             # ... not the "10" of "out of 10"
@@ -166,8 +210,11 @@ def test_critic_format_needs_an_integer_score():
 
 
 def test_normalise_score():
-    assert [normalise_score(n) for n in (1, 10, 4)] == [0.0, 1.0, pytest.approx(1 / 3)]
-    assert normalise_score(0.3) == 0.3 and normalise_score(None) == 0.5 and normalise_score(12) == 0.5
+    assert [normalise_score(n) for n in range(1, 11)] == [pytest.approx((n - 1) / 9) for n in range(1, 11)]
+    # only an integer 1..10 is read: a decimal (even one already in [0, 1]), a bool, None or an off-scale
+    # number is the neutral 0.5
+    for value in (0.3, 0.9, 1.0, 10.0, 0.0, True, False, None, 0, 11, 12, -3):
+        assert normalise_score(value) == 0.5, value
 
 
 # ---------------------------------------------------------------------------------------------- solver / code
@@ -292,9 +339,12 @@ def _parts(key: str, rng: random.Random, budget: int | None = None, fill: bool =
         return [prose(b["reasoning"], first=False), tag("<answer>"), prose(b["answer"]), tag("</answer>")]
     if key == "solver_code":
         return [prose(b["reasoning"], first=False), tag("<answer>\n```python\n"), code(), tag("```\n</answer>")]
-    if key == "challenger_math":
+    if key == "challenger_math_answer":
         return [tag("<question>"), prose(b["question"]), tag("</question>\n<answer>"), prose(b["answer"]),
                 tag("</answer>")]
+    if key == "challenger_math":
+        return [tag("<question>"), prose(b["question"]), tag("</question>\n<solution>\n```python\ndef solve():\n"),
+                code(), tag("```\n</solution>\n<answer>"), prose(b["answer"]), tag("</answer>")]
     if fill:
         name, params, returns = "f" * 30, "p" * b["params"], "r" * 26
         lines = [("field", "1" * (b["input_line"] - 2))] * b["input_lines"]
@@ -324,8 +374,16 @@ def _with_lt(text: str) -> str:
     return text[:1] + "<b" + text[3:]
 
 
+_CODE_KEYS = ("solver_code", "challenger_code", "challenger_math")   # the formats holding a code block
+
+
 def _code_field(key: str, text: str) -> str | None:
+    """The code block's body as parsed (a grounded math program without its fixed `def solve():` line)."""
     p = PARSERS[key](text)
+    if key == "challenger_math":
+        program = p.fields["program"]
+        assert program.startswith("def solve():\n"), program
+        return program.removeprefix("def solve():\n")
     return p.fields["answer"] if key == "solver_code" else p.fields["solution"]
 
 
@@ -349,7 +407,7 @@ def test_strings_matching_role_regex_parse_with_full_format_reward(key):
             elif kind == "code":
                 codes.append((budget, text))
                 assert _code_field(key, s) == text.strip(), (key, text)
-    if key in ("solver_code", "challenger_code"):   # code keeps `<`, and runs past the budget's `code` bound
+    if key in _CODE_KEYS:                       # code keeps `<`, and runs past the budget's `code` bound
         for lt in ("<=", "a<b", "<b", "< "):
             assert any(lt in code for _, code in codes), (key, lt)
         assert any(len(code) > role_bounds(key, budget)["code"] for budget, code in codes), key
@@ -378,7 +436,7 @@ def test_role_regex_is_bounded_by_the_token_budget_except_code_blocks(key, budge
     # A code block is not bounded by the regex (the closing fence and the token budget end it): code well
     # past the budget's `code` bound, `<` included, still matches and parses.
     code = [i for i, (kind, _) in enumerate(parts) if kind == "code"]
-    assert len(code) == (1 if key in ("solver_code", "challenger_code") else 0)
+    assert len(code) == (1 if key in _CODE_KEYS else 0)
     for i in code:
         long_code = _LONG_CODE * (3 * role_bounds(key, budget)["code"] // len(_LONG_CODE) + 1)
         assert len(long_code) > 3 * role_bounds(key, budget)["code"]
@@ -455,7 +513,8 @@ def test_role_regex_has_no_bounded_repetition_of_an_alternation(budget):
         # Unbounded repetition only for a code block's body, between its fences: the rest is bounded.
         for s, e, q in _quantified(rx):
             if q in ("*", "+") or re.fullmatch(r"\{\d*,\}", q):
-                assert rx[:s].endswith(r"```python\n") and rx[e + len(q):].startswith("```"), (key, rx[s:e] + q)
+                opened = rx[:s].endswith(r"```python\n") or rx[:s].endswith(r"```python\ndef solve\(\):\n")
+                assert opened and rx[e + len(q):].startswith("```"), (key, rx[s:e] + q)
     assert ROLE_REGEX == {key: role_regex(key) for key in ROLE_REGEX}
 
 
@@ -505,7 +564,15 @@ def test_regex_prose_holds_no_lt_and_code_cannot_open_a_tag():
     assert rx.fullmatch("a less than b and a at most 3 <answer>1</answer>")
     assert not re.fullmatch(ROLE_REGEX["planner"], "<plan>\n1. check a<b</plan>")
     assert not re.fullmatch(ROLE_REGEX["critic"], "fine, x <= y <score>5</score>")
-    assert not re.fullmatch(ROLE_REGEX["challenger_math"], "<question>Is 3<4?</question>\n<answer>yes</answer>")
+    assert not re.fullmatch(ROLE_REGEX["challenger_math_answer"],
+                            "<question>Is 3<4?</question>\n<answer>yes</answer>")
+    assert re.fullmatch(ROLE_REGEX["challenger_math_answer"],
+                        "<question>Is 3 less than 4?</question>\n<answer>yes</answer>")
+    assert not re.fullmatch(ROLE_REGEX["challenger_math"], MATH_OK.replace("6 * 7?", "6<7?"))
+    assert re.fullmatch(ROLE_REGEX["challenger_math"],
+                        MATH_OK.replace("6 * 7\n", "6 * 7 if 6<7 else 0\n"))
+    # the program is the `solve()` the sandbox calls: another function name does not match
+    assert not re.fullmatch(ROLE_REGEX["challenger_math"], MATH_OK.replace("def solve", "def answer"))
 
     def solver(code):
         return "Code.\n<answer>\n```python\n" + code + "```\n</answer>"
