@@ -5,7 +5,11 @@ With `PREFECT_API_URL` set, the user's own server. Without it, a private tempora
 that the terminal's Ctrl-C reaches only `sage`, which then records the interruption through the still-running
 API and stops the server itself; and with a parent-death signal, so the server dies with `sage` even when `sage`
 is killed outright. (Prefect's own temporary server shares the terminal's process group: Ctrl-C killed it first,
-and the flow then retried the dead API for minutes.)
+and the flow then retried the dead API for minutes.) The private server serves no UI, so it needs no
+`PREFECT_UI_API_URL`.
+
+A configured server is asked for its health before any work (`check_api`, a 3 s timeout): one that is not up
+is `PrefectUnreachable`, one sentence with the fix, not the Prefect client's retries and a long traceback.
 """
 
 from __future__ import annotations
@@ -15,12 +19,47 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from sage.engines.verify.isolation import die_with_parent
 
 STARTUP_TIMEOUT_S = 120.0
+HEALTH_TIMEOUT_S = 3.0
+STARTING = "starting a private Prefect server (10-40 s; set PREFECT_API_URL to use a running one)..."
+
+
+class PrefectUnreachable(RuntimeError):
+    """`PREFECT_API_URL` names a Prefect API that does not answer; the message says which and what to do."""
+
+
+def configured_api() -> str | None:
+    """The Prefect API URL the user configured (environment or Prefect profile), or None."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or None
+
+
+def check_api(url: str | None = None, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+    """Raise PrefectUnreachable unless the Prefect API at `url` (default: the configured one; nothing to check
+    without one) answers its health check within `timeout_s`."""
+    import httpx
+
+    url = url or configured_api()
+    if not url:
+        return
+    health = f"{url.rstrip('/')}/health"
+    try:
+        response = httpx.get(health, timeout=timeout_s)
+        problem = None if response.status_code == 200 else f"answered HTTP {response.status_code}"
+    except httpx.HTTPError as e:
+        problem = f"did not answer ({type(e).__name__})"
+    except ValueError as e:  # not a URL httpx can request
+        problem = f"is not a usable URL ({e})"
+    if problem:
+        raise PrefectUnreachable(
+            f"cannot reach the Prefect API at {url}: {health} {problem}; start that server (`prefect server "
+            f"start`), or unset PREFECT_API_URL to let sage start its own private server")
 
 
 def _free_port() -> int:
@@ -54,14 +93,18 @@ def _drain_prefect_services(timeout_s: float = 5.0) -> None:
 
 
 @contextmanager
-def prefect_api() -> Iterator[str]:
-    """The API URL flows in this block report to: the configured one, else a private server's."""
+def prefect_api(say: Callable[[str], object] | None = None) -> Iterator[str]:
+    """The API URL flows in this block report to: the configured one (PrefectUnreachable when it does not
+    answer), else a private server's; `say` is told when a private server starts (it takes seconds)."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    configured = PREFECT_API_URL.value()
+    configured = configured_api()
     if configured:
+        check_api(configured)
         yield configured
         return
+    if say is not None:
+        say(STARTING)
     port = _free_port()
     env = {**os.environ, "PREFECT_SERVER_UI_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}

@@ -41,13 +41,21 @@ class _Commands(TyperGroup):
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:
-            known = expected_error(e)
+            known = expected_error(e) or _expected_here(e)
             if known is None:
                 raise
             if ctx.params.get("verbose"):
                 traceback.print_exc()
             err.print(f"[bold red]error:[/] {known[0]}", highlight=False)
             ctx.exit(known[1])
+
+
+def _expected_here(e: Exception) -> tuple[str, int] | None:
+    """Expected failures of the flows' own (not in `expected_error`): a configured Prefect API that is down."""
+    from sage.flows.api_server import PrefectUnreachable
+    from sage.flows.terminal import USAGE
+
+    return (str(e), USAGE) if isinstance(e, PrefectUnreachable) else None
 
 
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
@@ -204,6 +212,37 @@ def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
                   f"try: sage sql \"select * from curriculum_drift where run_id = '{run_id}'\" --dir {directory}")
 
 
+def _best(wh, run_id: str, directory: str) -> None:
+    """The run's last words: its best checkpoint by validation (as `sage status`, early stopping and `sage export`
+    choose it) and the command that exports it."""
+    import shlex
+
+    from sage.warehouse.checkpoints import CheckpointNotFound, resolve_checkpoint
+
+    def checkpoint(name: str):
+        try:
+            return resolve_checkpoint(wh, run_id, name)
+        except CheckpointNotFound:
+            return None
+
+    export = f"sage export --run {shlex.quote(run_id)} --checkpoint"
+    where = f" --dir {shlex.quote(directory)}"
+    best = checkpoint("best")
+    if best is None:
+        latest = checkpoint("latest")
+        tail = (f"; export the last adapter (iteration {latest.iteration}) with: {export} latest{where}"
+                if latest is not None and latest.adapter is not None else "")
+        line = f"best checkpoint: none, nothing was validated{tail}"
+    elif best.adapter is None:
+        line = (f"best checkpoint: the base model (iteration 0, validation pass@1 {cell(best.val_accuracy)}); no "
+                f"adapter beat it, so there is no adapter to export ({export} best --merge{where} writes the base "
+                f"model)")
+    else:
+        line = (f"best checkpoint: iteration {best.iteration} (validation pass@1 {cell(best.val_accuracy)}, adapter "
+                f"{best.adapter})\nexport it with: {export} best{where}")
+    console.print(Text(line), soft_wrap=True)
+
+
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display: only warnings, errors and the "
                                                               "final summary.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Also print Prefect's INFO log lines (above the live "
@@ -214,12 +253,31 @@ def _display(quiet: bool, verbose: bool, **shown):
     """The progress display of a flow command (`flows/progress.py`): live on a terminal, one line per finished
     stage otherwise, nothing with --quiet. The command's --verbose and `sage --verbose` mean the same."""
     from sage.flows.progress import QUIET, Display
+    from sage.flows.terminal import current_context
     from sage.flows.terminal import verbose as root_verbose
 
     verbose = verbose or root_verbose()
-    if verbose:
-        click.get_current_context().find_root().params["verbose"] = True
+    ctx = current_context()
+    if verbose and ctx is not None:
+        ctx.find_root().params["verbose"] = True
     return Display(err, QUIET if quiet else None, verbose=verbose, **shown)
+
+
+def _check_prefect() -> None:
+    """Before any work: a configured Prefect API (PREFECT_API_URL) that does not answer ends the command with one
+    sentence naming it and the fix (PrefectUnreachable, through the command group's error path)."""
+    from sage.flows.api_server import check_api
+
+    check_api()
+
+
+def _say(display):
+    """How `_run_flow` says a private Prefect server is starting: a line on stderr, none with --quiet."""
+    from sage.flows.progress import QUIET
+
+    if display is not None and display.mode == QUIET:
+        return None
+    return lambda line: err.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _run_flow(directory: str, fn, *args, engines: dict | None = None, display=None):
@@ -234,7 +292,8 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None, display=No
 
     with stopped_by_signals():
         try:
-            with prefect_api(), display or Display(err) as shown, Session(directory, display=shown, engines=engines):
+            with prefect_api(_say(display)), display or Display(err) as shown, \
+                    Session(directory, display=shown, engines=engines):
                 quiet_prefect_tracebacks()
                 return fn(*args)
         except BaseException as e:
@@ -260,6 +319,7 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
     cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else [])])
     n = iterations or cfg.run.iterations
     directory = str(Path(cfg.run.dir).expanduser())
+    _check_prefect()
     _check_seed_file(cfg)
     with Session(directory) as s:
         rid = s.create_run(cfg, run_id)
@@ -268,9 +328,12 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
     summaries = _run_flow(directory, evolve_flow, directory, rid, n,
                           display=_display(quiet, verbose, run_id=rid, iterations=n))
     wh = _open(warehouse_path(directory), read_only=True)
-    for k in range(1, len(summaries) + 1):  # early stopping may end the run before n
-        _summary(wh, rid, k, directory)
-    wh.close()
+    try:
+        for k in range(1, len(summaries) + 1):  # early stopping may end the run before n
+            _summary(wh, rid, k, directory)
+        _best(wh, rid, directory)
+    finally:
+        wh.close()
 
 
 @app.command()
@@ -291,6 +354,7 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
         fail(f"unknown stage {name!r}; one of: {', '.join(RUNNABLE)}")
     if not warehouse_path(directory).exists():
         fail(f"no warehouse at {warehouse_path(directory)}")
+    _check_prefect()
     with Session(str(directory)) as s:  # refused here, before a flow run starts or a row is written
         check_stage_target(s.warehouse, run_id, iteration, name)
     result = _run_flow(str(directory), stage_flow, str(directory), run_id, iteration, name, force,

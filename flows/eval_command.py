@@ -4,10 +4,17 @@ act on (bad config, busy warehouse, missing benchmark) ends through the command 
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+HUB_TIMEOUT_S = 3.0
+_TRUE = ("1", "ON", "YES", "TRUE")
+HUB_DATASETS = {"livecodebench": "livecodebench/code_generation_lite"}  # loaded through the `json` builder
 
 
 def side_by_side(rows: list[dict]) -> list[dict]:
@@ -23,6 +30,60 @@ def side_by_side(rows: list[dict]) -> list[dict]:
     return sorted(table.values(), key=lambda x: (order[x["benchmark"]], x["metric"] != "pass@1 (greedy)",
                                                  int(x["metric"].split("@")[1].split()[0])))
 
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").upper() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+                                                                 "TRANSFORMERS_OFFLINE"))
+
+
+def _hub_reachable(timeout_s: float = HUB_TIMEOUT_S) -> bool:
+    """Whether the Hugging Face hub (HF_ENDPOINT) answers at all within `timeout_s`."""
+    import httpx
+
+    try:
+        httpx.head(os.environ.get("HF_ENDPOINT") or "https://huggingface.co", timeout=timeout_s)
+    except (httpx.HTTPError, ValueError):
+        return False
+    return True
+
+
+def _go_offline() -> None:
+    """Hugging Face reads from its caches only, for this process and those it starts: no request retried for
+    most of a minute before it fails. The libraries read the setting when imported, so imported ones are set too."""
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    if "huggingface_hub.constants" in sys.modules:
+        sys.modules["huggingface_hub.constants"].HF_HUB_OFFLINE = True
+    if "datasets.config" in sys.modules:
+        config = sys.modules["datasets.config"]
+        config.HF_HUB_OFFLINE = config.HF_DATASETS_OFFLINE = True
+
+
+def check_hub_benchmarks(specs: Sequence[str]) -> None:
+    """Before anything starts: where the hub cannot be reached (or HF_HUB_OFFLINE is set), each hub benchmark
+    asked for without a local file must be in the Hugging Face cache; one that is not raises BenchmarkUnavailable
+    with one sentence saying how to pass it as a file. Offline, the datasets load from the cache only."""
+    from sage.engines.data.benchmarks import HUB, BenchmarkUnavailable, load_benchmark
+    from sage.stages.evaluate import parse_benchmark
+
+    hub = [name for name, path in map(parse_benchmark, specs) if name in HUB and path is None]
+    if not hub:
+        return
+    if _offline():
+        why = "offline mode is set (HF_HUB_OFFLINE)"
+    elif _hub_reachable():
+        return
+    else:
+        why = f"{os.environ.get('HF_ENDPOINT') or 'https://huggingface.co'} cannot be reached"
+    _go_offline()
+    for name in dict.fromkeys(hub):
+        try:
+            load_benchmark(name, limit=1)
+        except BenchmarkUnavailable:
+            dataset = HUB_DATASETS.get(name) or HUB[name][1][0]
+            raise BenchmarkUnavailable(
+                f"benchmark {name} is not available offline ({why}, and it is not in the Hugging Face cache): "
+                f"download {dataset} where the hub is reachable and pass it as a file, e.g. -b {name}=test.jsonl "
+                f"(JSONL or Parquet with the dataset's own fields: {', '.join(HUB[name][3])}, ...)") from None
 
 
 def eval_command(
@@ -56,9 +117,10 @@ def eval_command(
 
     from sage.configs import load_config
     from sage.flows import session
+    from sage.flows.api_server import check_api
     from sage.flows.evaluate import DEFAULT_BENCHMARKS, DEFAULT_CHECKPOINTS, eval_flow
     from sage.flows.progress import Display
-    from sage.flows.terminal import console, err, fail
+    from sage.flows.terminal import console, err, fail, quiet_prefect_tracebacks
     from sage.stages import evaluate as evaluate_stage
 
     checkpoints = list(checkpoint or (DEFAULT_CHECKPOINTS if run_id else ("base",)))
@@ -71,8 +133,11 @@ def eval_command(
         cfg = load_config(config, set_ or [])
         for spec in benchmarks:
             evaluate_stage.parse_benchmark(spec)
+        check_api()  # a configured Prefect server that is down: PrefectUnreachable, before any work
+        check_hub_benchmarks(benchmarks)
         directory = str(Path(directory or cfg.run.dir).expanduser())
         with Display(err) as display, session.Session(directory, display=display):
+            quiet_prefect_tracebacks()
             rows = eval_flow(directory, run_id, checkpoints, benchmarks, limit, n, k, config, set_)
     except ValueError as e:  # a benchmark spec or value the stage refuses
         fail(str(e))

@@ -221,11 +221,19 @@ def expected_error(exc: BaseException) -> tuple[str, int] | None:
     return None
 
 
+def current_context():
+    """The running command's click context, or None. Typer 0.29 runs commands on its own bundled copy of click, whose
+    context stack `click.get_current_context` never sees; older typers use click itself."""
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click import get_current_context
+    return get_current_context(silent=True)
+
+
 def verbose() -> bool:
     """Whether `sage --verbose` asked for tracebacks."""
-    import click
-
-    ctx = click.get_current_context(silent=True)
+    ctx = current_context()
     return bool(ctx and ctx.find_root().params.get("verbose"))
 
 
