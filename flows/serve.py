@@ -97,6 +97,12 @@ def serve_command(
     if not url:
         fail("no Prefect server: start one with `prefect server start --host 127.0.0.1` and set "
              "PREFECT_API_URL=http://127.0.0.1:4200/api (or `prefect config set PREFECT_API_URL=...`)")
+    from sage.flows.api_server import PrefectUnreachable, check_api
+
+    try:
+        check_api(url)
+    except PrefectUnreachable as e:
+        fail(str(e))
     try:
         _check_cron(cron)
         cfg = load_config(config, set_ or [])

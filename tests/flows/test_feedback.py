@@ -58,7 +58,7 @@ def test_prefect_api_refuses_a_configured_server_that_is_down(monkeypatch):
     assert said == []  # no private server is started
 
 
-@pytest.mark.parametrize("command", [["run", "-n", "1"], ["eval", "-b", "math500", "--limit", "1"]])
+@pytest.mark.parametrize("command", [["run", "-n", "1"], ["eval", "-b", "math500", "--limit", "1"], ["serve"]])
 def test_a_prefect_server_that_is_down_is_one_sentence_before_any_work(tmp_path, command):
     url = f"http://127.0.0.1:{_closed_port()}/api"
     done, seconds = sage(*command, "--set", f"run.dir={tmp_path / 'p'}", env={"PREFECT_API_URL": url})
