@@ -154,7 +154,8 @@ def test_placement_stays_out_of_the_run_identity(tmp_path):
         assert '"runner": "ray"' in stored[0] and '"iterations": 4' in stored[0] and stored[1] == config_hash(local)
         with pytest.raises(RunConfigMismatch) as e:
             s.create_run(load_config("cpu", base + ["train.lr=0.5", "iteration.alpha=0.9"]), run_id)
-        assert f"iteration.alpha: {local.iteration.alpha} -> 0.9" in str(e.value) and f"train.lr: {local.train.lr} -> 0.5" in str(e.value)
+        assert f"iteration.alpha: {local.iteration.alpha} -> 0.9" in str(e.value)
+        assert f"train.lr: {local.train.lr} -> 0.5" in str(e.value)
         assert "--run NAME" in str(e.value) and "run.iterations" not in str(e.value)
 
 

@@ -29,7 +29,7 @@ CHALLENGE_MATH = ("<question>What is 3+4?</question>\n<solution>\n```python\ndef
                   "</solution>\n<answer>7</answer>")
 CHALLENGE_CODE = ("<question>Write mul(a, b) returning a * b.</question>\n<signature>def mul(a, b)</signature>\n"
                   "<solution>\n```python\ndef mul(a, b):\n    return a * b\n```\n</solution>\n"
-                  "<inputs>\n[2, 3]\n[4, 5]\n</inputs>")
+                  "<inputs>\n[2, 3]\n[4, 5]\n[1, 7]\n</inputs>")
 
 
 def script(req: GenRequest) -> str | list[str]:

@@ -55,7 +55,7 @@ def test_admission_gating_and_rewards(one_iteration):
             assert v["stated_answer"] == "7" and v["answer_agrees"] is True and "return 3 + 4" in v["program"]
         assert all(q["difficulty"] == pytest.approx(0.5) for q in math_q)  # probe answers: one right, one wrong
         assert code_q[0]["admitted"] and code_q[0]["difficulty"] == 0.0
-        assert json.loads(code_q[0]["verifier"])["outputs"] == [6, 20]  # computed by the reference in the sandbox
+        assert json.loads(code_q[0]["verifier"])["outputs"] == [6, 20, 7]  # computed by the reference in the sandbox
         assert count("probe") == 2 * 5
         assert wh.scalar("SELECT count(*) FROM pool WHERE run_id = 'scripted'") == 5 + 2
 

@@ -20,7 +20,7 @@ def test_force_verify_after_new_expected_outputs(prefect_api, tmp_path):
         q = wh.rows("SELECT question_id, verifier FROM questions WHERE origin = 'generated' AND domain = 'code' "
                     "AND admitted")[0]
         verifier = json.loads(q["verifier"])
-        assert verifier["outputs"] == [6, 20]
+        assert verifier["outputs"] == [6, 20, 7]
         # the question's second expected output changes: answers that passed both tests now pass one
         wh.execute("UPDATE questions SET verifier = ? WHERE question_id = ?",
                    [json.dumps({**verifier, "outputs": [6, 21]}), q["question_id"]])

@@ -459,3 +459,33 @@ def test_number_mismatch_reads_only_numeric_literals():
     assert number_mismatch("def solve():\n    v99 = 12\n    return v99 + int('5')", "Add 12.") is None
     assert number_mismatch("def solve():\n    return 3", "No numbers here.") == \
         "the program uses 3, which the question does not state"
+
+
+@pytest.mark.parametrize("inputs,valid", [("[2, 3]\n[4, 5]", False), ("[2, 3]\n[2, 3]\n[4, 5]", False),
+                                          ("[2, 3]\n[4, 5]\n[1, 7]", True)])
+def test_a_code_question_needs_three_distinct_test_inputs(scripted_stage, inputs, valid):
+    """One or two outputs of a solution nobody checked do not specify a task: the audit found every admitted code
+    question with one input ill-posed or wrongly solved. Fewer than MIN_CODE_TESTS distinct inputs never reach the
+    sandbox."""
+    reply = ("<question>Write mul(a, b) returning a * b.</question>\n<signature>def mul(a, b)</signature>\n"
+             "<solution>\n```python\ndef mul(a, b):\n    return a * b\n```\n</solution>\n"
+             f"<inputs>\n{inputs}\n</inputs>")
+    sandbox = ScriptedProgramSandbox()
+    ctx, _ = scripted_stage(lambda req: reply, "iteration.domains=[code]", "iteration.n_challenge=1",
+                            mathcheck=ScriptedChecker(), sandbox=sandbox)
+    ctx.wh.insert_batch("questions", [question("ref", "Write add(a, b).", domain="code")])
+    challenge.run(ctx)
+    (row,) = generated(ctx).values()
+    assert row["verifier_valid"] is valid and challenge.MIN_CODE_TESTS == 3
+    if valid:
+        assert row["verifier"]["outputs"] == [6, 20, 7] and len(sandbox.batches) == 1
+    else:
+        assert row["verifier_error"] == "no reference solution or fewer than 3 distinct test inputs"
+        assert sandbox.batches == [] or all(not b for b in sandbox.batches)
+
+
+def test_a_float_result_is_the_label_a_person_would_write(scripted_stage):
+    program = "def solve():\n    return 1.99 + 1.19"
+    row, _ = one(scripted_stage, grounded_reply("What is 1.99 + 1.19?", program, "3.18"), "program",
+                 sandbox=ScriptedProgramSandbox())
+    assert row["verifier"]["program_result"] == "3.18" and row["verifier"]["answer"] == "3.18"
