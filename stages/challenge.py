@@ -51,14 +51,14 @@ def agreement_checks(engines, pairs: list[tuple[str, str]]) -> list[float]:
 
 
 #: Appended to a grounded math question's program: runs `solve()` and returns its value as the label's text (a
-#: whole Fraction as its integer), in the sandbox. A None, a bool or a non-number-like value fails the job.
+#: whole Fraction as its integer), in the sandbox. Anything but a number fails the job.
 _LABEL_WRAPPER = f"""
 
 def _sage_label_():
     import fractions
     value = {MATH_PROGRAM_ENTRY}()
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float, fractions.Fraction, str)):
-        raise TypeError("solve() must return a number (int, float, Fraction) or its text, got " + type(value).__name__)
+    if isinstance(value, bool) or not isinstance(value, (int, float, fractions.Fraction)):
+        raise TypeError("solve() must return a number (int, float, Fraction), got " + type(value).__name__)
     if isinstance(value, fractions.Fraction) and value.denominator == 1:
         value = value.numerator
     if isinstance(value, float):
@@ -84,6 +84,10 @@ def number_mismatch(program: str, question: str) -> str | None:
         tree = ast.parse(program)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
+    if any(isinstance(n, ast.JoinedStr) or (isinstance(n, ast.Constant) and isinstance(n.value, (str, bytes)))
+           or (isinstance(n, ast.Call) and getattr(n.func, "id", None) in ("str", "chr", "bytes", "eval", "exec"))
+           for n in ast.walk(tree)):   # `int("3" + "4")` would put 34 where the question says 3 + 4
+        return "the program writes text; it must compute with the question's numbers"
     used = Counter(_number(repr(n.value)) for n in ast.walk(tree) if isinstance(n, ast.Constant)
                    and isinstance(n.value, (int, float)) and not isinstance(n.value, bool))
     stated = Counter(_number(t) for t in _NUMBER.findall(question))
@@ -114,7 +118,7 @@ _OPERATOR_CLASS = {ast.Add: "addition or subtraction", ast.Sub: "addition or sub
                    ast.Pow: "multiplication or division"}
 _CALL_CLASS = {"gcd": "gcd", "lcm": "lcm", "sum": "addition or subtraction", "pow": "multiplication or division",
                "prod": "multiplication or division"}
-_NEUTRAL_CALLS = {"Fraction", "int", "float", "str", "bool", "abs", "round", "range", "len", "list", "tuple"}
+_NEUTRAL_CALLS = {"Fraction", "int", "float", "bool", "abs", "round", "range", "len", "list", "tuple"}
 
 
 def operation_mismatch(program: str, question: str) -> str | None:

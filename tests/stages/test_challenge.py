@@ -309,7 +309,7 @@ def test_a_grounded_label_runs_its_program_twice_and_keeps_its_result(scripted_s
     ("missing_number", "def solve():\n    return 12 + 12", "24", "number_mismatch",
      "the program uses 12, which the question does not state; the question states 7, which the program does not "
      "use"),
-    ("raises", "def solve():\n    a, b = 12, 7\n    return a + b + int('x')", "19", "program_failed",
+    ("raises", "def solve():\n    a, b = 12, 7\n    return a + b + [][a]", "19", "program_failed",
      "the program failed, returned no number or was nondeterministic"),
     ("returns_none", "def solve():\n    x = 12 + 7", "19", "program_failed",
      "the program failed, returned no number or was nondeterministic"),
@@ -455,10 +455,19 @@ def test_number_mismatch(program, question, mismatch):
 
 
 def test_number_mismatch_reads_only_numeric_literals():
-    # a number in a string or a name is not a literal of the program (the sandbox result still has to agree)
-    assert number_mismatch("def solve():\n    v99 = 12\n    return v99 + int('5')", "Add 12.") is None
+    # a number in a name is not a literal of the program
+    assert number_mismatch("def solve():\n    v99 = 12\n    return v99 + 7", "Add 12 and 7.") is None
     assert number_mismatch("def solve():\n    return 3", "No numbers here.") == \
         "the program uses 3, which the question does not state"
+
+
+@pytest.mark.parametrize("body", ["return int('3' + '4')", "return int(str(3) + str(4))", "return int(f'{3}{4}')",
+                                  "return eval('3 + 4')", "return int(chr(51)) + 4"])
+def test_a_program_that_writes_text_grounds_nothing(body):
+    """Digits joined as text put 34 where the question says 3 + 4, with the question's numbers and a `+`: a policy
+    rewarded for admitted questions would find it."""
+    assert number_mismatch(f"def solve():\n    {body}", "What is 3 + 4?") == \
+        "the program writes text; it must compute with the question's numbers"
 
 
 @pytest.mark.parametrize("inputs,valid", [("[2, 3]\n[4, 5]", False), ("[2, 3]\n[2, 3]\n[4, 5]", False),
