@@ -4,6 +4,7 @@ docs/cli.md generated from its --help (tests keep all three true)."""
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import sys
 import traceback
@@ -168,6 +169,7 @@ def status(directory: DirOpt = Path("./sage-runs"),
            = "table") -> None:
     """List runs, their iterations and each stage's state."""
     from sage.warehouse.queries import question_counts, run_ids, runs_overview, stage_states
+    from sage.warehouse.runs import dead_rows
 
     if fmt not in ("table", "line"):
         fail(f"--format {fmt!r}: use table or line")
@@ -180,6 +182,13 @@ def status(directory: DirOpt = Path("./sage-runs"),
         names = run_ids(wh) if run is not None and not runs else []
         counts = question_counts(wh)
         stages = {r["run_id"]: stage_states(wh, r["run_id"]) for r in runs}
+        dead = dead_rows(wh)  # recorded `running`, but the process that ran them is gone: shown `dead`
+    for r in runs:
+        if (r["run_id"], None, None) in dead:
+            r["status"] = "dead"
+        for row in stages[r["run_id"]]:
+            if (r["run_id"], row["iteration"], row["stage"]) in dead:
+                row["status"] = "dead"
     if run is not None and not runs:
         have = f"runs here: {', '.join(map(cell, names))}" if names else "no runs yet (start one with `sage run`)"
         fail(f"no run '{cell(run)}' in {path}; {have}")
@@ -193,6 +202,7 @@ def status(directory: DirOpt = Path("./sage-runs"),
         rows = stages[r["run_id"]]
         if fmt == "line":
             print_rows(rows, fmt, title="stages")
+            _say_dead(r, rows, dead)
             continue
         # Errors are sentences: printed whole under the table, which then fits a narrower terminal.
         print_rows([{k: v for k, v in row.items() if k != "error"} for row in rows], title="stages", more=more)
@@ -200,6 +210,25 @@ def status(directory: DirOpt = Path("./sage-runs"),
             if row.get("error"):
                 console.print(Text(f"error in iteration {row['iteration']} {cell(row['stage'])}: {cell(row['error'])}"),
                               soft_wrap=True)
+        _say_dead(r, rows, dead)
+
+
+def _say_dead(run: dict, stages: list[dict], dead: dict) -> None:
+    """Under a run's tables, for what `sage status` shows `dead`: whose process is gone, and the command that
+    resumes (the same `sage run` resumes a run; a lone `sage stage` is resumed by itself, or by `sage run`)."""
+    rid = run["run_id"]
+    gone = [row for row in stages if row["status"] == "dead"]
+    if run["status"] != "dead" and not gone:
+        return
+    pid = dead.get((rid, None, None), next((dead[(rid, g["iteration"], g["stage"])] for g in gone), (None,)))[0]
+    what = ", ".join(f"iteration {g['iteration']} {g['stage']}" for g in gone)
+    again = f"sage run --run {shlex.quote(rid)} (with the -c and --set it was started with)"
+    if run["status"] != "dead":
+        again = (f"sage stage {gone[0]['stage']} --run {shlex.quote(rid)} --iteration {gone[0]['iteration']}, "
+                 f"or {again}")
+    console.print(Text(f"run {cell(rid)}: dead{f' in {what}' if what else ''}: its process "
+                       f"{f'(PID {pid}) ' if pid else ''}is gone (killed outright?) and never recorded how it ended; "
+                       f"committed batches are kept. Resume with: {again}"), soft_wrap=True)
 
 
 def _summary(wh, run_id: str, iteration: int, directory: str) -> None:

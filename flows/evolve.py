@@ -99,9 +99,9 @@ def _evolve(s: session.Session, directory: str, run_id: str, iterations: int) ->
     log = get_run_logger()
     ctx = s.context(run_id, 0)
     wh, v = s.warehouse, ctx.cfg.validate
-    set_run_status(wh, run_id, "running")
     summaries = []
-    try:
+    try:  # a signal right after the run is marked `running` still ends it `interrupted`
+        set_run_status(wh, run_id, "running")
         for line in seed_task(directory, run_id, return_state=True).result() or []:
             log.warning(f"seed file: skipped {line}")
         validating = count_validation_questions(wh) > 0

@@ -117,8 +117,9 @@ def iteration_flow(directory: str, run_id: str, iteration: int) -> dict:
         if stale:
             get_run_logger().warning(f"iteration {iteration}: redoing stale stage(s) {', '.join(stale)} (an earlier "
                                      f"stage was redone with `sage stage --force`)")
-        start_iteration(wh, run_id, iteration, s.context(run_id, iteration).adapter)
-        try:
+        adapter = s.context(run_id, iteration).adapter
+        try:  # a signal right after the iteration is marked `running` still ends it `interrupted`
+            start_iteration(wh, run_id, iteration, adapter)
             for name in STAGE_NAMES:
                 stage_task(directory, run_id, iteration, name)
         except BaseException as e:

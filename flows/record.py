@@ -107,9 +107,9 @@ def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], Sta
     if force or status == "stale":
         forget_outputs(ctx.wh, run_id, iteration, stage)
         stale = mark_later_stale(ctx.wh, run_id, iteration, stage)
-    mark_stage_running(ctx.wh, run_id, iteration, stage)
     start = time.perf_counter()
-    try:
+    try:  # from before the row says `running`: a signal at any point after it (even before `fn`) ends it
+        mark_stage_running(ctx.wh, run_id, iteration, stage)
         report = fn(ctx)
     except BaseException as e:
         error = "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]

@@ -85,6 +85,35 @@ def release_writer(path: str | Path) -> None:
             os.close(held[0])  # closing the descriptor releases the flock
 
 
+def writer_pid(path: str | Path) -> int | None:
+    """The PID of the live process that holds the writer lock of the warehouse at `path`, None when none does.
+    Read-only: the lock is not tried (a writer starting then would be refused). A writer killed outright leaves
+    its PID in the lock file but is gone; a PID taken since by another process does not hold the file open."""
+    lock = f"{path}.writer"
+    with _writers_guard:
+        if lock in _writers:
+            return os.getpid()
+    try:
+        text = Path(lock).read_text("ascii", "replace").strip()
+    except OSError:
+        return None
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # another user's live process
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        target = os.path.realpath(lock)
+        return pid if any(os.path.realpath(fd) == target for fd in fds.iterdir()) else None
+    except OSError:  # no /proc (macOS), or another user's process: alive is all we can tell
+        return pid
+
+
 def backoff() -> Iterator[float]:
     """Sleep intervals for retrying a busy file: 10 ms doubling up to 200 ms."""
     delay = 0.01

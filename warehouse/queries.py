@@ -6,6 +6,8 @@ nothing usable is stored (`Warehouse.records`).
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 from sage.configs.names import TRAINED_PURPOSES, Purpose
@@ -63,11 +65,28 @@ def iteration_stage_states(wh: Warehouse, run_id: str, iteration: int) -> dict[s
                            [run_id, iteration]))
 
 
+def owner() -> list:
+    """[PID, host] of this process: who a row set `running` belongs to (`running_owners`, `sage status`)."""
+    return [os.getpid(), socket.gethostname()]
+
+
+def running_owners(wh: Warehouse) -> dict[tuple[str, int | None, str | None], tuple[int | None, str | None]]:
+    """{(run_id, iteration, stage): (owner PID, owner host)} of every row recorded `running`: a run's key has
+    iteration and stage None, an iteration's stage None. Rows older than the owner columns have (None, None)."""
+    return {(r, i, s): (pid, host) for r, i, s, pid, host in wh.execute("""
+        SELECT run_id, NULL, NULL, owner_pid, owner_host FROM runs WHERE status = 'running'
+        UNION ALL SELECT run_id, iteration, NULL, owner_pid, owner_host FROM iterations WHERE status = 'running'
+        UNION ALL SELECT run_id, iteration, stage, owner_pid, owner_host FROM stage_runs WHERE status = 'running'
+        """)}
+
+
 def mark_stage_running(wh: Warehouse, run_id: str, iteration: int, stage: str) -> None:
     wh.execute("""
-        INSERT INTO stage_runs (run_id, iteration, stage, status) VALUES (?, ?, ?, 'running')
+        INSERT INTO stage_runs (run_id, iteration, stage, status, owner_pid, owner_host)
+        VALUES (?, ?, ?, 'running', ?, ?)
         ON CONFLICT DO UPDATE SET status = 'running', attempts = stage_runs.attempts + 1, error = NULL,
-            started_at = now(), finished_at = NULL""", [run_id, iteration, stage])
+            started_at = now(), finished_at = NULL, owner_pid = excluded.owner_pid,
+            owner_host = excluded.owner_host""", [run_id, iteration, stage, *owner()])
 
 
 def mark_stage_finished(wh: Warehouse, run_id: str, iteration: int, stage: str, status: str,
@@ -234,14 +253,19 @@ def set_run_config(wh: Warehouse, run_id: str, config: str, config_hash: str) ->
 
 
 def set_run_status(wh: Warehouse, run_id: str, status: str) -> None:
-    wh.execute("UPDATE runs SET status = ?, finished_at = CASE WHEN ? = 'running' THEN NULL ELSE now() END "
-               "WHERE run_id = ?", [status, status, run_id])
+    """Set a run's status; `running` also records this process as its owner."""
+    if status == "running":
+        wh.execute("UPDATE runs SET status = 'running', finished_at = NULL, owner_pid = ?, owner_host = ? "
+                   "WHERE run_id = ?", [*owner(), run_id])
+        return
+    wh.execute("UPDATE runs SET status = ?, finished_at = now() WHERE run_id = ?", [status, run_id])
 
 
 def start_iteration(wh: Warehouse, run_id: str, iteration: int, adapter_in: str | None) -> None:
-    wh.execute("""INSERT INTO iterations (run_id, iteration, adapter_in) VALUES (?, ?, ?)
-                  ON CONFLICT DO UPDATE SET status = 'running', finished_at = NULL""",
-               [run_id, iteration, None if adapter_in is None else stored_path(wh, adapter_in)])
+    wh.execute("""INSERT INTO iterations (run_id, iteration, adapter_in, owner_pid, owner_host) VALUES (?, ?, ?, ?, ?)
+                  ON CONFLICT DO UPDATE SET status = 'running', finished_at = NULL, owner_pid = excluded.owner_pid,
+                      owner_host = excluded.owner_host""",
+               [run_id, iteration, None if adapter_in is None else stored_path(wh, adapter_in), *owner()])
 
 
 def finish_iteration(wh: Warehouse, run_id: str, iteration: int, status: str) -> None:

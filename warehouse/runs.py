@@ -6,12 +6,21 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 
 from sage.configs import apply_override, config_from_dict, config_hash, config_json, identity_diff
 from sage.configs.names import Stage
 from sage.configs.schema import SageConfig
+from sage.warehouse import locks
 from sage.warehouse.db import Warehouse
-from sage.warehouse.queries import iteration_stage_states, iteration_states, run_config, run_ids, set_run_config
+from sage.warehouse.queries import (
+    iteration_stage_states,
+    iteration_states,
+    run_config,
+    run_ids,
+    running_owners,
+    set_run_config,
+)
 from sage.warehouse.redo import ORDER
 
 
@@ -53,6 +62,21 @@ def create_run(wh: Warehouse, cfg: SageConfig, run_id: str | None = None) -> str
         # same rows, other schedule or placement (more iterations, Ray, another batch size): later stages use it
         set_run_config(wh, run_id, config_json(cfg), h)
     return run_id
+
+
+def dead_rows(wh: Warehouse) -> dict[tuple[str, int | None, str | None], tuple[int | None, str | None]]:
+    """The runs, iterations and stages recorded `running` whose owner process is gone (killed outright, or its
+    machine restarted), keyed as `running_owners`: only the warehouse's writer sets rows running, so a row is
+    alive while its owner still holds the writer lock (a row older than the owner columns: while anyone does).
+    A row owned on another host is taken as alive: its process cannot be checked from here. Reads only."""
+    holder, host = locks.writer_pid(wh.path), socket.gethostname()
+
+    def alive(pid: int | None, on: str | None) -> bool:
+        if on is not None and on != host:
+            return True
+        return holder is not None if pid is None else pid == holder
+
+    return {key: who for key, who in running_owners(wh).items() if not alive(*who)}
 
 
 def _stored_config(text: str) -> SageConfig | dict:

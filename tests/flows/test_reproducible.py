@@ -9,8 +9,9 @@ import sys
 from sage.engines.llm.tiny import TINY_RUN
 from sage.warehouse import Warehouse
 
-#: Columns and JSON keys that measure time or name the project directory: they differ between any two runs.
-VARYING = re.compile(r"(_at|_s|_ms|seconds|duration|elapsed|runtime|per_second|time|^dir|cache_dir)$")
+#: Columns and JSON keys that measure time, name the project directory or the owning process: they differ between
+#: any two runs.
+VARYING = re.compile(r"(_at|_s|_ms|seconds|duration|elapsed|runtime|per_second|time|^dir|cache_dir|_pid)$")
 
 
 def sage(tiny_model, command: str, directory, *extra: str) -> None:

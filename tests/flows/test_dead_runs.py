@@ -1,0 +1,121 @@
+"""Dead runs do not look alive: a run or stage whose process was killed outright stays `running` in the warehouse
+(nothing could record how it ended), and `sage status` shows it `dead` with the command that resumes, while a
+live one stays `running`; a signal right at a stage's start ends it `interrupted`, never `running`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+from typer.testing import CliRunner
+
+from sage.flows import record
+from sage.flows.cli import app
+from sage.flows.record import Interrupted, run_recorded, stopped_by_signals
+from sage.stages.context import StageReport
+from sage.warehouse import Warehouse
+from sage.warehouse.queries import mark_stage_running
+from tests.flows.test_interrupt import _start, _wait_for
+
+_OWNER = """
+import sys, time
+from sage.warehouse import Warehouse
+from sage.warehouse.queries import mark_stage_running, set_run_status
+wh = Warehouse.open(sys.argv[1])
+wh.execute("INSERT INTO runs (run_id, config, config_hash, base_model, seed) VALUES ('r', '{}', 'h', 'm', 1)")
+set_run_status(wh, 'r', 'running')
+mark_stage_running(wh, 'r', 1, 'verify')
+print('ready', flush=True)
+time.sleep(600)
+"""
+
+
+def _status(directory) -> str:
+    result = CliRunner().invoke(app, ["status", "--dir", str(directory)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _stored(directory, sql: str):
+    with Warehouse.open(directory / "warehouse.duckdb", read_only=True) as wh:
+        return wh.rows(sql)
+
+
+def test_status_tells_a_killed_writer_from_a_live_one(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", _OWNER, str(tmp_path / "warehouse.duckdb")],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        shown = _status(tmp_path)
+        assert "dead" not in shown and "running" in shown, shown
+    finally:
+        p.kill()
+        p.wait(10)
+    shown = _status(tmp_path)
+    assert "running" not in shown and "dead" in shown, shown
+    assert f"(PID {p.pid}) is gone" in shown and "Resume with: sage run --run r " in shown, shown
+    # status only reads: the stored rows still say `running`; the next writer's run rewrites them
+    assert {r["status"] for r in _stored(tmp_path, "SELECT status FROM stage_runs UNION ALL "
+                                                   "SELECT status FROM runs")} == {"running"}
+
+
+def test_a_row_of_this_live_writer_stays_running(tmp_path):
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
+        wh.execute("INSERT INTO runs (run_id, config, config_hash, base_model, seed) VALUES ('r', '{}', 'h', 'm', 1)")
+        mark_stage_running(wh, "r", 1, "verify")
+        shown = _status(tmp_path)
+        assert "dead" not in shown and "running" in shown, shown
+    assert "dead" in _status(tmp_path)  # closed without finishing the stage: nobody runs it now
+
+
+def test_a_signal_right_at_a_stages_start_ends_it_interrupted(tmp_path, monkeypatch):
+    """SIGINT arriving just after the row says `running` (before the stage's first row): the old window between
+    marking the stage and guarding it."""
+    def marked_then_signalled(*args):
+        mark_stage_running(*args)
+        os.kill(os.getpid(), signal.SIGINT)  # its handler runs at the next bytecode: back in run_recorded
+
+    monkeypatch.setattr(record, "mark_stage_running", marked_then_signalled)
+    called = []
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh, stopped_by_signals():
+        try:
+            run_recorded(SimpleNamespace(wh=wh), "verify", lambda ctx: called.append(1) or StageReport("verify"),
+                         run_id="r", iteration=1)
+        except Interrupted:
+            pass
+        else:
+            raise AssertionError("the signal did not stop the stage")
+        rows = wh.rows("SELECT status, error FROM stage_runs")
+    assert not called
+    assert [r["status"] for r in rows] == ["interrupted"] and "SIGINT" in rows[0]["error"], rows
+
+
+def test_sigkill_mid_stage_shows_the_run_and_stage_dead_with_the_resume_command(tiny_model, tmp_path):
+    p, lines = _start(tiny_model, tmp_path)  # `sage run --run stop` of the tiny model
+    try:
+        _wait_for(lines, "iteration 0 seed:", p)
+        deadline = time.monotonic() + 120
+        while not _running_stage(tmp_path):
+            assert p.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+            time.sleep(0.2)
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(30)
+    stored = _stored(tmp_path, "SELECT status FROM runs WHERE run_id = 'stop'")
+    assert stored == [{"status": "running"}]  # what the warehouse says: nothing recorded the kill
+    shown = _status(tmp_path)
+    assert "dead" in shown and "running" not in shown, shown
+    assert f"(PID {p.pid}) is gone" in shown and "Resume with: sage run --run stop " in shown, shown
+
+
+def _running_stage(directory) -> bool:
+    if not (directory / "warehouse.duckdb").exists():
+        return False
+    try:
+        return bool(_stored(directory, "SELECT 1 FROM stage_runs WHERE status = 'running'"))
+    except Exception:  # the writer holds the file for a moment, or has not made the tables yet
+        return False
