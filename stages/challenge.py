@@ -13,7 +13,8 @@ reference's family: a seed's source, inherited down the generations) with its la
 - Math under `answer` (the paper's): the answer parses.
 - Code: the reference solution runs twice on every test input in the sandbox without error and with the same
   outputs, which become the expected outputs.
-An output without a question is stored with s_q = 0 and rejection reason `unparseable`.
+An output without a question, or whose question repeats five words in a row of the prompt's instructions, is stored
+with s_q = 0 and rejection reason `unparseable`.
 Idempotency key: rollout id (see stages/rollouts.py); question id = hash("generated", rollout id).
 Fails: engine errors propagate (the flow retries); model output never fails the stage.
 """
@@ -290,8 +291,26 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
         if not it["question"]:
             row.update(s_q=0.0, admitted=False, rejection_reason="unparseable",
                        verifier_error=r["format_reason"] or "no <question>")
+        elif copies_instructions(it["question"], challenger_kind(it["domain"], ctx.cfg.iteration.math_labels)):
+            row.update(s_q=0.0, admitted=False, rejection_reason="unparseable", verifier_valid=False,
+                       verifier_error="the question copies the Challenger's instructions")
         rows.append(row)
     return rows
+
+
+#: Words in a row that a question may share with its prompt's instructions: the audit found questions that carry
+#: "Write ONE new math problem of the same kind and form ..." after (or instead of) the problem.
+INSTRUCTION_WORDS = 5
+
+
+def copies_instructions(question: str, kind: str) -> bool:
+    """Whether `question` repeats INSTRUCTION_WORDS or more words in a row of the Challenger prompt `kind`'s own
+    instructions (the template without the reference it is filled with)."""
+    from sage.engines.text.similar import shingles
+    from sage.stages.prompts import TEMPLATES
+
+    instructions = re.sub(r"\{\{\w+\}\}", " ", TEMPLATES[kind].user).replace("Reference problem:", " ")
+    return bool(shingles(question, INSTRUCTION_WORDS) & shingles(instructions, INSTRUCTION_WORDS))
 
 
 def challenger_kind(domain: str, math_labels: str) -> str:

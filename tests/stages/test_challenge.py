@@ -498,3 +498,17 @@ def test_a_float_result_is_the_label_a_person_would_write(scripted_stage):
     row, _ = one(scripted_stage, grounded_reply("What is 1.99 + 1.19?", program, "3.18"), "program",
                  sandbox=ScriptedProgramSandbox())
     assert row["verifier"]["program_result"] == "3.18" and row["verifier"]["answer"] == "3.18"
+
+
+def test_a_question_that_copies_the_instructions_is_unparseable(scripted_stage):
+    """The audit found admitted questions carrying the prompt's own "Write ONE new math problem of the same kind
+    ..." after the problem; the copy is rejected before the Critic sees it, whatever its label."""
+    question_text = ("State the final answer to the following arithmetic problem: 15 - 12 =\n\nWrite ONE new math "
+                     "problem of the same kind and form as the reference")
+    row, _ = one(scripted_stage, grounded_reply(question_text, "def solve():\n    return 15 - 12", "3"), "program",
+                 sandbox=ScriptedProgramSandbox())
+    assert (row["s_q"], row["admitted"], row["rejection_reason"], row["verifier_valid"]) == (0.0, False, "unparseable",
+                                                                                             False)
+    assert row["verifier_error"] == "the question copies the Challenger's instructions"
+    assert not challenge.copies_instructions("State the final answer to the following arithmetic problem: 15 - 12 =",
+                                             "challenger_math")
