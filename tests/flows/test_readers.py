@@ -14,7 +14,7 @@ from tests.flows import scripted_run
 DATA = {"questions": "question_id", "rollouts": "rollout_id", "verdicts": "rollout_id", "plans": "plan_id",
         "scores": "score_id", "checkpoints": "iteration", "iterations": "iteration",
         "stage_runs": "iteration, stage"}
-VOLATILE = {"created_at", "started_at", "finished_at", "seconds", "duration_s", "applied_at"}
+VOLATILE = {"created_at", "started_at", "finished_at", "seconds", "duration_s", "applied_at", "owner_pid"}
 
 
 def _dump(directory) -> dict[str, list[dict]]:
