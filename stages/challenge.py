@@ -25,9 +25,11 @@ import ast
 import re
 from collections import Counter
 from fractions import Fraction
+from functools import cache
 
 from sage.configs.names import Purpose, Role, Stage
 from sage.engines.text.grammar import MATH_PROGRAM_ENTRY
+from sage.engines.text.similar import shingles
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate
 from sage.warehouse import content_id, norm_hash
@@ -303,14 +305,20 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
 INSTRUCTION_WORDS = 5
 
 
-def copies_instructions(question: str, kind: str) -> bool:
-    """Whether `question` repeats INSTRUCTION_WORDS or more words in a row of the Challenger prompt `kind`'s own
-    instructions (the template without the reference it is filled with)."""
-    from sage.engines.text.similar import shingles
+@cache
+def _instruction_shingles(kind: str) -> frozenset[str]:
+    """The word shingles of the Challenger prompt `kind`'s own instructions (the template without the reference
+    it is filled with), computed once per kind."""
     from sage.stages.prompts import TEMPLATES
 
     instructions = re.sub(r"\{\{\w+\}\}", " ", TEMPLATES[kind].user).replace("Reference problem:", " ")
-    return bool(shingles(question, INSTRUCTION_WORDS) & shingles(instructions, INSTRUCTION_WORDS))
+    return frozenset(shingles(instructions, INSTRUCTION_WORDS))
+
+
+def copies_instructions(question: str, kind: str) -> bool:
+    """Whether `question` repeats INSTRUCTION_WORDS or more words in a row of the Challenger prompt `kind`'s own
+    instructions."""
+    return not _instruction_shingles(kind).isdisjoint(shingles(question, INSTRUCTION_WORDS))
 
 
 def challenger_kind(domain: str, math_labels: str) -> str:
