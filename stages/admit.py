@@ -9,9 +9,10 @@ the validation and benchmark questions (origin `validation`, `benchmark`).
 Writes: `questions.admitted`, `admitted_iteration`, `rejection_reason` (`contaminated`, `invalid_verifier`,
 `low_quality`, `duplicate`, `near_duplicate`; for a math label that is not grounded, the challenge stage's reason
 instead of `invalid_verifier`: `no_program`, `program_failed`, `number_mismatch`, `operation_mismatch`,
-`label_mismatch`, `no_answer`; `unparseable` was set by the challenge stage), and for every decided question
-`near_dup_similarity` (the MinHash estimate of word-shingle Jaccard similarity to the closest pool, held-out, or
-earlier question of this iteration) and `near_dup_of` (that question), in one transaction.
+`arithmetic_mismatch`, `label_mismatch`, `no_answer`; `unparseable` was set by the challenge stage), and for
+every decided question `near_dup_similarity` (the MinHash estimate of word-shingle Jaccard similarity to the
+closest pool, held-out, or earlier question of this iteration) and `near_dup_of` (that question), in one
+transaction.
 Questions are decided in id order, so of two identical new questions the same one is admitted on every re-run.
 Idempotency: only undecided questions are touched. Fails: never on model output.
 """
@@ -33,8 +34,8 @@ from sage.warehouse.queries import (
 
 STAGE = Stage.ADMIT
 #: The challenge stage's reasons a math label is not grounded (`verifier.label`), kept as rejection reasons.
-LABEL_FAILURES = frozenset({"no_program", "program_failed", "number_mismatch", "operation_mismatch", "label_mismatch",
-                            "no_answer"})
+LABEL_FAILURES = frozenset({"no_program", "program_failed", "number_mismatch", "operation_mismatch",
+                            "arithmetic_mismatch", "label_mismatch", "no_answer"})
 
 
 def decide(q: dict, alpha: float, seen: set[str], heldout: frozenset[str] = frozenset(),

@@ -8,8 +8,10 @@ reference's family: a seed's source, inherited down the generations) with its la
   sandbox, agreeing, and its numbers must be exactly the question's, so a program that computes another problem
   grounds nothing. Under `agreement` the stated answer must equal the program's result under the math checker;
   under `program` the result is the label (the stated answer is kept, with whether it agrees) and, the program
-  being the only witness, the question must name every operation it uses. Each failure keeps its own reason
-  (`verifier.label`: no_program, program_failed, number_mismatch, operation_mismatch, label_mismatch, no_answer).
+  being the only witness, the question must name every operation it uses. Under both, where the question writes
+  its arithmetic out (`What is 7 * 8?`, `y + 1 = 3`) its value must be the program's result. Each failure keeps its
+  own reason (`verifier.label`: no_program, program_failed, number_mismatch, operation_mismatch,
+  arithmetic_mismatch, label_mismatch, no_answer).
 - Math under `answer` (the paper's): the answer parses.
 - Code: the reference solution runs twice on every test input in the sandbox without error and with the same
   outputs, which become the expected outputs.
@@ -149,6 +151,94 @@ def operation_mismatch(program: str, question: str) -> str | None:
     return f"the question names no {', '.join(unnamed)}, which the program uses" if unnamed else None
 
 
+#: One token of a question's own arithmetic: a number, a one-letter unknown, an operator, a bracket, `=`, space;
+#: anything else (a word, `?`, `:`) ends a stretch of arithmetic.
+_ARITH_TOKEN = re.compile(r"(?P<num>\d+(?:\.\d+)?|\.\d+)|(?P<var>(?<![A-Za-z])[A-Za-z](?![A-Za-z]))|(?P<op>[-+*/()=])"
+                          r"|(?P<space>\s+)|(?P<other>.)", re.DOTALL)
+_ARITH_SIGNS = str.maketrans({"\u00d7": "*", "\u00f7": "/", "\u2212": "-"})
+
+
+def _linear(node: ast.AST, unknown: str | None) -> tuple[Fraction, Fraction] | None:
+    """`node` as a * unknown + b, exactly, or None when it is not linear in the one unknown (or not arithmetic)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return Fraction(0), Fraction(repr(node.value))
+    if isinstance(node, ast.Name) and node.id == unknown:
+        return Fraction(1), Fraction(0)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = _linear(node.operand, unknown)
+        return None if inner is None else (inner if isinstance(node.op, ast.UAdd) else (-inner[0], -inner[1]))
+    if not isinstance(node, ast.BinOp):
+        return None
+    left, right = _linear(node.left, unknown), _linear(node.right, unknown)
+    if left is None or right is None:
+        return None
+    (a, b), (c, d) = left, right
+    if isinstance(node.op, ast.Add):
+        return a + c, b + d
+    if isinstance(node.op, ast.Sub):
+        return a - c, b - d
+    if isinstance(node.op, ast.Mult) and (a == 0 or c == 0):
+        return a * d + c * b, b * d
+    if isinstance(node.op, ast.Div) and c == 0 and d != 0:
+        return a / d, b / d
+    return None
+
+
+def _arithmetic_value(stretch: str) -> Fraction | None:
+    """The value a stretch of arithmetic states: an expression (`7 * 8`, `10 + 1 =`) is its value, a linear
+    equation in one unknown (`y + 1 = 3`, `2x - 4 = 10`) its solution; None for anything else."""
+    unknowns = set(re.findall(r"[A-Za-z]", stretch))
+    if len(unknowns) > 1 or stretch.count("=") > 1 or len(stretch) > 120:
+        return None
+    unknown = unknowns.pop() if unknowns else None
+    text = re.sub(r"(?<=[\d)])\s*(?=[A-Za-z(])|(?<=[A-Za-z)])\s*(?=\()", "*", stretch)   # 2x, 2(x+1), x(3)
+    sides = [side.strip() for side in text.split("=")]
+    try:
+        trees = [ast.parse(side, mode="eval").body for side in sides if side]
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    forms = [_linear(tree, unknown) for tree in trees]
+    if not forms or any(f is None for f in forms):
+        return None
+    if len(forms) == 1:   # an expression, or one with a trailing `=` to fill in
+        (a, b), = forms
+        return b if a == 0 else None
+    (a, b), (c, d) = forms
+    if unknown is None or a == c:   # a stated fact (`2 + 3 = 5`) or no single solution
+        return None
+    return (d - b) / (a - c)
+
+
+def arithmetic_mismatch(question: str, result: str) -> str | None:
+    """Why the program's `result` is not the value of the arithmetic its question writes out (None when it is, or
+    when there is nothing to check): where all of the question's numbers stand in one stretch of arithmetic, an
+    expression (`What is 7 * 8?`) or a linear equation in one unknown (`Find y: y + 1 = 3`), its value is known
+    without the program, and a program that computes something else (`return 3 + 1` for `y + 1 = 3`, the one wrong
+    math label in docs/curriculum-audit.md) grounds a wrong label."""
+    text = question.translate(_ARITH_SIGNS)[:2000]
+    stretches, current = [], []
+    for m in _ARITH_TOKEN.finditer(text):
+        if m.lastgroup == "other":
+            stretches.append("".join(current))
+            current = []
+        else:
+            current.append(m.group())
+    stretches.append("".join(current))
+    numbers = Counter(_number(t) for t in _NUMBER.findall(text))
+    checkable = [s.strip() for s in stretches
+                 if re.search(r"[-+*/]", s) and Counter(_number(t) for t in _NUMBER.findall(s)) == numbers]
+    if len(checkable) != 1 or (value := _arithmetic_value(checkable[0])) is None:
+        return None
+    try:
+        got = Fraction(result.strip())
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return None
+    if abs(got - value) <= Fraction(1, 10**9) * max(1, abs(value)):
+        return None
+    shown = str(value.numerator) if value.denominator == 1 else str(value)
+    return f"the question's own arithmetic `{checkable[0][:60]}` gives {shown}; the program returns {result[:60]}"
+
+
 def reference_chunk(engines, jobs: list) -> list:
     """Each reference solution's (or math program's) outputs over two sandbox runs, or None
     (`reference_outputs`); a chunk for `ctx.fanout`."""
@@ -203,6 +293,9 @@ def _ground_math(ctx: StageContext, items: list[dict]) -> None:
     for it, outputs in zip(runnable, outputs_of):
         if not outputs or not isinstance(outputs[0], str) or not outputs[0].strip():
             _fail(it, "program_failed", "the program failed, returned no number or was nondeterministic")
+        elif mismatch := arithmetic_mismatch(it["question"], outputs[0]):
+            it["program_result"] = outputs[0].strip()
+            _fail(it, "arithmetic_mismatch", mismatch)
         else:
             it["program_result"] = outputs[0].strip()
             ran.append(it)

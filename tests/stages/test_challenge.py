@@ -18,7 +18,7 @@ import pytest
 from sage.configs.names import Purpose, Role, Stage
 from sage.engines.verify.sandbox import ExecResult
 from sage.stages import admit, challenge
-from sage.stages.challenge import number_mismatch
+from sage.stages.challenge import arithmetic_mismatch, number_mismatch
 from sage.stages.prompts import TEMPLATE_VERSION
 from sage.stages.rollouts import Unit
 from sage.warehouse import content_id, norm_hash, seed_from_id
@@ -336,6 +336,20 @@ def test_each_ungrounded_label_keeps_its_own_reason(scripted_stage, mode, name, 
     assert admit.decide({**row, "s_q": 0.9}, 0.7, set()) == label
 
 
+@pytest.mark.parametrize("mode", ["agreement", "program"])
+def test_a_program_that_contradicts_its_questions_written_arithmetic_is_an_arithmetic_mismatch(scripted_stage, mode):
+    """The audit's one wrong math label: `y + 1 = 3` grounded by `return 3 + 1` (same numbers, a `+` the question
+    names, and a stated answer that agrees with the program)."""
+    q = "Find the value of y: y + 12 = 19"
+    row, report = one(scripted_stage, grounded_reply(q, "def solve():\n    return 19 + 12", "31"), mode)
+    assert (row["verifier_valid"], row["verifier"]["label"]) == (False, "arithmetic_mismatch")
+    assert row["verifier_error"] == "the question's own arithmetic `y + 12 = 19` gives 7; the program returns 31"
+    assert row["verifier"]["program_result"] == "31" and report.info["grounded"] == 0
+    assert admit.decide({**row, "s_q": 0.9}, 0.7, set()) == "arithmetic_mismatch"
+    row, _ = one(scripted_stage, grounded_reply(q, "def solve():\n    return 19 - 12", "7"), mode)
+    assert (row["verifier_valid"], row["verifier"]["label"], row["verifier"]["answer"]) == (True, "grounded", "7")
+
+
 def test_a_stated_answer_the_program_contradicts_is_a_label_mismatch_under_agreement(scripted_stage):
     program = "def solve():\n    return 12 + 7"
     row, _ = one(scripted_stage, grounded_reply(Q, program, "20"), "agreement")
@@ -512,3 +526,37 @@ def test_a_question_that_copies_the_instructions_is_unparseable(scripted_stage):
     assert row["verifier_error"] == "the question copies the Challenger's instructions"
     assert not challenge.copies_instructions("State the final answer to the following arithmetic problem: 15 - 12 =",
                                              "challenger_math")
+
+
+@pytest.mark.parametrize("question,result,value", [
+    ("Find the value of y: y + 1 = 3", "4", "2"),                       # the audit's wrong label
+    ("Find the value of y: y + 1 = 3", "2", None),
+    ("What is 7 * 8?", "56", None),
+    ("What is 7 \u00d7 8?", "15", "56"),                                  # the sign as a person writes it
+    ("State the final answer: 10 + 1 =", "11", None),                  # a trailing `=` to fill in
+    ("Compute 2 + 3 * 4.", "20", "14"),                                 # precedence as written
+    ("What is (2 + 3) * 4?", "20", None),
+    ("Solve for x: 2x - 4 = 10", "3", "7"),                             # implicit multiplication
+    ("Solve 3(x + 1) = 12", "3", None),
+    ("Compute 1/2 + 1/3.", "5/6", None),
+    ("Compute 1/2 + 1/3.", "0.833333333333", None),                     # a float result within 1e-9
+    ("Compute 1/2 + 1/3.", "0.8", "5/6"),
+    ("What is 2 - -3?", "5", None),
+    # nothing to check: the value is left to the program
+    ("Find the GCD of 21 and 22.", "5", None),                          # no written arithmetic
+    ("Tom has 3 apples and buys 4. 3 + 4 = ? How many?", "9", None),    # numbers outside the arithmetic
+    ("x + x = 2 * 3", "5", "3"),
+    ("x * x = 9", "5", None),                                           # not linear
+    ("x + y = 9", "5", None),                                           # two unknowns
+    ("2 + 3 = 5", "1", None),                                           # a stated fact, no unknown
+    ("x + 1 = x + 2", "1", None),                                       # no solution
+    ("What is 9 ** 9 ** 9?", "1", None),                                # not evaluated
+    ("What is 10 / 0?", "1", None),
+    ("What is 7 * 8?", "fifty-six", None),                              # a result that is no number
+    ("(" * 5000 + "1 + 2", "9", None),                                  # hostile input fails nothing
+])
+def test_arithmetic_mismatch(question, result, value):
+    mismatch = arithmetic_mismatch(question, result)
+    assert (mismatch is None) == (value is None), mismatch
+    if value is not None:
+        assert mismatch.endswith(f" gives {value}; the program returns {result}")
