@@ -8,6 +8,7 @@ import shlex
 import signal
 import sys
 import traceback
+from contextlib import suppress
 from pathlib import Path
 from typing import Annotated
 
@@ -136,7 +137,10 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = 
 
 
 @app.command()
-def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"select * from curriculum_drift\".")],
+def sql(query: Annotated[str | None, typer.Argument(
+            help="SQL to run, e.g. \"select * from curriculum_drift\". Without it, statements are read from "
+                 "standard input: an interactive shell at a terminal (end each with `;`, leave with Ctrl-D or "
+                 "`.quit`), else a script such as `sage sql < queries.sql`.", show_default=False)] = None,
         directory: DirOpt = Path("./sage-runs"),
         fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: long cells cut, middle "
                                          "columns hidden when they do not fit), line (one `column = value` per "
@@ -144,21 +148,85 @@ def sql(query: Annotated[str, typer.Argument(help="SQL to run, e.g. \"select * f
         write: Annotated[bool, typer.Option("--write", help="Open the warehouse for writing (default read-only).")]
         = False) -> None:
     """Run SQL against the warehouse and print the result as a table, lines, CSV or JSON."""
-    import duckdb
-
     if fmt not in FORMATS:
         fail(f"--format {fmt!r}: use table, line, csv or json")
-    wh = _open(warehouse_path(directory), read_only=not write)
+    path = warehouse_path(directory)
+    if query is not None:
+        _run_sql(path, query, fmt, write)
+    elif sys.stdin.isatty():
+        _sql_shell(path, fmt, write)
+    else:
+        _run_sql(path, sys.stdin.read(), fmt, write)
+
+
+def _run_sql(path: Path, text: str, fmt: str, write: bool, *, shell: bool = False) -> None:
+    """Run each statement of `text` in turn and print each result. Each statement opens the warehouse for its
+    own time only (a run in progress waits for nothing longer). An error ends the command, naming the statement,
+    or, in the shell (`shell`), is printed and the shell goes on."""
+    import duckdb
+
     try:
-        with wh.held() as con:
-            cur = con.execute(query)
-            columns = [d[0] for d in cur.description or []]
-            rows = [dict(zip(columns, r)) for r in cur.fetchall()] if columns else []
+        statements = [st.query.strip() for st in duckdb.extract_statements(text)]
     except duckdb.Error as e:
-        fail(f"{type(e).__name__}: {e}")
+        return _sql_error(f"{type(e).__name__}: {e}", shell)
+    if not statements and not shell:
+        fail('no SQL to run: give a query, e.g. `sage sql "select * from curriculum_drift"`, or statements on '
+             'standard input')
+    for statement in statements:
+        wh = _open(path, read_only=not write)
+        try:
+            with wh.held() as con:
+                cur = con.execute(statement)
+                columns = [d[0] for d in cur.description or []]
+                rows = [dict(zip(columns, r)) for r in cur.fetchall()] if columns else []
+        except duckdb.Error as e:
+            where = f"in `{statement[:80]}`: " if len(statements) > 1 else ""
+            return _sql_error(f"{where}{type(e).__name__}: {e}", shell)
+        finally:
+            wh.close()
+        print_rows(rows, fmt, columns=columns, count=True)
+
+
+def _sql_error(message: str, shell: bool) -> None:
+    if not shell:
+        fail(message)
+    err.print(message, highlight=False, markup=False)
+
+
+def _sql_shell(path: Path, fmt: str, write: bool) -> None:
+    """An interactive SQL shell: lines gather until one ends with `;`, then run as `_run_sql` runs them, with
+    history (`~/.sage_sql_history`) and line editing where Python has readline."""
+    try:
+        import readline
+    except ImportError:   # not every Python is built with it
+        readline = None
+    history = Path.home() / ".sage_sql_history"
+    if readline is not None:
+        with suppress(OSError):
+            readline.read_history_file(history)
+    console.print(f"sage sql on {path} ({'read-write' if write else 'read-only'}): end a statement with `;`, "
+                  f"leave with Ctrl-D or `.quit`", highlight=False, markup=False)
+    buffer: list[str] = []
+    try:
+        while True:
+            try:
+                line = input("sage> " if not buffer else "  ...> ")
+            except KeyboardInterrupt:   # Ctrl-C drops the statement being typed, as shells do
+                buffer = []
+                print()
+                continue
+            if not buffer and line.strip() in (".quit", ".exit", "quit", "exit"):
+                break
+            buffer.append(line)
+            if line.rstrip().endswith(";"):
+                _run_sql(path, "\n".join(buffer), fmt, write, shell=True)
+                buffer = []
+    except EOFError:
+        print()
     finally:
-        wh.close()
-    print_rows(rows, fmt, columns=columns, count=True)
+        if readline is not None:
+            with suppress(OSError):
+                readline.write_history_file(history)
 
 
 @app.command()

@@ -14,6 +14,7 @@ best/stop decisions again from the warehouse (an early-stopped run stops again a
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass
 
 from prefect import flow, get_run_logger, task
@@ -24,7 +25,7 @@ from sage.configs.names import Stage
 from sage.flows import session
 from sage.flows.artifacts import artifact_key
 from sage.flows.iteration import SKIPPED, iteration_flow, stage_task, summary_line
-from sage.flows.record import ended, run_recorded
+from sage.flows.record import ended, publish, run_recorded
 from sage.stages import seed as seed_stage
 from sage.warehouse.queries import set_run_status
 from sage.warehouse.validate_queries import count_validation_questions, mark_best, validation_history
@@ -120,8 +121,11 @@ def _evolve(s: session.Session, directory: str, run_id: str, iterations: int) ->
                          f"{decision.best_iteration}, {decision.since_best} validation(s) since")
     except BaseException as e:
         set_run_status(wh, run_id, ended(e))
+        with suppress(Exception):   # the copy must not hide why the run ended
+            publish(wh, ctx.cfg.run.snapshot)
         raise
     set_run_status(wh, run_id, "done")
+    publish(wh, ctx.cfg.run.snapshot)
     _publish_report(wh, run_id)
     return summaries
 

@@ -6,6 +6,7 @@ for the iteration is removed first and written anew, and the stages after it bec
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
@@ -118,7 +119,20 @@ def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], Sta
         raise
     mark_stage_finished(ctx.wh, run_id, iteration, stage, "done", report.rows_in, report.rows_out,
                         time.perf_counter() - start, None)
-    ctx.wh.checkpoint()  # the stage's rows move from the write-ahead log into the file
+    publish(ctx.wh, ctx.cfg.run.snapshot)  # the stage's rows move from the write-ahead log into the file
     if stale:
         report.info["stale"] = stale
     return report
+
+
+def publish(wh, snapshot: bool) -> None:
+    """Checkpoint the warehouse and, with `run.snapshot`, refresh its read-only copy for other DuckDB clients
+    (`Warehouse.snapshot`). A copy that cannot be written (a full disk) is said in the log and fails nothing: the
+    warehouse itself is committed."""
+    if not snapshot:
+        wh.checkpoint()
+        return
+    try:
+        wh.snapshot()
+    except OSError as e:
+        logging.getLogger(__name__).warning("the warehouse's read-only copy was not refreshed: %s", e)

@@ -6,9 +6,9 @@ goes wrong, in words), ids.py (content-hash keys) and queries.py (named queries 
 if __name__ != "sage.warehouse":
     raise ImportError(f"import sage.warehouse, not {__name__}: this folder is the package sage.warehouse")
 
-from sage.warehouse.db import Warehouse, warehouse_path
+from sage.warehouse.db import Warehouse, snapshot_path, warehouse_path
 from sage.warehouse.errors import WarehouseBusy, WarehouseError, storage_error
 from sage.warehouse.ids import content_id, norm_hash, normalise_text, seed_from_id
 
-__all__ = ["Warehouse", "WarehouseBusy", "WarehouseError", "storage_error", "warehouse_path", "content_id", "norm_hash",
-           "normalise_text", "seed_from_id"]
+__all__ = ["Warehouse", "WarehouseBusy", "WarehouseError", "storage_error", "warehouse_path", "snapshot_path",
+           "content_id", "norm_hash", "normalise_text", "seed_from_id"]

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -115,6 +117,13 @@ def _check_readable(path: str) -> None:
 def warehouse_path(directory: str | Path) -> Path:
     """The warehouse file of a project directory."""
     return Path(directory).expanduser() / "warehouse.duckdb"
+
+
+def snapshot_path(path: str | Path) -> Path:
+    """The read-only copy of the warehouse at `path` that a run refreshes after every stage
+    (`Warehouse.snapshot`): `warehouse.snapshot.duckdb` beside it."""
+    path = Path(path)
+    return path.with_name(path.stem + ".snapshot" + path.suffix)
 
 
 def decode_json(value) -> dict:
@@ -252,6 +261,26 @@ class Warehouse:
     def checkpoint(self) -> None:
         """Write the write-ahead log into the database file, so a damaged log can lose at most what came after."""
         self.execute("CHECKPOINT")
+
+    def snapshot(self) -> Path | None:
+        """Checkpoint, then copy the file to `snapshot_path` (through a temporary file and a rename, so a client
+        sees the old copy or the new one, whole). Any DuckDB client can keep the copy open for as long as it
+        likes: the run never waits for it and it is never refused, as a reader of the live file can be while a
+        batch commits. None for an in-memory or read-only warehouse.
+
+        The copy is made with no connection open in this process: reading the file through another descriptor
+        and closing it would drop the POSIX lock DuckDB holds on it (see `locks.lock_holder`)."""
+        if self.path == ":memory:" or self.read_only:
+            return None
+        with self._guard:
+            if self._depth:
+                raise RuntimeError("snapshot() inside `with wh.held():` would drop DuckDB's lock on the file")
+            self.checkpoint()   # opens, checkpoints and closes: the file alone holds every committed row
+            target = snapshot_path(self.path)
+            partial = target.with_name(target.name + ".partial")
+            shutil.copyfile(self.path, partial)
+            os.replace(partial, target)
+            return target
 
     def __enter__(self) -> Warehouse:
         return self

@@ -2,6 +2,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -98,6 +100,56 @@ def empty_warehouse(tmp_path):
     return tmp_path
 
 
+def test_sql_reads_a_script_from_standard_input(empty_warehouse):
+    sage = [sys.executable, "-m", "sage.flows.cli", "sql", "--dir", str(empty_warehouse), "-f", "csv"]
+    r = subprocess.run(sage, input="SELECT 1 AS a;\nSELECT 'x;y' AS b;  -- a comment\n", capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.splitlines() == ["a", "1", "b", "x;y"], r.stderr
+    r = subprocess.run(sage, input="SELECT 1 AS a; SELECT nope; SELECT 3 AS c;", capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stdout.splitlines() == ["a", "1"]        # stops at the statement that fails
+    assert "in `SELECT nope;`" in r.stderr and "Binder Error" in r.stderr
+    r = subprocess.run(sage, input="", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no SQL to run" in r.stderr
+
+
+def test_sql_without_a_query_at_a_terminal_is_a_shell(empty_warehouse):
+    """At a terminal (a pseudo-terminal here) `sage sql` reads statement after statement, ended by `;`, possibly
+    over several lines; an error is printed and the shell goes on; Ctrl-D leaves it."""
+    import pty
+    import select
+
+    main, child = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "sage.flows.cli", "sql", "--dir", str(empty_warehouse)],
+                         stdin=child, stdout=child, stderr=child, env={**os.environ, "COLUMNS": "80",
+                                                                       "HOME": str(empty_warehouse)})
+    os.close(child)
+    out = b""
+
+    def until(prompt: bytes) -> None:   # typed ahead, a line could be dropped as readline sets the terminal up
+        nonlocal out
+        deadline = time.monotonic() + 120
+        while not out.endswith(prompt):
+            assert time.monotonic() < deadline and p.poll() is None, out.decode(errors="replace")
+            if select.select([main], [], [], 1)[0]:
+                out += os.read(main, 4096)
+
+    for line in [b"SELECT 41 + 1", b" AS answer;", b"SELECT nope;", b"SELECT 'after' AS s;"]:
+        until(b"> ")
+        os.write(main, line + b"\n")
+    until(b"sage> ")
+    os.write(main, b"\x04")
+    with suppress(OSError):   # the shell exited and closed its end
+        while chunk := os.read(main, 4096):
+            out += chunk
+    assert p.wait(120) == 0
+    os.close(main)
+    text = out.decode(errors="replace")
+    assert "sage sql on" in text and "answer" in text and "42" in text and "1 row" in text
+    assert "Binder Error" in text and "after" in text.split("Binder Error")[1]     # it went on after the error
+    assert (empty_warehouse / ".sage_sql_history").exists()
+
+
 def test_sql_empty_result_shows_the_header_and_0_rows(empty_warehouse):
     r = _sage("sql", "SELECT 1 AS alpha, 'x' AS beta WHERE false", "--dir", str(empty_warehouse))
     assert r.returncode == 0, r.stderr
@@ -164,6 +216,7 @@ def test_the_readme_line_that_reads_the_warehouse_from_python_works(tmp_path):
     code = line.removeprefix(".venv/bin/python -c ").strip('"')
     from sage.warehouse import Warehouse
 
-    Warehouse.open(tmp_path / "sage-runs" / "warehouse.duckdb").close()
+    with Warehouse.open(tmp_path / "sage-runs" / "warehouse.duckdb") as wh:
+        wh.snapshot()   # as a run leaves it after every stage
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0 and "pool_size" in r.stdout, r.stderr

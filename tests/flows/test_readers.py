@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+import duckdb
+
 from sage.warehouse import Warehouse
 from tests.flows import scripted_run
 
@@ -115,7 +117,8 @@ def test_readers_during_a_tiny_model_run_including_its_training(prefect_api, tin
     p = sage_run(tiny_model, reference)
     assert p.wait(900) == 0, p.stderr.read()[-3000:]
     p = sage_run(tiny_model, watched)
-    reads, steps_seen = 0, set()
+    reads, steps_seen, idle = 0, set(), None
+    snapshot, plain, refused = watched / "warehouse.snapshot.duckdb", [], []
     deadline = time.monotonic() + 900
     while p.poll() is None and time.monotonic() < deadline:
         if (watched / "warehouse.duckdb").exists():
@@ -124,8 +127,32 @@ def test_readers_during_a_tiny_model_run_including_its_training(prefect_api, tin
                 wh.rows("SELECT * FROM stage_runs")
                 steps_seen |= {r["step"] for r in wh.rows("SELECT step FROM training_curve")}
             reads += 1
+        if snapshot.exists():
+            if idle is None:   # a client in another process that opens the copy and never lets go
+                idle = subprocess.Popen([sys.executable, "-c", IDLE_CLIENT, str(snapshot)], stdout=subprocess.PIPE,
+                                        text=True)
+            for _ in range(3):   # plain DuckDB, as any client: no waiting, no retry
+                try:
+                    with duckdb.connect(str(snapshot), read_only=True) as con:
+                        plain.append(con.execute("SELECT count(*) FILTER (WHERE status = 'done'), "
+                                                 "(SELECT count(*) FROM training_curve) FROM stage_runs").fetchone())
+                except duckdb.Error as e:
+                    refused.append(str(e))
         time.sleep(0.1)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err[-3000:]
+    assert p.returncode == 0, err[-3000:]   # the idle client held up nothing
     assert reads >= 20 and steps_seen
+    assert not refused and len(plain) >= 100, (refused[:3], len(plain))
+    assert plain == sorted(plain) and len(set(plain)) > 2   # stage by stage, never going back
+    assert any(steps for _, steps in plain)                 # training steps, while the run went on
+    assert idle is not None and idle.poll() is None
+    idle.kill()
     assert _untimed_dump(watched) == _untimed_dump(reference)
+    counts = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t}) AS {t}" for t in DATA)
+    with Warehouse.open(watched / "warehouse.duckdb", read_only=True) as live, \
+            Warehouse.open(snapshot, read_only=True) as copy:   # the last copy is the finished warehouse
+        assert copy.rows(counts) == live.rows(counts)
+
+#: A DuckDB client that opens a file read-only, reads it, and keeps the connection open until killed.
+IDLE_CLIENT = ("import duckdb, sys, time\ncon = duckdb.connect(sys.argv[1], read_only=True)\n"
+               "print(con.execute('SELECT count(*) FROM stage_runs').fetchone()[0], flush=True)\ntime.sleep(3600)\n")

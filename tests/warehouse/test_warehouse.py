@@ -334,3 +334,50 @@ def test_a_healthy_warehouse_with_free_blocks_opens(tmp_path):
         assert wh.count("questions") == 6000
     with Warehouse.open(path) as wh:
         assert wh.count("questions") == 6000
+
+
+def test_a_snapshot_is_the_committed_warehouse_and_a_client_holding_the_old_one_keeps_it(tmp_path):
+    """`Warehouse.snapshot` writes a whole copy any DuckDB client opens read-only: a client holding the previous
+    copy open keeps reading it, undisturbed, while the next one is written; the writer keeps its lock."""
+    import duckdb
+
+    from sage.warehouse import snapshot_path
+
+    path = tmp_path / "w.duckdb"
+    wh = Warehouse.open(path)
+    wh.insert_batch("runs", [_run_row("r1")])
+    target = wh.snapshot()
+    assert target == snapshot_path(path) == tmp_path / "w.snapshot.duckdb"
+    held = duckdb.connect(str(target), read_only=True)          # an idle client that never lets go
+    assert held.execute("SELECT list(run_id) FROM runs").fetchone()[0] == ["r1"]
+    wh.insert_batch("runs", [_run_row("r2")])                    # the writer is not held up by it
+    assert wh.snapshot() == target
+    assert held.execute("SELECT list(run_id ORDER BY run_id) FROM runs").fetchone()[0] == ["r1"]   # its own copy
+    # a new client (another process: DuckDB shares one open database per file within a process) sees the new
+    # copy, views included
+    code = ("import duckdb, sys\ncon = duckdb.connect(sys.argv[1], read_only=True)\n"
+            "print(con.execute('SELECT string_agg(run_id, \\',\\' ORDER BY run_id) FROM runs').fetchone()[0],"
+            " con.execute('SELECT count(*) FROM curriculum_drift').fetchone()[0])")
+    r = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["r1,r2", "0"], r.stderr
+    held.close()
+    assert not list(tmp_path.glob("*.partial"))
+    with wh.held(), pytest.raises(RuntimeError, match="drop DuckDB's lock"):
+        wh.snapshot()
+    wh.close()
+    assert Warehouse.open(path, read_only=True).snapshot() is None
+    assert Warehouse.open(":memory:").snapshot() is None
+
+
+def test_a_snapshot_that_cannot_be_written_is_said_and_fails_nothing(tmp_path, caplog):
+    from sage.flows.record import publish
+    from sage.warehouse import snapshot_path
+
+    path = tmp_path / "w.duckdb"
+    snapshot_path(path).mkdir()                                 # where the copy goes, something else stands
+    with Warehouse.open(path) as wh:
+        wh.insert_batch("runs", [_run_row("r1")])
+        publish(wh, snapshot=True)
+        assert "the warehouse's read-only copy was not refreshed" in caplog.text
+        assert wh.rows("SELECT run_id FROM runs") == [{"run_id": "r1"}]     # committed and checkpointed
+        assert not (tmp_path / "w.duckdb.wal").exists()
