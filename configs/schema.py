@@ -134,6 +134,12 @@ class RewardsConfig(_Section):
         return self
 
 
+#: The trackers `train.report_to` may name: transformers' `INTEGRATION_TO_CALLBACK` (checked equal by
+#: tests/configs; importing transformers here would add seconds to every command).
+TRACKERS = ("azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub", "dvclive", "flyte", "kubeflow", "mlflow",
+            "neptune", "swanlab", "tensorboard", "trackio", "wandb")
+
+
 class TrainConfig(_Section):
     enabled: bool = Field(True, description="Run the train stage; false collects rollouts, verdicts and rewards "
                           "without updating the adapter (every iteration then generates with the base model).")
@@ -177,12 +183,25 @@ class TrainConfig(_Section):
                                           "(`ddp`, `deepspeed-zero2`, `fsdp`, `cpu-2proc`) or a path. "
                                           "`minibatch_size` is per process, so one update covers minibatch_size x "
                                           "grad_accum x processes rows.")
-
+    report_to: list[str] = Field(
+        default_factory=list, description="Trackers that get each optimizer update's metrics (loss, grad norm, "
+        "entropy, clip ratios, learning rate, KL when kl_beta > 0) through TRL (transformers' `report_to`): "
+        "tensorboard, wandb, trackio, mlflow, ... Off by default; the tracker's own package must be installed "
+        "(`pip install tensorboard`). Each iteration is one tracker run, `<run>/iteration-<k>`; TensorBoard's "
+        "event files go to <project>/tensorboard/<run>/iteration-<k>.")
 
     @model_validator(mode="after")
     def _roles_once(self) -> TrainConfig:
         if len(set(self.roles)) != len(self.roles):
             raise ValueError(f"train.roles names a role twice: {[str(r) for r in self.roles]}; list each once")
+        return self
+
+    @model_validator(mode="after")
+    def _known_trackers(self) -> TrainConfig:
+        unknown = [name for name in self.report_to if name not in TRACKERS]
+        if unknown:
+            raise ValueError(f"train.report_to names {', '.join(map(repr, unknown))}, which transformers does not "
+                             f"know; use any of {', '.join(TRACKERS)}")
         return self
 
     @model_validator(mode="after")

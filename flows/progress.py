@@ -90,7 +90,7 @@ class Display:
     # -- what the flows and stages call
 
     def report(self, iteration: int, stage: str, done: int, total: int, tokens: int = 0, unit: str = "rows",
-               note: str = "") -> None:
+               note: str = "", metrics: dict | None = None) -> None:
         """`done` of `total` (rows, or the `unit` given: training reports optimizer steps) and `tokens` so far by
         `stage` of `iteration`, with a short `note` shown after the rate (training's loss); ProgressFn's shape
         with the iteration first."""

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sage.configs.schema import SageConfig
+from sage.flows.artifacts import LiveArtifacts
 from sage.flows.progress import QUIET, Display
 from sage.flows.record import handle_signals, stop_if_interrupted
 from sage.stages.context import Engines, StageContext
@@ -39,6 +40,7 @@ class Session:
                  engines: dict[str, Any] | None = None, ray: Any = None):
         self.directory = Path(directory).expanduser().resolve()
         self.display = display or Display(mode=QUIET)  # shows nothing: a deployment, a test
+        self.live = LiveArtifacts()                     # stage progress in the Prefect UI, inside a flow run
         self.given = dict(engines or {})      # engines used as they are, for every run (scripted, timed)
         self._warehouse: Warehouse | None = None
         self._engines: dict[str, Engines] = {}
@@ -85,13 +87,17 @@ class Session:
             self._engines[key] = Engines(cfg, **self.given)
         engines = self._engines[key]
         return StageContext(cfg=cfg, wh=self.warehouse, run_id=run_id, iteration=iteration, adapter=adapter,
-                            progress=partial(self._report, iteration), engines=engines,
+                            progress=partial(self._report, run_id, iteration), engines=engines,
                             fanout=self._fanout(cfg, engines))
 
-    def _report(self, iteration: int, *args, **kwargs) -> None:
-        """A stage's progress goes to the display; a signal whose exception was swallowed stops it here."""
+    def _report(self, run_id: str | None, iteration: int, stage: str, done: int, total: int, tokens: int = 0, *,
+                unit: str = "rows", note: str = "", metrics: dict | None = None) -> None:
+        """A stage's progress goes to the display and the Prefect UI (`LiveArtifacts`); a signal whose exception
+        was swallowed stops it here."""
         stop_if_interrupted()
-        self.display.report(iteration, *args, **kwargs)
+        self.display.report(iteration, stage, done, total, tokens, unit=unit, note=note, metrics=metrics)
+        if run_id is not None:
+            self.live.report(run_id, iteration, stage, done, total, unit=unit, metrics=metrics)
 
     def _fanout(self, cfg: SageConfig, engines: Engines):
         if cfg.orchestration.runner == "local":

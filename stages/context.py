@@ -16,8 +16,9 @@ from sage.configs.schema import SageConfig
 from sage.stages.fanout import Fanout, Local
 from sage.warehouse import Warehouse
 
-# progress(stage, done, total, tokens, unit=, note=): how a stage reports units done (rows unless `unit` says
-# otherwise: training counts optimizer steps), tokens so far, and a short `note` (training's last loss)
+# progress(stage, done, total, tokens, unit=, note=, metrics=): how a stage reports units done (rows unless `unit`
+# says otherwise: training counts optimizer steps), tokens so far, a short `note` (training's last loss) and the
+# unit's numbers (`metrics`: training's update record, `train_steps`' columns)
 ProgressFn = Callable[..., None]
 
 
@@ -96,9 +97,9 @@ class StageContext:
             self.fanout = Local(self.engines)
 
     def report(self, stage: str, done: int, total: int, tokens: int = 0, *, unit: str = "rows",
-               note: str = "") -> None:
+               note: str = "", metrics: dict | None = None) -> None:
         if self.progress:
-            self.progress(stage, done, total, tokens, unit=unit, note=note)
+            self.progress(stage, done, total, tokens, unit=unit, note=note, metrics=metrics)
 
     @property
     def sandbox(self):

@@ -75,7 +75,7 @@ class _StepWriter:
         self.tokens += step.get("tokens") or 0
         loss = step.get("loss")
         self.ctx.report(STAGE, step["step"], step.get("updates") or step["step"], self.tokens, unit="steps",
-                        note="" if loss is None else f"loss {loss:.4f}")
+                        note="" if loss is None else f"loss {loss:.4f}", metrics=step)
 
 
 def run(ctx: StageContext) -> StageReport:
@@ -87,6 +87,13 @@ def run(ctx: StageContext) -> StageReport:
         return StageReport(STAGE, info={"skipped": "checkpoint exists"})
     if ctx.cfg.train.accelerate_config:  # a misspelt name fails here, before any work
         launch.accelerate_config_path(ctx.cfg.train.accelerate_config)
+    if ctx.cfg.train.report_to:  # and a tracker whose package is missing
+        from transformers.integrations import get_available_reporting_integrations
+
+        missing = sorted(set(ctx.cfg.train.report_to) - set(get_available_reporting_integrations()))
+        if missing:
+            raise RuntimeError(f"train.report_to names {', '.join(missing)}, whose package is not installed: install "
+                               f"it (`pip install {missing[0]}`) or leave it out of train.report_to")
     rows = stored_rows(ctx.wh, ctx.cfg, ctx.run_id, ctx.iteration)
     if not rows:  # an adapter trained on nothing would be recorded as this iteration's
         raise RuntimeError(f"train: iteration {ctx.iteration} of run {ctx.run_id!r} has no scored rollouts of roles "
@@ -99,8 +106,11 @@ def run(ctx: StageContext) -> StageReport:
     model_path = str(resolve_model(ctx.cfg.model.name, ctx.cfg.model.cache_dir))
     clear_train_steps(ctx.wh, ctx.run_id, ctx.iteration)  # an interrupted attempt's steps: this one replaces them
     ctx.engines.release("llm")  # the generation model: rebuilt on next use, never held beside the trained copy
+    tracking = {"run_name": f"{ctx.run_id}/iteration-{ctx.iteration}",
+                "logging_dir": str(project_dir(ctx.wh) / "tensorboard" / run_dirname(ctx.run_id)
+                                   / f"iteration-{ctx.iteration}")}
     metrics = launch.train(model_path, ctx.adapter, str(out), rows, ctx.cfg.train, seed=ctx.cfg.run.seed +
-                           ctx.iteration, dtype=ctx.cfg.model.dtype, on_step=_StepWriter(ctx))
+                           ctx.iteration, dtype=ctx.cfg.model.dtype, on_step=_StepWriter(ctx), tracking=tracking)
     # Per-update logs and the per-process row split stay in the adapter's metrics file, out of the warehouse.
     metrics.pop("steps", None)
     metrics.pop("rows_by_rank", None)

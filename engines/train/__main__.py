@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--tracking", default=None, help="JSON: the trackers' run_name and logging_dir")
     a = ap.parse_args(argv)
     from accelerate import PartialState
 
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         metrics = train_step(a.model, a.adapter_in, a.out, read_rows(a.rows), _load_config(a.config),
-                             seed=a.seed, device=a.device, dtype=a.dtype, on_step=on_step if a.steps else None)
+                             seed=a.seed, device=a.device, dtype=a.dtype, on_step=on_step if a.steps else None,
+                             tracking=json.loads(a.tracking) if a.tracking else None)
         if a.metrics and PartialState().is_main_process:
             path = Path(a.metrics)
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -56,23 +56,26 @@ def trainer_command(args: list[str], accelerate_config: str | None = None) -> li
 
 
 def train(model_path: str, adapter_in: str | None, adapter_out: str, rows: list[TrainRow], cfg: TrainConfig, *,
-          seed: int, dtype: str = "auto", on_step: Callable[[dict], None] | None = None) -> dict:
+          seed: int, dtype: str = "auto", on_step: Callable[[dict], None] | None = None,
+          tracking: dict | None = None) -> dict:
     """`step.train_step(model_path, adapter_in, adapter_out, rows, cfg, ...)` where `cfg` says: in a child process
     when `cfg.isolate` or `cfg.accelerate_config` is set, else in this one (whose C heap is then trimmed, so what
     training freed goes back to the system before the next stage loads a model). Returns its metrics."""
     if cfg.isolate or cfg.accelerate_config:
-        return train_isolated(model_path, adapter_in, adapter_out, rows, cfg, seed=seed, dtype=dtype, on_step=on_step)
+        return train_isolated(model_path, adapter_in, adapter_out, rows, cfg, seed=seed, dtype=dtype, on_step=on_step,
+                              tracking=tracking)
     from sage.engines.llm.models import trim_heap
     from sage.engines.train.step import train_step
 
-    metrics = train_step(model_path, adapter_in, adapter_out, rows, cfg, seed=seed, dtype=dtype, on_step=on_step)
+    metrics = train_step(model_path, adapter_in, adapter_out, rows, cfg, seed=seed, dtype=dtype, on_step=on_step,
+                         tracking=tracking)
     trim_heap()
     return metrics
 
 
 def train_isolated(model_path: str, adapter_in: str | None, adapter_out: str, rows: list[TrainRow],
                    cfg: TrainConfig, *, seed: int, dtype: str = "auto",
-                   on_step: Callable[[dict], None] | None = None) -> dict:
+                   on_step: Callable[[dict], None] | None = None, tracking: dict | None = None) -> dict:
     """`train` in a child process (under `accelerate launch` when `cfg.accelerate_config` is set), reading the
     updates it appends to its steps file every half second while it runs. A failed child raises RuntimeError
     with the end of its stderr."""
@@ -85,6 +88,8 @@ def train_isolated(model_path: str, adapter_in: str | None, adapter_out: str, ro
                 "--seed", str(seed), "--dtype", dtype]
         if adapter_in:
             args += ["--adapter-in", adapter_in]
+        if tracking:
+            args += ["--tracking", json.dumps(tracking)]
         report = on_step or (lambda step: None)
         offset = 0
         with stderr_file.open("w") as stderr:

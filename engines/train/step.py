@@ -104,14 +104,14 @@ def _atomic_save(model, adapter_out: str | os.PathLike, metrics: dict, state_dic
 
 def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: list[TrainRow], cfg: TrainConfig,
                *, seed: int = 0, device: str | None = None, dtype: str = "auto",
-               on_step: Callable[[dict], None] | None = None) -> dict:
+               on_step: Callable[[dict], None] | None = None, tracking: dict | None = None) -> dict:
     """Train the shared LoRA adapter once over `rows` (`train_model`) and save it to `adapter_out` atomically,
     replacing a directory there, with `METRICS_FILE` and `OPTIMIZER_FILE`; return the metrics plus total_seconds.
 
     The policy is `model_path` with its weights in `dtype` (`models.resolve_dtype`; LoRA stays float32) plus
     `adapter_in` and the optimizer state saved beside it, else a fresh LoRA from `cfg` seeded by `seed`. With no
     usable row the adapter is saved unchanged. Under `accelerate launch` every process calls this with the same
-    rows."""
+    rows. `tracking` names the run and folder of the trackers `cfg.report_to` lists (`trainer.build_trainer`)."""
     t_start = time.perf_counter()
     device = resolve_device(device)
     # Launched on CPUs, a process joins a gloo group only when its first PartialState is told the device is
@@ -120,7 +120,7 @@ def train_step(model_path: str, adapter_in: str | None, adapter_out: str, rows: 
     model = load_policy(model_path, adapter_in, cfg, seed=seed, dtype=resolve_dtype(dtype, device))
     carried = load_optimizer_state(adapter_in)
     metrics, full_state, opt_state = _train(model, model_path, rows, cfg, seed=seed, device=device,
-                                            optimizer_state=carried, on_step=on_step)
+                                            optimizer_state=carried, on_step=on_step, tracking=tracking)
     metrics["total_seconds"] = time.perf_counter() - t_start
     if state.is_main_process:
         _atomic_save(model, adapter_out, metrics, state_dict=full_state,
@@ -192,8 +192,8 @@ def _run(trainer) -> tuple[float, float]:
 
 
 def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str | None,
-           optimizer_state: dict | None = None,
-           on_step: Callable[[dict], None] | None = None) -> tuple[dict, dict | None, dict | None]:
+           optimizer_state: dict | None = None, on_step: Callable[[dict], None] | None = None,
+           tracking: dict | None = None) -> tuple[dict, dict | None, dict | None]:
     """`train_model`, plus the gathered state dict for saving when the weights are sharded (else None) and the
     optimizer and scheduler state after training (None when nothing trained or the optimizer is sharded)."""
     used_at = [i for i, r in enumerate(rows) if len(r.completion_ids) > 0]
@@ -226,7 +226,8 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
                       "changes with the number of processes; dapo, grpo and dr_grpo do not", stacklevel=2)
     with quiet_v6(), bounded_heap(None if cfg.mmap_threshold_kb is None else cfg.mmap_threshold_kb << 10):
         trainer, steps = build_trainer(model, tokenizer_path, usable, cfg, seed=seed, device=device,
-                                       torch_dtype=torch_dtype, optimizer_state=optimizer_state, on_step=on_step)
+                                       torch_dtype=torch_dtype, optimizer_state=optimizer_state, on_step=on_step,
+                                       tracking=tracking)
         try:
             seconds, cpu_seconds = _run(trainer)
             # Collectives: every process reaches them, right after training.

@@ -39,6 +39,7 @@ import torch
 from datasets import Dataset
 from torch.utils.data import Sampler
 from transformers import AutoTokenizer, TrainerCallback
+from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_tensor_dict, use_adapter
@@ -323,12 +324,17 @@ def _unused_reward(prompts=None, completions=None, **kwargs):
 
 
 def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *, seed: int, device: str,
-                  torch_dtype, optimizer_state: dict | None = None, on_step: Callable[[dict], None] | None = None):
+                  torch_dtype, optimizer_state: dict | None = None, on_step: Callable[[dict], None] | None = None,
+                  tracking: dict | None = None):
     """A `StoredRowsTrainer` for one pass over `rows` (all with a non-empty completion): TRL's `GRPOConfig` with one
     update per generation batch, a constant learning rate, no reward scaling, the rows' indices as its dataset;
     and the list it fills with TRL's per-update logs as `train()` runs. `optimizer_state` ({"optimizer",
     "scheduler"} state dicts of the previous iteration's trainer) is loaded into the new optimizer and scheduler.
-    `on_step` gets each update's `step_record` as it ends. The caller removes `trainer.args.output_dir`."""
+    `on_step` gets each update's `step_record` as it ends. The caller removes `trainer.args.output_dir`.
+
+    `cfg.report_to` names the trackers transformers reports each update's logs to; `tracking` says where:
+    `run_name` (the tracker run's name) and `logging_dir` (TensorBoard's event files; transformers would put
+    them under the temporary output directory, which is removed)."""
     bs, ga = cfg.minibatch_size, cfg.grad_accum
     if bs * ga == 1:  # TRL needs num_generations >= 2 dividing the generation batch
         bs = 2
@@ -346,7 +352,8 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
         temperature=1.0,  # each row's own temperature is applied by `_get_per_token_logps_and_entropies`
         gradient_checkpointing=cfg.gradient_checkpointing,
         bf16=torch_dtype == torch.bfloat16 and not device.startswith("cpu"), use_cpu=device.startswith("cpu"),
-        report_to=[], save_strategy="no", logging_steps=1, logging_strategy="steps", disable_tqdm=True,
+        report_to=list(cfg.report_to), run_name=(tracking or {}).get("run_name"),
+        save_strategy="no", logging_steps=1, logging_strategy="steps", disable_tqdm=True,
         seed=seed, data_seed=seed, shuffle_dataset=True, remove_unused_columns=False,
         ddp_find_unused_parameters=False,  # every LoRA weight is used in every pass: DDP need not search
         dataloader_num_workers=0, log_completions=False,
@@ -361,6 +368,10 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
         compute_dtype=adapter_compute_dtype(torch_dtype))
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
+    logging_dir = (tracking or {}).get("logging_dir")
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, TensorBoardCallback) and logging_dir:
+            callback.logging_dir = str(logging_dir)   # read when training begins
     # Each update's tokens, over all processes: the sampler is seeded and the same on every process, and yields
     # each block `steps_per_generation` times in a row.
     indices, block = list(trainer._get_train_sampler()), args.generation_batch_size

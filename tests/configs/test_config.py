@@ -175,3 +175,15 @@ def test_a_config_stored_before_an_option_was_removed_loads_with_its_hash():
     with pytest.raises(ConfigError,
                        match=r"run r: train.update_order = \"by_prompt\" names an option that was removed"):
         config_from_dict(stored, source="run r")
+
+
+def test_trackers_are_off_by_default_and_a_name_transformers_does_not_know_is_refused():
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    from sage.configs.schema import TRACKERS
+
+    assert tuple(sorted(INTEGRATION_TO_CALLBACK)) == TRACKERS   # the schema's copy of transformers' list
+    assert load_config("cpu").train.report_to == [] and load_config("paper-7b").train.report_to == []
+    assert load_config("cpu", ["train.report_to=[tensorboard, wandb]"]).train.report_to == ["tensorboard", "wandb"]
+    with pytest.raises(ConfigError, match="'tensorbord', which transformers does not know; use any of azure_ml"):
+        load_config("cpu", ["train.report_to=[tensorbord]"])

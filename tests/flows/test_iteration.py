@@ -208,3 +208,55 @@ def test_sample_generations_markdown_cannot_be_broken_by_model_output():
     fence = completion.split("text\n")[0]
     assert len(fence) == 5 and completion.rstrip().endswith(fence)  # longer than any backtick run inside
     assert "format_reward 1.000, reward 0.500, advantage -0.250" in md
+
+
+def test_live_artifacts_follow_a_stage_in_the_prefect_ui(prefect_api, monkeypatch, capfd):
+    """Inside a flow run: a progress artifact per stage and, for training, the table of its optimizer updates so
+    far, published again at each update. Outside a run: nothing. A failing API: said once, the stage goes on."""
+    import json
+
+    from prefect import flow
+    from prefect.artifacts import Artifact
+
+    from sage.flows.artifacts import LiveArtifacts
+
+    live = LiveArtifacts(every=0.0)
+    seen = []
+
+    @flow
+    def training():
+        for k in (1, 2, 3):
+            live.report("Run_A", 2, "train", k, 3, unit="steps",
+                        metrics={"step": k, "loss": 1.0 / k, "grad_norm": 0.5, "tokens": 10, "ignored": "x"})
+            seen.append(json.loads(Artifact.get("run-a-iteration-2-train-steps").data))
+        live.report("Run_A", 2, "solve", 5, 10)
+
+    training()
+    assert [len(rows) for rows in seen] == [1, 2, 3]    # the table grew update by update
+    assert seen[-1][2] == {"step": 3, "loss": pytest.approx(1 / 3), "grad_norm": 0.5, "entropy": None,
+                           "clip_fraction": None, "learning_rate": None, "tokens": 10, "seconds": None}
+    train, solve = (Artifact.get(f"run-a-iteration-2-{s}-progress") for s in ("train", "solve"))
+    assert train.type == solve.type == "progress" and (float(train.data), float(solve.data)) == (100.0, 50.0)
+    assert "solve, iteration 2 of run Run_A: 5/10 rows" in solve.description
+
+    LiveArtifacts().report("Run_B", 1, "train", 1, 1, metrics={"step": 1})          # no flow run: nothing
+    assert Artifact.get("run-b-iteration-1-train-progress") is None
+
+    calls = []
+
+    def down(*args, **kwargs):
+        calls.append(args)
+        raise ConnectionError("the API is down")
+
+    monkeypatch.setattr("prefect.artifacts.create_progress_artifact", down)
+    broken = LiveArtifacts()
+
+    @flow
+    def unreachable():
+        for k in (1, 2):
+            broken.report("Run_C", 1, "solve", k, 2)
+
+    capfd.readouterr()
+    unreachable()                                                                   # completes
+    assert len(calls) == 1                                                          # tried once, then left alone
+    assert capfd.readouterr().err.count("stopped updating the Prefect UI's live progress: ConnectionError") == 1

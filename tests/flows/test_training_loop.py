@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from sage.engines.llm.tiny import TINY_RUN
 from sage.warehouse import Warehouse
 
@@ -167,6 +169,14 @@ def test_train_steps_stored_per_update_replaced_on_retrain_and_reported(prefect_
         assert row_tokens == metrics["tokens"]
         assert wh.scalar("SELECT max(global_step) FROM training_curve") == updates[1] + updates[2]
         first = wh.rows("SELECT step, created_at FROM train_steps WHERE iteration = 2 ORDER BY step")
+        stored = wh.rows("SELECT step, loss FROM train_steps WHERE iteration = 1 ORDER BY step")
+    # the Prefect UI followed training: the table of updates, republished at each, and the stage's progress at 100%
+    from prefect.artifacts import Artifact
+
+    table = json.loads(Artifact.get("loop-iteration-1-train-steps").data)
+    assert [(r["step"], r["loss"]) for r in table] == [(r["step"], pytest.approx(r["loss"])) for r in stored]
+    assert float(Artifact.get("loop-iteration-1-train-progress").data) == 100.0
+    assert float(Artifact.get("loop-iteration-2-solve-progress").data) == 100.0
     # retraining iteration 2 replaces its rows (new created_at), and only those
     cmd = [sys.executable, "-m", "sage.flows.cli", "stage", "train", "--run", "loop", "--iteration", "2",
            "--dir", str(tmp_path), "--force"]

@@ -434,3 +434,25 @@ def test_packed_micro_batches_are_dealt_by_length(tiny_model):
         assert lengths == [[ranked[0], ranked[5]], [ranked[1], ranked[4]], [ranked[2], ranked[3]]]
     finally:
         shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
+
+
+def test_trackers_get_every_update_as_tensorboard_event_files(tiny_model, tmp_path):
+    """`train.report_to: [tensorboard]` through the training child process: one event per optimizer update, with
+    the loss the update reported, in the folder the train stage names (not under the removed output dir)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sage.engines.train.launch import train_isolated
+
+    logdir = tmp_path / "tensorboard" / "run" / "iteration-1"
+    reported: list[dict] = []
+    train_isolated(str(tiny_model), None, str(tmp_path / "adapter"), _rows(6, seed=3),
+                   _cfg(minibatch_size=2, report_to=["tensorboard"]), seed=0, on_step=reported.append,
+                   tracking={"run_name": "run/iteration-1", "logging_dir": str(logdir)})
+    assert list(logdir.glob("events.out.tfevents.*"))
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    loss = events.Scalars("train/loss")
+    assert [e.step for e in loss] == [r["step"] for r in reported] == [1, 2, 3]
+    assert [e.value for e in loss] == pytest.approx([r["loss"] for r in reported])
+    assert {"train/grad_norm", "train/learning_rate", "train/entropy"} <= set(events.Tags()["scalars"])
+    assert '"run_name": "run/iteration-1"' in events.Tensors("args/text_summary")[0].tensor_proto.string_val[0].decode()
