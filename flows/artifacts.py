@@ -22,11 +22,12 @@ STEP_COLUMNS = ("step", "loss", "grad_norm", "entropy", "clip_fraction", "learni
 class LiveArtifacts:
     """Stage progress in the Prefect UI while the stage runs, where the terminal's bars are not seen (a
     deployment, a remote worker): one progress artifact per (run, iteration, stage), `<run>-iteration-<k>-<stage>-
-    progress`, updated at most every `every` seconds and when the stage reaches its total; and for training, a
-    table of its optimizer updates so far (`<run>-iteration-<k>-train-steps`: loss, grad norm, entropy, clip
-    fraction, learning rate, tokens, seconds), published again at every update. Only inside a Prefect flow or
-    task run, and only from the thread that runs it; an API that fails is said once and then left alone: the
-    stage never waits on the UI."""
+    progress`, updated in place (at most every `every` seconds for rows; at every optimizer update for training,
+    whose description then carries the update's loss and grad norm), and when training ends the table of its
+    updates (`<run>-iteration-<k>-train-steps`: loss, grad norm, entropy, clip fraction, learning rate, tokens,
+    seconds). A table artifact cannot be updated in place, only published again as a new version, which the run
+    page would list once per version: so it is published once. Only inside a Prefect flow or task run and from
+    the thread that runs it; an API that fails is said once and then left alone: the stage never waits on the UI."""
 
     def __init__(self, every: float = 2.0):
         self.every = every
@@ -42,6 +43,10 @@ class LiveArtifacts:
 
         percent = round(100.0 * min(done, total) / max(total, 1), 1)
         description = f"{stage}, iteration {iteration} of run {run_id}: {done}/{total} {unit}"
+        if metrics is not None:
+            shown = {name: metrics.get(name) for name in ("loss", "grad_norm")}
+            description += "".join(f", {name.replace('_', ' ')} {value:.4g}" for name, value in shown.items()
+                                   if isinstance(value, (int, float)))
         key, now = (run_id, iteration, stage), time.monotonic()
         try:
             held = self._progress.get(key)
@@ -49,16 +54,17 @@ class LiveArtifacts:
                 artifact = create_progress_artifact(percent, key=artifact_key(run_id, "iteration", iteration, stage,
                                                                                "progress"), description=description)
                 self._progress[key] = [artifact, now]
-            elif now - held[1] >= self.every or done >= total:
+            elif unit == "steps" or now - held[1] >= self.every or done >= total:
                 update_progress_artifact(held[0], percent, description=description)
                 held[1] = now
             if stage == "train" and metrics is not None:
                 steps = self._steps.setdefault((run_id, iteration), [])
                 steps[:] = [s for s in steps if s["step"] < metrics.get("step", 0)]   # a retried pass starts over
                 steps.append({c: metrics.get(c) for c in STEP_COLUMNS})
-                create_table_artifact(steps, key=artifact_key(run_id, "iteration", iteration, "train-steps"),
-                                      description=f"optimizer updates of iteration {iteration} of run {run_id}, "
-                                                  f"{len(steps)} of {total} so far")
+                if done >= total:
+                    create_table_artifact(steps, key=artifact_key(run_id, "iteration", iteration, "train-steps"),
+                                          description=f"the {len(steps)} optimizer updates of iteration {iteration} "
+                                                      f"of run {run_id}")
         except Exception as e:  # the UI is a view: a server that is down or slow must not fail the stage
             self._broken = True
             logging.getLogger(__name__).warning("stopped updating the Prefect UI's live progress: %s: %s",

@@ -63,7 +63,7 @@ def _validate(directory: str, wh, run_id: str, iteration: int, patience: int) ->
     stage_task(directory, run_id, iteration, Stage.VALIDATE)
     mark_best(wh, run_id)
     history = validation_history(wh, run_id, upto_iteration=iteration)
-    _publish(run_id, history)
+    _publish(run_id, iteration, history)
     return stop_decision([(r["iteration"], r["val_accuracy"]) for r in history], patience)
 
 
@@ -140,8 +140,10 @@ def _publish_report(wh, run_id: str) -> None:
         create_markdown_artifact(markdown=markdown, key=key, description=f"SAGE run {run_id}")
 
 
-def _publish(run_id: str, history: list[dict]) -> None:
+def _publish(run_id: str, iteration: int, history: list[dict]) -> None:
+    """The validation curve up to `iteration`, as its own artifact (`<run>-validation-<k>`): a table published
+    again under one key would be listed on the run page once per version, each looking like the last."""
     rows = [{k: (None if val is None else str(val)) for k, val in r.items()} for r in history]
-    create_table_artifact(table=rows, key=artifact_key(run_id, "validation"),
-                          description=f"SAGE run {run_id}: validation curve (is_best marks the checkpoint "
-                                      f"to export)")
+    create_table_artifact(table=rows, key=artifact_key(run_id, "validation", iteration),
+                          description=f"SAGE run {run_id}: validation curve after iteration {iteration} (is_best "
+                                      f"marks the checkpoint to export)")

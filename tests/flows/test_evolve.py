@@ -86,6 +86,15 @@ def test_early_stop_marks_best_and_resumes_from_the_warehouse(prefect_api, monke
                        "ORDER BY iteration") == [{"iteration": k} for k in range(5)]
         assert wh.scalar("SELECT status FROM runs WHERE run_id = 'curve'") == "done"
         rollouts = wh.count("rollouts")
+    # the UI: one artifact per validation, each the curve so far (one key republished would list alike versions)
+    import json
+
+    from prefect.artifacts import Artifact
+
+    curves = {k: Artifact.get(f"curve-validation-{k}") for k in range(5)}
+    assert [[int(r["iteration"]) for r in json.loads(curves[k].data)] for k in range(5)] == \
+        [list(range(k + 1)) for k in range(5)]
+    assert "after iteration 4" in curves[4].description and Artifact.get("curve-validation") is None
 
     # a re-run in a fresh session: every validation is done (no generation), the decision is taken again
     # from the warehouse, and the run stops at the same place

@@ -211,8 +211,9 @@ def test_sample_generations_markdown_cannot_be_broken_by_model_output():
 
 
 def test_live_artifacts_follow_a_stage_in_the_prefect_ui(prefect_api, monkeypatch, capfd):
-    """Inside a flow run: a progress artifact per stage and, for training, the table of its optimizer updates so
-    far, published again at each update. Outside a run: nothing. A failing API: said once, the stage goes on."""
+    """Inside a flow run: a progress artifact per stage, updated in place (for training at every update, with its
+    loss), and when training ends the table of its updates. Outside a run: nothing. A failing API: said once, the
+    stage goes on."""
     import json
 
     from prefect import flow
@@ -220,7 +221,7 @@ def test_live_artifacts_follow_a_stage_in_the_prefect_ui(prefect_api, monkeypatc
 
     from sage.flows.artifacts import LiveArtifacts
 
-    live = LiveArtifacts(every=0.0)
+    live = LiveArtifacts(every=3600.0)   # rows: only the first report and the last reach the UI
     seen = []
 
     @flow
@@ -228,16 +229,22 @@ def test_live_artifacts_follow_a_stage_in_the_prefect_ui(prefect_api, monkeypatc
         for k in (1, 2, 3):
             live.report("Run_A", 2, "train", k, 3, unit="steps",
                         metrics={"step": k, "loss": 1.0 / k, "grad_norm": 0.5, "tokens": 10, "ignored": "x"})
-            seen.append(json.loads(Artifact.get("run-a-iteration-2-train-steps").data))
-        live.report("Run_A", 2, "solve", 5, 10)
+            progress = Artifact.get("run-a-iteration-2-train-progress")
+            seen.append((float(progress.data), progress.description, Artifact.get("run-a-iteration-2-train-steps")))
+        for k in (1, 5, 9, 10):
+            live.report("Run_A", 2, "solve", k, 10)
+            seen.append(float(Artifact.get("run-a-iteration-2-solve-progress").data))
 
     training()
-    assert [len(rows) for rows in seen] == [1, 2, 3]    # the table grew update by update
-    assert seen[-1][2] == {"step": 3, "loss": pytest.approx(1 / 3), "grad_norm": 0.5, "entropy": None,
-                           "clip_fraction": None, "learning_rate": None, "tokens": 10, "seconds": None}
-    train, solve = (Artifact.get(f"run-a-iteration-2-{s}-progress") for s in ("train", "solve"))
-    assert train.type == solve.type == "progress" and (float(train.data), float(solve.data)) == (100.0, 50.0)
-    assert "solve, iteration 2 of run Run_A: 5/10 rows" in solve.description
+    assert [s[0] for s in seen[:3]] == [33.3, 66.7, 100.0]                     # every update, in place
+    assert seen[1][1] == "train, iteration 2 of run Run_A: 2/3 steps, loss 0.5, grad norm 0.5"
+    assert seen[0][2] is None and seen[1][2] is None and seen[2][2] is not None  # the table once, at the end
+    rows = json.loads(seen[2][2].data)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[2] == {"step": 3, "loss": pytest.approx(1 / 3), "grad_norm": 0.5, "entropy": None,
+                       "clip_fraction": None, "learning_rate": None, "tokens": 10, "seconds": None}
+    assert seen[3:] == [10.0, 10.0, 10.0, 100.0]                                # rows: at most every `every` s
+    assert "solve, iteration 2 of run Run_A: 10/10 rows" in Artifact.get("run-a-iteration-2-solve-progress").description
 
     LiveArtifacts().report("Run_B", 1, "train", 1, 1, metrics={"step": 1})          # no flow run: nothing
     assert Artifact.get("run-b-iteration-1-train-progress") is None
