@@ -290,13 +290,14 @@ def _say_dead(run: dict, stages: list[dict], dead: dict) -> None:
         return
     pid = dead.get((rid, None, None), next((dead[(rid, g["iteration"], g["stage"])] for g in gone), (None,)))[0]
     what = ", ".join(f"iteration {g['iteration']} {g['stage']}" for g in gone)
-    again = f"sage run --run {shlex.quote(rid)} (with the -c and --set it was started with)"
+    line = (f"run {cell(rid)}: dead{f' in {what}' if what else ''}: its process {f'(PID {pid}) ' if pid else ''}is "
+            f"gone (killed outright?) and never recorded how it ended; committed batches are kept. ")
     if run["status"] != "dead":
-        again = (f"sage stage {gone[0]['stage']} --run {shlex.quote(rid)} --iteration {gone[0]['iteration']}, "
-                 f"or {again}")
-    console.print(Text(f"run {cell(rid)}: dead{f' in {what}' if what else ''}: its process "
-                       f"{f'(PID {pid}) ' if pid else ''}is gone (killed outright?) and never recorded how it ended; "
-                       f"committed batches are kept. Resume with: {again}"), soft_wrap=True)
+        _sentence(f"{line}Resume the stage with the command below, or the whole run with `sage run --run "
+                  f"{shlex.quote(rid)}` and the -c and --set it was started with:",
+                  f"sage stage {gone[0]['stage']} --run {shlex.quote(rid)} --iteration {gone[0]['iteration']}")
+    else:
+        _sentence(f"{line}Resume it with the -c and --set it was started with:", f"sage run --run {shlex.quote(rid)}")
 
 
 def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
@@ -305,8 +306,8 @@ def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
     for name, rows in iteration_summary(wh, run_id, iteration).items():
         if rows:
             print_rows(rows, title=f"iteration {iteration}: {name}")
-    console.print(f"warehouse: {warehouse_path(directory)}\n"
-                  f"try: sage sql \"select * from curriculum_drift where run_id = '{run_id}'\" --dir {directory}")
+    _sentence(f"warehouse: {warehouse_path(directory)}; its numbers per iteration:",
+         f"sage sql \"select * from curriculum_drift where run_id = '{run_id}'\" --dir {directory}")
 
 
 def _best(wh, run_id: str, directory: str) -> None:
@@ -324,20 +325,30 @@ def _best(wh, run_id: str, directory: str) -> None:
 
     export = f"sage export --run {shlex.quote(run_id)} --checkpoint"
     where = f" --dir {shlex.quote(directory)}"
-    best = checkpoint("best")
+    best, command = checkpoint("best"), None
     if best is None:
         latest = checkpoint("latest")
-        tail = (f"; export the last adapter (iteration {latest.iteration}) with: {export} latest{where}"
-                if latest is not None and latest.adapter is not None else "")
-        line = f"best checkpoint: none, nothing was validated{tail}"
+        line = "best checkpoint: none, nothing was validated"
+        if latest is not None and latest.adapter is not None:
+            line, command = f"{line}; export the last adapter (iteration {latest.iteration}) with:", \
+                f"{export} latest{where}"
     elif best.adapter is None:
         line = (f"best checkpoint: the base model (iteration 0, validation pass@1 {cell(best.val_accuracy)}); no "
-                f"adapter beat it, so there is no adapter to export ({export} best --merge{where} writes the base "
-                f"model)")
+                f"adapter beat it, so there is no adapter to export; this writes the base model:")
+        command = f"{export} best --merge{where}"
     else:
         line = (f"best checkpoint: iteration {best.iteration} (validation pass@1 {cell(best.val_accuracy)}, adapter "
-                f"{best.adapter})\nexport it with: {export} best{where}")
-    console.print(Text(line), soft_wrap=True)
+                f"{best.adapter}); export it with:")
+        command = f"{export} best{where}"
+    _sentence(line, command)
+
+
+def _sentence(line: str, command: str | None = None) -> None:
+    """A sentence, wrapped at words to the terminal, then the command it names on a line of its own, indented and
+    never wrapped by us, so it copies whole (a terminal narrower than the command still folds it)."""
+    console.print(Text(line))
+    if command is not None:
+        console.print(Text(f"  {command}"), soft_wrap=True)
 
 
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display: only warnings, errors and the "

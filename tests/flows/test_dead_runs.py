@@ -57,7 +57,9 @@ def test_status_tells_a_killed_writer_from_a_live_one(tmp_path):
         p.wait(10)
     shown = _status(tmp_path)
     assert "running" not in shown and "dead" in shown, shown
-    assert f"(PID {p.pid}) is gone" in shown and "Resume with: sage run --run r " in shown, shown
+    assert f"(PID {p.pid}) is gone" in " ".join(shown.split()), shown
+    assert "Resume it with the -c and --set it was started with:" in " ".join(shown.split())
+    assert "  sage run --run r" in shown.splitlines(), shown   # the command on its own line, to copy
     # status only reads: the stored rows still say `running`; the next writer's run rewrites them
     assert {r["status"] for r in _stored(tmp_path, "SELECT status FROM stage_runs UNION ALL "
                                                    "SELECT status FROM runs")} == {"running"}
@@ -109,7 +111,9 @@ def test_sigkill_mid_stage_shows_the_run_and_stage_dead_with_the_resume_command(
     assert stored == [{"status": "running"}]  # what the warehouse says: nothing recorded the kill
     shown = _status(tmp_path)
     assert "dead" in shown and "running" not in shown, shown
-    assert f"(PID {p.pid}) is gone" in shown and "Resume with: sage run --run stop " in shown, shown
+    assert f"(PID {p.pid}) is gone" in " ".join(shown.split()), shown
+    assert "Resume it with the -c and --set it was started with:" in " ".join(shown.split())
+    assert "  sage run --run stop" in shown.splitlines(), shown   # the command on its own line, to copy
 
 
 def _running_stage(directory) -> bool:

@@ -119,8 +119,8 @@ def test_the_summary_names_the_best_checkpoint_and_its_export_command(tmp_path):
                                              val_accuracy=acc, is_best=i == 2)
                                         for i, acc in ((1, 0.3), (2, 0.5), (3, 0.4))])
         text = _best_lines(wh, "my dir", "run 1")
-    assert "best checkpoint: iteration 2 (validation pass@1 0.5," in text
-    assert "export it with: sage export --run 'run 1' --checkpoint best --dir 'my dir'" in text
+    assert "best checkpoint: iteration 2 (validation pass@1 0.5," in text and "export it with:" in text
+    assert "  sage export --run 'run 1' --checkpoint best --dir 'my dir'" in text.splitlines()  # whole, to copy
 
 
 @pytest.mark.fast
@@ -130,13 +130,33 @@ def test_the_summary_when_the_base_model_is_best_or_nothing_was_validated(tmp_pa
     with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
         assert _best_lines(wh).strip() == "best checkpoint: none, nothing was validated"
         wh.insert_batch("checkpoints", [dict(run_id="run-1", iteration=1, adapter_path="/a/1")])
-        assert "export the last adapter (iteration 1) with: sage export --run run-1 --checkpoint latest" \
-               in _best_lines(wh)
+        text = _best_lines(wh)
+        assert "export the last adapter (iteration 1) with:" in " ".join(text.split())
+        assert "  sage export --run run-1 --checkpoint latest --dir sage-runs" in text.splitlines()
         wh.insert_batch("checkpoints", [dict(run_id="run-1", iteration=0, adapter_path="base", val_accuracy=0.25,
                                              is_best=True)])
         text = _best_lines(wh)
-    assert "best checkpoint: the base model (iteration 0, validation pass@1 0.25)" in text
-    assert "--checkpoint best --merge --dir sage-runs" in text
+    assert "best checkpoint: the base model (iteration 0, validation pass@1 0.25)" in " ".join(text.split())
+    assert "  sage export --run run-1 --checkpoint best --merge --dir sage-runs" in text.splitlines()
+
+
+@pytest.mark.fast
+def test_the_summary_wraps_its_sentence_at_words_and_keeps_the_command_whole(tmp_path, monkeypatch):
+    """At 80 columns the sentence folds between words (it once broke `b|eat` and `--check|point`), and the
+    command stands on its own line, unbroken by us, so it copies whole."""
+    from sage.flows.terminal import console
+    from sage.warehouse import Warehouse
+
+    monkeypatch.setattr(console, "width", 80)
+    directory = "/tmp/a-project-directory/with/a/long/path"
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
+        wh.insert_batch("checkpoints", [dict(run_id="run-a13300c9", iteration=0, adapter_path="base",
+                                             val_accuracy=0.0, is_best=True)])
+        lines = _best_lines(wh, directory, "run-a13300c9").splitlines()
+    command = f"  sage export --run run-a13300c9 --checkpoint best --merge --dir {directory}"
+    assert lines[-1] == command and len(command) > 80
+    words = " ".join(lines[:-1]).split()
+    assert all(len(line) <= 80 for line in lines[:-1]) and "beat" in words and "adapter" in words
 
 
 # ---------------------------------------------------------------------------- hub benchmarks offline

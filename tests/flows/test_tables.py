@@ -106,8 +106,8 @@ def test_model_written_text_is_shown_not_obeyed(project, fmt):
 def test_status_tables_fit_80_columns_with_headers_and_stage_names_whole(project):
     r = sage("status", "--dir", project)
     lines = r.stdout.splitlines()
-    # tables fit; sentences (an error, a dead run's resume command) are printed whole under them, to be copied
-    sentences = ("error", "run run-a: dead")
+    # tables and sentences fit; an error and a command (a dead run's resume command) are printed whole, to copy
+    sentences = ("error", "  sage ")
     assert r.returncode == 0 and max(len(line) for line in lines if not line.startswith(sentences)) <= 80, r.stdout
     stages = lines[lines.index(next(line for line in lines if line.strip() == "stages")) + 2]
     assert [c.strip() for c in stages.strip("┃").split("┃")][:3] == ["iteration", "stage", "status"]
