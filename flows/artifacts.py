@@ -60,7 +60,7 @@ class LiveArtifacts:
             if stage == "train" and metrics is not None:
                 steps = self._steps.setdefault((run_id, iteration), [])
                 steps[:] = [s for s in steps if s["step"] < metrics.get("step", 0)]   # a retried pass starts over
-                steps.append({c: metrics.get(c) for c in STEP_COLUMNS})
+                steps.append({c: _readable(metrics.get(c)) for c in STEP_COLUMNS})
                 if done >= total:
                     create_table_artifact(steps, key=artifact_key(run_id, "iteration", iteration, "train-steps"),
                                           description=f"the {len(steps)} optimizer updates of iteration {iteration} "
@@ -69,6 +69,11 @@ class LiveArtifacts:
             self._broken = True
             logging.getLogger(__name__).warning("stopped updating the Prefect UI's live progress: %s: %s",
                                                 type(e).__name__, e)
+
+
+def _readable(value):
+    """A float to 4 significant digits (a loss of 0.24865376949310303 reads 0.2487); anything else as it is."""
+    return float(f"{value:.4g}") if isinstance(value, float) else value
 
 
 def _in_prefect_run() -> bool:

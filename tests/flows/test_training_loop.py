@@ -174,7 +174,7 @@ def test_train_steps_stored_per_update_replaced_on_retrain_and_reported(prefect_
     from prefect.artifacts import Artifact
 
     table = json.loads(Artifact.get("loop-iteration-1-train-steps").data)
-    assert [(r["step"], r["loss"]) for r in table] == [(r["step"], pytest.approx(r["loss"])) for r in stored]
+    assert [(r["step"], r["loss"]) for r in table] == [(r["step"], pytest.approx(r["loss"], rel=1e-3)) for r in stored]
     assert float(Artifact.get("loop-iteration-1-train-progress").data) == 100.0
     assert float(Artifact.get("loop-iteration-2-solve-progress").data) == 100.0
     # retraining iteration 2 replaces its rows (new created_at), and only those
