@@ -30,13 +30,14 @@ from contextlib import contextmanager
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, Task, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, Task, TextColumn
 from rich.table import Column
 from rich.text import Text
 
 from sage.flows.terminal import plain
 
 LIVE, LINES, QUIET = "live", "lines", "quiet"
+WIDE = 110   # columns from which a stage line also shows the tokens per second and a long bar
 
 
 class _Rows(ProgressColumn):
@@ -46,14 +47,21 @@ class _Rows(ProgressColumn):
         return Text(task.fields.get("rows", ""), style="green")
 
 
-class _Eta(ProgressColumn):
-    """`ETA 0:00:04` for a running bar with a known total."""
+class _Time(ProgressColumn):
+    """`ETA 0:00:04` while a bar with a known total runs, else the time it has taken (`0:01:12`): one column, so
+    a stage's line fits 80 columns."""
 
     def render(self, task: Task) -> Text:
-        left = task.time_remaining
-        if task.finished or task.total is None or left is None:
-            return Text("")
-        return Text(f"ETA {int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}", style="cyan")
+        left = None if task.finished or task.total is None else task.time_remaining
+        if left is not None:
+            return Text(f"ETA {_clock(left)}", style="cyan")
+        elapsed = task.finished_time if task.finished else task.elapsed
+        return Text(_clock(elapsed or 0), style="yellow")
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 class _Mark(SpinnerColumn):
@@ -74,11 +82,15 @@ class Display:
         self.console = console or Console(stderr=True)
         self.mode = mode or (LIVE if self.console.is_terminal else LINES)
         self.run_id, self.iterations, self.verbose = run_id, iterations, verbose
-        self.progress = Progress(_Mark(), TextColumn("{task.description}"),
-                                 BarColumn(bar_width=24), _Rows(table_column=Column(min_width=12, justify="right")),
-                                 TextColumn("{task.fields[rate]}", table_column=Column(min_width=12, justify="right")),
-                                 _Eta(),
-                                 TimeElapsedColumn(), console=self.console)
+        # One line per stage, never wrapped: under WIDE columns the bar is short and the rate leaves only the
+        # note (training's loss); what still does not fit is cut with an ellipsis.
+        self.wide = self.console.width >= WIDE
+        whole = dict(no_wrap=True, overflow="ellipsis")
+        self.progress = Progress(_Mark(), TextColumn("{task.description}", table_column=Column(**whole)),
+                                 BarColumn(bar_width=24 if self.wide else 8),
+                                 _Rows(table_column=Column(min_width=12, justify="right", **whole)),
+                                 TextColumn("{task.fields[rate]}", table_column=Column(justify="right", **whole)),
+                                 _Time(table_column=Column(justify="right", **whole)), console=self.console)
         # (iteration, name) -> (task id, start, the stage in flight when it appeared: whose part it is)
         self._bars: dict[tuple[int, str], tuple[int, float, tuple[int, str] | None]] = {}
         self._lock = threading.Lock()
@@ -100,7 +112,7 @@ class Display:
         elapsed = max(time.monotonic() - start, 1e-9)
         rate = f"{tokens / elapsed:,.0f} tok/s" if tokens and elapsed > 0.5 else ""
         self.progress.update(task_id, completed=done, total=max(total, 1), rows=f"{done}/{total} {unit}",
-                             rate=plain(" ".join(p for p in (note, rate) if p)))
+                             rate=plain(" ".join(p for p in (note, rate if self.wide else "") if p)))
 
     @contextmanager
     def stage(self, iteration: int, name: str) -> Iterator[Callable[[str], None]]:

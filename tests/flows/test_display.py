@@ -200,3 +200,26 @@ def test_after_a_signal_the_terminal_shows_none_of_prefects_crash_reports(monkey
         root.removeHandler(handler)
     assert seen == ["Task run encountered an exception RuntimeError: Query interrupted",
                     "Finished in state Completed()", "a failure of our own"]
+
+
+@pytest.mark.parametrize("width", [80, 140])
+def test_a_running_stage_is_one_line_whole_at_80_columns(width, monkeypatch):
+    """The stage, its count, the loss and the ETA on one line that fits; a long bar (and tokens per second) only
+    from `WIDE` columns (at 80 the ETA once wrapped onto a line of its own)."""
+    from rich.progress import Task
+
+    from sage.flows.progress import WIDE
+
+    monkeypatch.setattr(Task, "time_remaining", property(lambda task: 17.0))   # a steady clock for the ETA
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=width)
+    with Display(console, run_id="run-f92dd238", iterations=10) as display, display.stage(3, "critique_question"):
+        display.report(3, "critique_question", 7, 32, tokens=9000)
+        display.report(3, "critique_question", 8, 32, tokens=9000, note="loss 0.8638")
+        display._live.refresh()
+        shown = screen(out.getvalue())
+    line = next(x for x in reversed(shown) if x.startswith(("⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏")))
+    assert all(len(x) <= width for x in shown), shown
+    assert "iteration 3 critique_question" in line and "8/32 rows" in line and line.endswith("ETA 0:00:17")
+    bar = sum(line.count(c) for c in "━╺╸")
+    assert "loss 0.8638" in line and bar == (24 if width >= WIDE else 8)
