@@ -31,6 +31,7 @@ from sage.flows.artifacts import artifact_key
 from sage.flows.samples import fenced, samples_html, samples_markdown
 from sage.warehouse import report_queries as q
 from sage.warehouse.db import Warehouse
+from sage.warehouse.runs import dead_rows
 
 Tables = dict[str, list[dict]]
 #: The rejection columns of `curriculum_drift` (`rejected_<reason>`); `ungrounded` sums a math label's reasons
@@ -260,6 +261,8 @@ def _load(wh: Warehouse, run_id: str) -> tuple[dict, Tables]:
     summary = q.run_summary(wh, run_id)
     if summary is None:
         raise ValueError(f"no run {run_id!r} in the warehouse {wh.path}; `sage status` lists the runs")
+    if summary["status"] == "running" and (run_id, None, None) in dead_rows(wh):  # as `sage status` shows it
+        summary["status"] = "dead (its process is gone; `sage status` says how to resume)"
     return summary, {**q.report_tables(wh, run_id), "admitted_questions": q.admitted_questions(wh, run_id),
                      "training_curve": q.training_curve(wh, run_id),
                      "evaluations": q.evaluations(wh, run_id), "stage_timings": q.stage_timings(wh, run_id)}

@@ -114,6 +114,11 @@ def test_sigkill_mid_stage_shows_the_run_and_stage_dead_with_the_resume_command(
     assert f"(PID {p.pid}) is gone" in " ".join(shown.split()), shown
     assert "Resume it with the -c and --set it was started with:" in " ".join(shown.split())
     assert "  sage run --run stop" in shown.splitlines(), shown   # the command on its own line, to copy
+    # the report says so too
+    r = CliRunner().invoke(app, ["report", "--run", "stop", "--dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "reports" / "stop" / "index.html").read_text(encoding="utf-8")
+    assert "status: dead (its process is gone; `sage status` says how to resume)" in page
 
 
 def _running_stage(directory) -> bool:
