@@ -306,8 +306,8 @@ def _check_side_effects(name: str, res: ExecResult, backend: str) -> None:
         assert res.status in ("crashed", "memory", "timeout")
     if name in ("monkeypatch_json", "json_py_in_workdir", "fake_pass"):
         assert res.status == "ok" and res.outputs == ["wrong"]  # the child's own encoder was untouched
-    if name == "eq_always_true":
-        assert all(isinstance(v, Opaque) for v in res.outputs[0])
+    if name == "eq_always_true" and res.status != "timeout":  # a loaded machine may not finish it: it scores 0 all
+        assert all(isinstance(v, Opaque) for v in res.outputs[0])   # the same, and has no outputs to look at
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
