@@ -1,7 +1,7 @@
 """Does the loop teach the model? N SAGE iterations of one config through the real flow, measured per iteration.
 
     .venv/bin/python -m experiments.learning [--iterations 10] [--config cpu] [--model tiny] [--set section.field=value]
-        [--out DIR] [--kl-sequences 40] [--extremes 8] [--format-prompts 8]
+        [--out DIR] [--run ID] [--kl-sequences 40] [--extremes 8] [--format-prompts 8]
 
 A validation accuracy that barely moves says nothing about why, so beside it this measures, for iteration
 k = 0 (the base model) .. N, where the learning signal goes and how far the policy moved:
@@ -257,7 +257,7 @@ def run(args, cfg, out: Path, header) -> int:
 
     directory = str(out.resolve())
     with Session(directory) as first:
-        run_id = first.create_run(cfg)
+        run_id = first.create_run(cfg, args.run)
     cache, state, last = Cache(out / "measures.json", run_id), {}, -1
     print(f"[learning] run {run_id}: {args.iterations} iteration(s) in {out}", flush=True)
     with stopped_by_signals():  # as `sage run`: Ctrl-C or SIGTERM stops within seconds, resumable
@@ -291,6 +291,9 @@ def main() -> None:
                     help="tiny: the tiny random test model with small sizes (smoke test)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="section.field=value")
     ap.add_argument("--out", default=None, help="output folder and run dir (default sage-runs/learning/<run id>)")
+    ap.add_argument("--run", default=None, help="run id (default run-<config hash>). Every sample a run draws is "
+                    "seeded by its id, so a config change also changes which questions are drawn; give the changed "
+                    "config the id of the run it is compared with to draw the same ones, and only the change differs")
     ap.add_argument("--kl-sequences", type=int, default=40)
     ap.add_argument("--extremes", type=int, default=8, help="top and bottom rollouts by advantage")
     ap.add_argument("--format-prompts", type=int, default=8, help="unconstrained prompts per prompt kind")
