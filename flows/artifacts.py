@@ -8,15 +8,14 @@ import re
 import threading
 import time
 
+from sage.warehouse.queries import TRAIN_STEP_COLUMNS
+
 
 def artifact_key(*parts: object) -> str:
     """Prefect artifact keys allow only lowercase letters, digits and dashes; any run name maps onto them."""
     text = "-".join(str(p) for p in parts).lower()
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text)).strip("-")
 
-
-#: The columns of the live training table: an optimizer update's record (`train_steps`), in this order.
-STEP_COLUMNS = ("step", "loss", "grad_norm", "entropy", "clip_fraction", "learning_rate", "tokens", "seconds")
 
 
 class LiveArtifacts:
@@ -60,7 +59,7 @@ class LiveArtifacts:
             if stage == "train" and metrics is not None:
                 steps = self._steps.setdefault((run_id, iteration), [])
                 steps[:] = [s for s in steps if s["step"] < metrics.get("step", 0)]   # a retried pass starts over
-                steps.append({c: _readable(metrics.get(c)) for c in STEP_COLUMNS})
+                steps.append({c: _readable(metrics.get(c)) for c in TRAIN_STEP_COLUMNS})
                 if done >= total:
                     create_table_artifact(steps, key=artifact_key(run_id, "iteration", iteration, "train-steps"),
                                           description=f"the {len(steps)} optimizer updates of iteration {iteration} "

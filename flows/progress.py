@@ -177,7 +177,7 @@ class Display:
         if self._current is not None:
             k, name = self._current
             parts += [f"iteration {k}" + (f"/{self.iterations}" if self.iterations else ""), name]
-        parts.append(f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}")
+        parts.append(_clock(seconds))
         return Text(" · ".join(plain(p) for p in parts), style="bold")
 
     def __rich__(self) -> Group:

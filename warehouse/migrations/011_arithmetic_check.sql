@@ -1,6 +1,8 @@
 -- A grounded math label whose question writes its arithmetic out (`What is 7 * 8?`, `y + 1 = 3`) must be that
 -- arithmetic's value: the challenge stage's new reason `arithmetic_mismatch` counts in `rejected_ungrounded`.
--- The view is 009's otherwise unchanged.
+-- Admission keeps a label's own reason exactly when the label is not grounded (`stages.admit.LABEL_FAILURES`),
+-- so `rejected_ungrounded` counts the rows whose rejection reason is their label check, whatever reasons a later
+-- version adds, instead of 009's list. The view is 009's otherwise unchanged.
 
 CREATE OR REPLACE VIEW curriculum_drift AS
 WITH gen AS (
@@ -14,8 +16,7 @@ WITH gen AS (
            count(*) FILTER (WHERE rejection_reason = 'unparseable')      AS rejected_unparseable,
            count(*) FILTER (WHERE rejection_reason = 'contaminated')     AS rejected_contaminated,
            count(*) FILTER (WHERE rejection_reason = 'near_duplicate')   AS rejected_near_duplicate,
-           count(*) FILTER (WHERE rejection_reason IN ('no_program', 'program_failed', 'number_mismatch', 'operation_mismatch',
-                                                       'arithmetic_mismatch', 'label_mismatch', 'no_answer')) AS rejected_ungrounded,
+           count(*) FILTER (WHERE rejection_reason = label_check)  AS rejected_ungrounded,
            count(*) FILTER (WHERE label_check = 'grounded')     AS grounded,
            avg(copy_of_batch::INT)                               AS copy_share,
            avg(near_dup_similarity)                              AS mean_near_dup_similarity,
