@@ -49,7 +49,14 @@ class Opaque:
 
 def make_encoder(budget):
     """An encoder closure holding private references to builtins, so later patching cannot reach it.
-    Raises OutputLimit once the values encoded so far pass `budget` (approximate JSON bytes)."""
+    Raises OutputLimit once the values encoded so far pass `budget` bytes of JSON: each value is charged at
+    least its JSON length (escapes included) plus a separator, so whatever fits the budget fits the record
+    the parent accepts."""
+    try:
+        from _json import encode_basestring_ascii as _escaped
+    except ImportError:  # an interpreter without the C accelerator: the worst case, six bytes a character
+        def _escaped(text):
+            return " " * (6 * len(text) + 2)
     _type, _len, _repr, _str, _fmt = type, len, repr, str, int.__format__
     _NoneT, _bool, _int, _float, _list, _tuple, _dict = type(None), bool, int, float, list, tuple, dict
     _set, _fset, _bytes, _barr, _complex = set, frozenset, bytes, bytearray, complex
@@ -61,43 +68,51 @@ def make_encoder(budget):
         if left[0] < 0:
             raise _OutputLimit(f"output exceeds {budget} bytes")
 
-    def tag(name, payload):
+    def tag(name, payload):  # {"t":"<name>","v":<payload>}: 14 bytes and the name's, and the payload's own
+        spend(_len(name) + 15)
         return {"t": name, "v": payload}
+
+    def pair(k, x, depth):
+        spend(3)
+        return [enc(k, depth), enc(x, depth)]
 
     def enc(v, depth):
         if depth > MAX_DEPTH:
             raise ValueError("value nested too deeply")
         t = _type(v)
-        if t is _NoneT or t is _bool or t is _float:
-            spend(8)
+        if t is _NoneT or t is _bool:
+            spend(6)
+            return v
+        if t is _float:
+            spend(25)  # the longest repr of a double, with its sign, and a separator
             return v
         if t is _str:
-            spend(_len(v) + 2)
+            spend(_len(_escaped(v)) + 1)
             return v
         if t is _int:
             if -SMALL_INT < v < SMALL_INT:
-                spend(20)
+                spend(21)
                 return v
             s = _fmt(v, "x")
-            spend(_len(s) + 16)
+            spend(_len(s) + 3)
             return tag("int", s)
         if t is _list:
-            spend(2)
+            spend(3)
             return [enc(x, depth + 1) for x in v]
         if t is _tuple:
-            spend(16)
+            spend(3)
             return tag("tuple", [enc(x, depth + 1) for x in v])
         if t is _set or t is _fset:
-            spend(16)
+            spend(3)
             return tag("set", [enc(x, depth + 1) for x in v])
         if t is _dict:
-            spend(16)
-            return tag("dict", [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in _items(v)])
+            spend(3)
+            return tag("dict", [pair(k, x, depth + 1) for k, x in _items(v)])
         if t is _bytes or t is _barr:
-            spend(2 * _len(v) + 16)
+            spend(2 * _len(v) + 3)
             return tag("bytes", _hex(_bytes(v)))
         if t is _complex:
-            spend(40)
+            spend(52)
             return tag("complex", [v.real, v.imag])
         try:
             text = _str(_repr(v))[:200]
@@ -107,7 +122,7 @@ def make_encoder(budget):
             name = _str(t.__name__)[:100]
         except _BaseExc:
             name = "?"
-        spend(_len(text) + _len(name) + 32)
+        spend(_len(_escaped(text)) + _len(_escaped(name)) + 32)
         return {"t": "repr", "v": text, "type": name}
 
     def encode(v):  # the budget is shared by every value encoded with this encoder
@@ -126,12 +141,33 @@ class ProtocolError(ValueError):
 
 
 _SCALARS = (type(None), bool, int, float, str)
-MAX_HEX_DIGITS = 1 << 16  # the biggest int or bytes value the parent decodes
+# Items of one decoded set or dict that may share a hash value. Building a set costs a comparison per pair of
+# items with equal hashes, so ~41,000 crafted ints (equal modulo 2**61 - 1) held the parent for half a minute;
+# past this many, the value is decoded as an Opaque, which never equals anything.
+MAX_SHARED_HASH = 32
+
+
+def _hashes_spread(items):
+    """Can `items` go into a set or dict in linear time: no hash value shared by more than MAX_SHARED_HASH of
+    them? (Unhashable items: True, the caller's TypeError handles them.)"""
+    counts = {}
+    for item in items:
+        try:
+            h = hash(item)
+        except TypeError:
+            return True
+        counts[h] = counts.get(h, 0) + 1
+        if counts[h] > MAX_SHARED_HASH:
+            return False
+    return True
 
 
 def decode_value(node, depth=0):
-    """Inverse of encode_value, strict: anything the honest encoder cannot produce (an unknown tag, a
-    payload of the wrong type, nesting past MAX_DEPTH, oversized hex) raises ProtocolError."""
+    """Inverse of encode_value, strict and linear in the record's size: anything the honest encoder cannot
+    produce (an unknown tag, a payload of the wrong type, nesting past MAX_DEPTH) raises ProtocolError.
+    Sizes are bounded by the record's (the parent caps records at the job's output budget), so every int and
+    bytes value the encoder sends within that budget decodes. Sets and dicts whose items cannot be hashed, or
+    whose hashes collide (`MAX_SHARED_HASH`), become Opaque: never equal to an expected value."""
     if depth > MAX_DEPTH + 1:
         raise ProtocolError("value nested too deeply")
     t = type(node)
@@ -149,24 +185,27 @@ def decode_value(node, depth=0):
         items = [decode_value(x, depth + 1) for x in v]
         if tag == "tuple":
             return tuple(items)
+        if not _hashes_spread(items):
+            return Opaque("set", f"{len(items)} items with colliding hashes")
         try:
             return set(items)
         except TypeError:
-            return Opaque("set", repr(items)[:200])
+            return Opaque("set", f"{len(items)} items, some unhashable")
     if tag == "dict" and type(v) is list:
-        out = {}
+        pairs = []
         for pair in v:
             if type(pair) is not list or len(pair) != 2:
                 raise ProtocolError("bad dict item")
-            key, value = decode_value(pair[0], depth + 1), decode_value(pair[1], depth + 1)
-            try:
-                out[key] = value
-            except TypeError:
-                return Opaque("dict", repr(v)[:200])
-        return out
-    if tag in ("int", "bytes") and type(v) is str and len(v) <= MAX_HEX_DIGITS:
+            pairs.append((decode_value(pair[0], depth + 1), decode_value(pair[1], depth + 1)))
+        if not _hashes_spread([key for key, _ in pairs]):
+            return Opaque("dict", f"{len(pairs)} items with colliding key hashes")
         try:
-            return int(v, 16) if tag == "int" else bytes.fromhex(v)
+            return dict(pairs)
+        except TypeError:
+            return Opaque("dict", f"{len(pairs)} items, some keys unhashable")
+    if tag in ("int", "bytes") and type(v) is str:
+        try:
+            return int(v, 16) if tag == "int" else bytes.fromhex(v)  # both linear in the digits
         except ValueError:
             raise ProtocolError("bad hex payload") from None
     if tag == "complex" and type(v) is list and len(v) == 2 and all(type(x) in (int, float) for x in v):
@@ -224,7 +263,8 @@ def _enter_root(os, root, uid, gid, job):
     mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)
     size = f"size={job['tmpfs_bytes']},nr_inodes={job['tmpfs_inodes']}"
     mount("tmpfs", root + "/tmp", "tmpfs", NOSUID | NODEV, size + ",mode=1777")
-    mount("tmpfs", root + "/work", "tmpfs", NOSUID | NODEV, size + f",mode=0700,uid={uid},gid={gid}")
+    # root-owned like /tmp: a job may write in it, never change its mode, times or attributes for the next job
+    mount("tmpfs", root + "/work", "tmpfs", NOSUID | NODEV, size + ",mode=1777")
     mount("tmpfs", root + "/dev", "tmpfs", NOSUID | NOEXEC, "size=64k,nr_inodes=64,mode=0755")
     for dev in ("null", "zero", "urandom", "random"):
         open(root + "/dev/" + dev, "w").close()
@@ -280,6 +320,66 @@ def _stay_init(os, fd_out):
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF if hasattr(os, "waitstatus_to_exitcode") else 1)
 
 
+# Syscalls a job may not make, per architecture: (AUDIT_ARCH, denied, self-only (arg 0 is a pid), self-only with
+# a "which" in arg 0 and the pid in arg 1 (setpriority: PRIO_PROCESS 0; ioprio_set: IOPRIO_WHO_PROCESS 1)). Kernel
+# keys are not namespaced (a key planted under a pooled uid outlives the job, Docker's default profile denies the
+# same three calls); the others would reach another process of the job's uid, its slot's zygote above all, whose
+# limits, priority, scheduling and affinity every later job in the slot inherits.
+_SECCOMP = {
+    "x86_64": (0xC000003E, (248, 249, 250), (302, 203, 144, 142, 314), ((141, 0), (251, 1))),
+    "aarch64": (0xC00000B7, (217, 218, 219), (261, 122, 119, 118, 274), ((140, 0), (30, 1))),
+}
+
+
+def _seccomp_program(machine):
+    """The classic-BPF seccomp filter for `machine` as (code, jt, jf, k) tuples, or None for an architecture
+    without a table. Any other architecture's calls (x86's 32-bit and x32 ABIs) are denied; pid arguments are
+    `pid_t`, of which the kernel reads the low 32 bits, so only that word is checked."""
+    if machine not in _SECCOMP:
+        return None
+    arch, denied, self_only, which_self = _SECCOMP[machine]
+    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
+    ALLOW, DENY = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    head = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, DENY), (LD, 0, 0, 0), (JGE, 0, 1, 0x40000000),
+            (RET, 0, 0, DENY)]
+    tails = [[(LD, 0, 0, 16), (JEQ, 1, 0, 0), (RET, 0, 0, DENY), (RET, 0, 0, ALLOW)]] * len(self_only)
+    tails += [[(LD, 0, 0, 16), (JEQ, 1, 0, which), (RET, 0, 0, DENY), (LD, 0, 0, 24), (JEQ, 1, 0, 0),
+               (RET, 0, 0, DENY), (RET, 0, 0, ALLOW)] for _, which in which_self]
+    checks = [nr for nr, _ in which_self]
+    dispatch = []
+    n_checks = len(denied) + len(self_only) + len(checks)
+    for i, nr in enumerate(denied):  # jump to the DENY after the dispatch table
+        dispatch.append((JEQ, n_checks - i, 0, nr))
+    offset = 2  # past ALLOW and DENY, which follow the dispatch table
+    for j, nr in enumerate(list(self_only) + checks):
+        k = len(denied) + j
+        dispatch.append((JEQ, n_checks - k + offset - 1, 0, nr))
+        offset += len(tails[j])
+    return head + dispatch + [(RET, 0, 0, ALLOW), (RET, 0, 0, DENY)] + [i for t in tails for i in t]
+
+
+def _seccomp(os):
+    """Install the seccomp filter (`_seccomp_program`) on this process and every process it starts; raises
+    OSError when the kernel refuses it, so no job runs without it."""
+    import ctypes
+
+    program = _seccomp_program(os.uname().machine)
+    if program is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+
+    insns = (Insn * len(program))(*[Insn(*i) for i in program])
+    prog = Prog(len(program), insns)
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # NO_NEW_PRIVS; SECCOMP
+        raise OSError(ctypes.get_errno(), "seccomp filter refused")
+
+
 def _set_limits(resource, limits):
     """hard = soft for every limit (the process can only lower them further)."""
     for name, value in limits.items():
@@ -314,6 +414,7 @@ def run(job, fd_out):
     from _json import make_encoder as c_make_encoder
 
     _set_limits(resource, job["limits"])
+    _seccomp(os)
 
     # Private references, all taken before any untrusted code exists in this process.
     _write, _exit, _len, _str, _type, _BaseExc = os.write, os._exit, len, str, type, BaseException

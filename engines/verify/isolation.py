@@ -68,6 +68,7 @@ class _UidPool:
                     fcntl.flock(fd, fcntl.LOCK_UN)
                     os.close(fd)
                     continue
+                clear_keys(uid)  # whatever an earlier holder (another tool, a sandbox before seccomp) planted
                 self._locks[uid] = fd
                 return uid
         raise RuntimeError("no free sandbox uid")
@@ -97,6 +98,46 @@ def _setpriv_pdeathsig() -> list[str]:
     except (OSError, subprocess.TimeoutExpired):
         ok = False
     return ["--pdeathsig", "KILL"] if ok else []
+
+
+#: keyctl's number per architecture, for `clear_keys`
+_KEYCTL = {"x86_64": 250, "aarch64": 219}
+_CLEAR_KEYS = """import ctypes, os
+libc, nr = ctypes.CDLL(None), {nr}
+for ring in (-4, -5):  # the user keyring and the user session keyring
+    libc.syscall(nr, 7, ring)  # KEYCTL_CLEAR
+"""
+_KEYS_AFTER_CLEAR: dict[int, int] = {}
+
+
+def _key_count(uid: int) -> int:
+    """How many keys (keyrings included) the kernel holds for `uid` (/proc/key-users), 0 when none."""
+    try:
+        with open("/proc/key-users") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name.strip() == str(uid):
+                    return int(rest.split()[1].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def clear_keys(uid: int) -> None:
+    """Empty the kernel keyrings of a pooled uid that outlive its processes (user, user session):
+    kernel keys are not namespaced, so a key planted by one holder of the uid would be read by the next. The
+    sandbox's seccomp filter denies jobs the key syscalls; this clears what got there some other way. Runs a
+    process as `uid` only when the kernel lists keys for it that were not there after the last clear."""
+    count = _key_count(uid)
+    if count == 0 or _KEYS_AFTER_CLEAR.get(uid) == count or os.uname().machine not in _KEYCTL:
+        return
+    try:
+        subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", interpreter()[0], "-I", "-S",
+                        "-c", _CLEAR_KEYS.format(nr=_KEYCTL[os.uname().machine])],
+                       capture_output=True, timeout=10, env=ENV, cwd="/")
+    except (OSError, subprocess.SubprocessError):
+        return
+    _KEYS_AFTER_CLEAR[uid] = _key_count(uid)
 
 
 def _uid_exists(uid: int) -> bool:
@@ -396,6 +437,8 @@ def _finish_teardown(proc, uid: int | None, tmp: str | None, backend: str) -> No
 def _release(uid: int | None, tmp: str | None, backend: str) -> None:
     if uid is not None and backend == "rlimit":
         remove_owned(uid)
+    if uid is not None:
+        clear_keys(uid)
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
     if uid is not None:

@@ -10,15 +10,24 @@ SCM_RIGHTS, forks, and only the fork reads the job's payload and runs it (`child
 rlimits first). So a job's fork is a copy of a zygote that holds no other job's data.
 
 After each job the zygote kills every other process of its pid namespace (`kill(-1)`), reaps them, and
-checks what the jobs of this slot share: the tmpfs (/tmp, /work, /dev/shm), SysV IPC objects and kernel
-keys. It reports `done <exit status> <clean>` on `ctrl_fd`. When anything was left (a process, a file, an
-IPC object, a key), `clean` is 0 and the zygote exits: the parent starts a fresh slot for the next job.
+checks what the jobs of this slot share: the tmpfs (/tmp, /work, /dev/shm: entries, owner, mode, extended
+attributes), SysV IPC objects and the IPC namespace's settings, kernel keys, and the zygote's own limits,
+priority, scheduling, affinity and host name (every fork inherits them). It reports `done <exit status>
+<clean>` on `ctrl_fd`. When anything was left or changed, `clean` is 0 and the zygote exits: the parent
+starts a fresh slot for the next job.
 The zygote is non-dumpable, so a job (same uid) can neither ptrace it nor read its memory or its fds.
 """
 
 FDS_PER_JOB = 4  # job_r, res_w, out_w, err_w
 SHARED_DIRS = ("/tmp", "/work", "/dev/shm")
-KERNEL_STATE = ("/proc/sysvipc/shm", "/proc/sysvipc/sem", "/proc/sysvipc/msg", "/proc/keys")
+# Kernel state of the slot's IPC namespace: its objects, keys, and its settings (a job that is root of the
+# slot's user namespace may write the sysctls, which the next job would see).
+KERNEL_STATE = ("/proc/sysvipc/shm", "/proc/sysvipc/sem", "/proc/sysvipc/msg", "/proc/keys",
+                *(f"/proc/sys/kernel/{name}" for name in ("shmmax", "shmall", "shmmni", "shm_rmid_forced", "msgmax",
+                                                         "msgmnb", "msgmni", "sem", "msg_next_id", "sem_next_id",
+                                                         "shm_next_id")),
+                *(f"/proc/sys/fs/mqueue/{name}" for name in ("queues_max", "msg_max", "msgsize_max", "msg_default",
+                                                            "msgsize_default")))
 
 
 def _read(path):
@@ -29,17 +38,32 @@ def _read(path):
         return None
 
 
+def _dir(os, path):
+    """What a later job could see of a shared dir: its entries, owner, mode and extended attributes."""
+    try:
+        st = os.stat(path)
+        return sorted(os.listdir(path)), st.st_uid, st.st_gid, st.st_mode, sorted(os.listxattr(path))
+    except OSError:
+        return None
+
+
+def _self(os, resource):
+    """The zygote's own inherited settings, which a job of the same uid could change from outside (the
+    sandbox's seccomp filter forbids it; checked here too): every rlimit, nice value, scheduling policy and
+    priority, CPU affinity, umask and host name."""
+    limits = [resource.getrlimit(getattr(resource, n)) for n in sorted(dir(resource)) if n.startswith("RLIMIT_")]
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return (limits, os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), os.sched_getparam(0).sched_priority,
+            sorted(os.sched_getaffinity(0)), mask, os.uname().nodename)
+
+
 def _state():
     """What the jobs of this slot could leave for the next one, beyond processes."""
     import os
+    import resource
 
-    files = []
-    for d in SHARED_DIRS:
-        try:
-            files.append(sorted(os.listdir(d)))
-        except OSError:
-            files.append(None)
-    return files, [_read(p) for p in KERNEL_STATE]
+    return [_dir(os, d) for d in SHARED_DIRS], [_read(p) for p in KERNEL_STATE], _self(os, resource)
 
 
 def _recv_job(sock, array):
