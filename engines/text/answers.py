@@ -7,11 +7,16 @@ count as braces too), "last" means the box that opens last, so of nested boxes t
 whose braces never close gives way to the last closed one before it. The Solver's parser
 (`sage.engines.text.tags.parse_solver`) falls back on `\\boxed{}` only, kept as written; `extract_answer`,
 used by the verify and evaluate stages before the math checker decides equivalence, also takes `\\fbox{}`
-and returns what is inside. Nothing here raises on model output.
+and returns what is inside. A box repeated (`\\boxed{5} ... \\boxed{5}`) counts once, and boxes listed
+one after another (`\\boxed{3} and \\boxed{4}`, `\\boxed{-1}, \\boxed{1}`) are one answer, `3, 4`, as
+math-verify reads them; boxes with words between them (`\\boxed{3}, no: \\boxed{4}`) leave the last.
+A solution with no box, tag or "the answer is" is the math checker's to read (it finds an answer in prose
+the way math-verify does). Nothing here raises on model output.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 
 #: Box commands `last_boxed` looks for by default, and those `extract_answer` takes.
@@ -22,12 +27,11 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _ANSWER_IS = re.compile(r"the (?:final )?answer is[:\s]*(.+)", re.I)
 
 
-def last_boxed(text: str, commands: tuple[str, ...] = BOXED) -> str | None:
-    """The last `\\boxed{...}` (or box of any of `commands`) whose braces balance, as written, command
-    included; None when there is none. One pass over `text`."""
+def _closed_boxes(text: str, commands: tuple[str, ...]) -> list[tuple[int, int]]:
+    """(start, end) of every box of `commands` whose braces balance, in the order they close. One pass."""
     openers = tuple(c + "{" for c in commands)
     stack: list[int] = []   # start of each open brace: where its box command starts, or -1 for a plain brace
-    best: tuple[int, int] | None = None
+    boxes: list[tuple[int, int]] = []
     i = 0
     while i < len(text):
         c = text[i]
@@ -41,21 +45,58 @@ def last_boxed(text: str, commands: tuple[str, ...] = BOXED) -> str | None:
             stack.append(-1)
         elif c == "}" and stack:
             begin = stack.pop()
-            if begin >= 0 and (best is None or begin > best[0]):
-                best = (begin, i + 1)
+            if begin >= 0:
+                boxes.append((begin, i + 1))
         i += 1
-    return text[best[0]:best[1]] if best else None
+    return boxes
+
+
+def last_boxed(text: str, commands: tuple[str, ...] = BOXED) -> str | None:
+    """The last `\\boxed{...}` (or box of any of `commands`) whose braces balance, as written, command
+    included; None when there is none. One pass over `text`."""
+    boxes = _closed_boxes(text, commands)
+    if not boxes:
+        return None
+    begin, end = max(boxes)
+    return text[begin:end]
+
+
+#: What may stand between boxes that list one answer: spaces, commas, semicolons, "and", "or", math delimiters
+#: (`$`, `\\(`, `\\)`), `\\quad`, and the name of what the next box holds (`x = \\boxed{2} or x = \\boxed{5}`).
+_LIST_GAP = re.compile(r"(?:\s|[,;$]|\\[()]|\band\b|\bor\b|\\q?quad|\\text\{\s*(?:and|or)\s*\}"
+                       r"|(?<![A-Za-z])[A-Za-z](?:_\{?\w+\}?)?\s*=)*")
+
+
+def _inside(text: str, box: tuple[int, int]) -> str:
+    begin, end = box
+    return text[text.index("{", begin) + 1:end - 1].strip()
 
 
 def _boxed_content(text: str) -> str | None:
-    """What the last `\\boxed{}` or `\\fbox{}` of `text` holds, stripped ("" for an empty box), or None."""
-    box = last_boxed(text, BOXED_OR_FBOX)
-    return None if box is None else box[box.index("{") + 1:-1].strip()
+    """What the last `\\boxed{}` or `\\fbox{}` of `text` holds, stripped ("" for an empty box), or None;
+    with the boxes listed right before it, all of them joined by ", ", each once."""
+    boxes = _closed_boxes(text, BOXED_OR_FBOX)  # in closing order, so their ends ascend
+    if not boxes:
+        return None
+    ends = [end for _, end in boxes]
+    box = max(boxes)
+    answers = [_inside(text, box)]  # last first
+    while answers[0]:
+        k = bisect.bisect_right(ends, box[0]) - 1  # the box that closes last before this one opens
+        if k < 0 or not _LIST_GAP.fullmatch(text, boxes[k][1], box[0]):
+            break
+        box, inside = boxes[k], _inside(text, boxes[k])
+        if not inside:
+            break
+        if inside != answers[-1]:
+            answers.append(inside)
+    return ", ".join(reversed(answers))
 
 
 def extract_answer(text: str | None) -> str | None:
-    """The final answer: last `\\boxed{}` (or `\\fbox{}`), else the last `<answer>` tag (a box inside it
-    preferred), else "the answer is ..." up to the end of its line, without `$` and a final period."""
+    """The final answer: last `\\boxed{}` (or `\\fbox{}`; with the boxes listed right before it, all of them), else
+    the last `<answer>` tag (a box inside it preferred), else "the answer is ..." up to the end of its line,
+    without `$` and a final period."""
     if not text:
         return None
     boxed = _boxed_content(text)

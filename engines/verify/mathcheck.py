@@ -1,5 +1,6 @@
 """Math checker: decide whether a predicted answer is equivalent to the reference with math-verify, without ever
-hanging. Finding the final answer in a model's text is `sage.engines.text.answers.extract_answer`'s job.
+hanging. Finding the final answer in a model's text is `sage.engines.text.answers.extract_answer`'s job; what it
+leaves (a bare answer, or prose with no box, tag or "the answer is") comes here.
 
 math-verify's own timeouts use `signal.alarm` and fail off the main thread, so they are disabled
 (`parsing_timeout=None, timeout_seconds=None`) and every check runs in a warm worker process
@@ -7,6 +8,16 @@ math-verify's own timeouts use `signal.alarm` and fail off the main thread, so t
 misses it is SIGKILLed and replaced, and the pair scores 0. Answers longer than `max_answer_chars` score
 0 unchecked. Beyond math-verify, a normalised exact-string match also counts (math-verify does not decide
 every equivalence a human would, e.g. plain-text answers).
+
+How the worker reads: the reference, and a prediction that is a bare answer, are parsed whole (as
+`\\boxed{answer}`, so `2x+1` is not cut to its first number); a prediction written as prose ("so x = 5",
+"She has 7 apples left.") is read by math-verify's own extraction, which finds the final answer in free
+text, falling back on the whole answer when it finds nothing. Prose is an answer that keeps a word once
+math-verify's normalisation has dropped trailing units and turned "and"/"or" into commas (`is_prose`); a
+trailing unit with a power (`8 cm^2`) is dropped as math-verify drops one without.
+Case is kept where it carries meaning: `P` is not `p`, `X+1` not `x+1`, `\\Delta` not `\\delta`
+(`_keep_case`); words still compare without case (`\\text{Yes}` and `yes`). A lone `i` is the imaginary
+unit, so `e^{i\\pi}` equals `-1`.
 
 Protocol with a worker: one JSON line per request on stdin, `[id, op, a, b]` with op "check" (gold a,
 prediction b) or "parse" (answer a); one JSON line per reply on stdout, `[id, result]`; the worker says
@@ -49,11 +60,85 @@ def _no_percent(answer: str) -> str:
     return re.sub(r"\\?%", "", answer)
 
 
+_WORD = re.compile(r"[A-Za-z]{2,}")
+#: A word standing alone in an answer: two or more letters between spaces, not a LaTeX command.
+_PROSE_WORD = re.compile(r"(?:^|\s)[A-Za-z]{2,}[.,:;!?]?(?=\s|$)")
+
+
 def _plain(answer: str) -> str:
-    return re.sub(r"[\s$]|\\[,;! ]|\\left|\\right", "", answer).lower().rstrip(".")
+    """`answer` without spaces, `$`, spacing commands and a final period; lowercased only when it is a word
+    (`Yes`), never when it holds symbols, whose case carries meaning (`P`, `X+1`)."""
+    s = re.sub(r"[\s$]|\\[,;! ]|\\left|\\right", "", answer).rstrip(".")
+    return s.lower() if _WORD.fullmatch(s) else s
+
+
+def is_prose(answer: str) -> bool:
+    """Whether `answer` is written as prose rather than as a bare answer: a word still stands in it after
+    math-verify's normalisation, which drops trailing units (`12 cm`, `48 \\text{ square units}`) and turns
+    "and"/"or" into commas (`2 and 3`). `\\text{...}` wrappers count as written out."""
+    from latex2sympy2_extended import NormalizationConfig, normalize_latex
+
+    cfg = NormalizationConfig(basic_latex=True, units=True, malformed_operators=False, nits=False, boxed="none")
+    return bool(_PROSE_WORD.search(normalize_latex(normalize(answer), cfg)))
 
 
 # ------------------------------------------------------------------------------------------ worker side
+
+
+def _keep_case() -> None:
+    """Make math-verify tell symbols apart by case. latex2sympy2_extended lowercases every symbol by default
+    (`ConversionConfig.lowercase_symbols`) and math-verify's `parse` passes no config, so `P` equalled `p`;
+    its grader then compares symbol names longer than one letter without case (meant for words: `\\text{Yes}`
+    against `yes`), which made `\\Delta` equal `\\delta` and `X_1` equal `x_1`. Here `parse` converts with
+    `lowercase_symbols=False`, and two symbols compare without case only when both are words (two or more
+    letters, not a Greek letter's name); everything else the grader does is unchanged."""
+    import functools
+
+    import math_verify.grader as grader
+    import math_verify.parser as parser
+    from latex2sympy2_extended.latex2sympy2 import ConversionConfig, latex2sympy
+    from latex2sympy2_extended.symbols import GREEK_LETTER_MAP
+    from sympy import Symbol
+
+    parser.latex2sympy = functools.partial(latex2sympy, conversion_config=ConversionConfig(lowercase_symbols=False))
+    greek = frozenset(GREEK_LETTER_MAP.values())
+    compare_words = grader.sympy_compare_symbols
+
+    def is_word(name: str) -> bool:
+        return len(name) > 1 and name.isalpha() and name not in greek
+
+    def compare_symbols(gold, pred) -> bool:
+        if isinstance(gold, Symbol) and isinstance(pred, Symbol) and not (is_word(gold.name) and is_word(pred.name)):
+            return gold.name == pred.name
+        return compare_words(gold, pred)
+
+    grader.sympy_compare_symbols = compare_symbols
+
+
+def _imaginary(found: list) -> list:
+    """math-verify's parse with a lone symbol `i` read as the imaginary unit (latex2sympy2_extended maps only
+    `I` to it), so that `e^{i\\pi}` is -1 and `(1+i)^2` is `2i`."""
+    from sympy import Basic, I, Symbol
+
+    out = []
+    for x in found:
+        if isinstance(x, Basic):
+            unit = {s: I for s in x.free_symbols if isinstance(s, Symbol) and s.name == "i"}
+            if unit:
+                try:
+                    x = x.xreplace(unit)
+                except Exception:  # where the unit cannot stand (an interval's end): keep the symbol
+                    pass
+        out.append(x)
+    return out
+
+
+def _without_unit_power(answer: str) -> str:
+    """`8 cm^2` as `8 cm`: math-verify drops a trailing unit (its list, latex2sympy2_extended's `units`), but
+    with a power only when written `\\text{cm}^2`."""
+    from latex2sympy2_extended.math_normalization import units_regex_pattern
+
+    return re.sub(rf"(\s(?:{units_regex_pattern}))\s*\^\s*(?:\d|\{{\d\}})\s*$", r"\1", answer)
 
 
 def _worker() -> None:
@@ -67,11 +152,23 @@ def _worker() -> None:
     logging.disable(logging.WARNING)
     from math_verify import parse, verify
 
+    _keep_case()
+
     def parsed(ans):
-        return parse("\\boxed{" + normalize(ans) + "}", parsing_timeout=None)
+        """A bare answer, parsed whole."""
+        return _imaginary(parse("\\boxed{" + _without_unit_power(normalize(ans)) + "}", parsing_timeout=None))
+
+    def read(ans):
+        """A prediction: prose through math-verify's extraction, a bare answer (or prose it finds nothing in)
+        whole."""
+        if is_prose(ans):
+            found = _imaginary(parse(ans, parsing_timeout=None))
+            if found:
+                return found
+        return parsed(ans)
 
     def equal(a, b):
-        gold, pred = parsed(a), parsed(b)
+        gold, pred = parsed(a), read(b)
         if gold and pred and verify(gold, pred, timeout_seconds=None):
             return True
         if "%" in a + b:  # "12.5\\%" vs "12.5": compare the numbers without the percent signs

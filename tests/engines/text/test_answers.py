@@ -61,6 +61,35 @@ def test_fbox_counts_for_extraction_only():
     assert extract_answer("only \\fbox{7}") == "7"
 
 
+@pytest.mark.parametrize("text,answer", [
+    # listed boxes are one answer, as math-verify reads them
+    ("The solutions are \\boxed{3} and \\boxed{4}.", "3, 4"),
+    ("\\boxed{-1}, \\boxed{1}", "-1, 1"),
+    ("x = \\boxed{2} or x = \\boxed{5}", "2, 5"),
+    ("x_1 = \\boxed{2}; x_2 = \\boxed{5}", "2, 5"),
+    ("$\\boxed{3}$ and $\\boxed{4}$", "3, 4"),
+    ("\\(\\boxed{1}\\) and \\(\\boxed{-2}\\)", "1, -2"),
+    ("\\boxed{1}\\boxed{2}\\boxed{3}", "1, 2, 3"),
+    # a box repeated counts once
+    ("\\boxed{5} \\boxed{5}", "5"),
+    ("\\boxed{5}\n\n**Final Answer**\n\\boxed{5}", "5"),
+    # words between boxes: the last one
+    ("First I got \\boxed{3}, but that was wrong. The answer is \\boxed{4}.", "4"),
+    ("so \\boxed{1} and then \\boxed{2}", "2"),
+    ("a = \\boxed{2}, hence b = \\boxed{5}", "5"),
+    # an empty box ends the list
+    ("\\boxed{3} and \\boxed{} and \\boxed{4}", "4"),
+])
+def test_repeated_and_listed_boxes(text, answer):
+    assert extract_answer(text) == answer
+
+
+def test_many_listed_boxes_in_one_pass():
+    """Listing is followed box by box through the closing order, not by rescanning: 20,000 boxes stay fast."""
+    assert extract_answer("\\boxed{1}, " * 20000) == "1"
+    assert extract_answer(", ".join(f"\\boxed{{{i}}}" for i in range(20000))).count(",") == 19999
+
+
 @pytest.mark.parametrize("text", ["The final answer is: ", "{\nthe answer is \n ", "the answer is $$."])
 def test_answer_is_with_nothing_after_it(text):
     """A completion cut off right after "the answer is" has no answer (this used to raise IndexError)."""

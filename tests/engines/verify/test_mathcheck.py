@@ -1,4 +1,5 @@
-"""Math checker: a table of equivalent / not-equivalent answer pairs, the length cap, the
+"""Math checker: a table of equivalent / not-equivalent answer pairs (case kept where it carries meaning, the
+imaginary unit, answers in prose, units), the verify stage's path from a Solver's text, the length cap, the
 adversarial power tower that must come back "not equivalent" within the hard timeout, a worker killed by
 its memory cap, and calls from a non-main thread (Prefect runs tasks in threads)."""
 
@@ -11,7 +12,7 @@ import pytest
 
 from sage.configs.schema import MathCheckConfig
 from sage.engines.text.answers import extract_answer
-from sage.engines.verify.mathcheck import MathChecker, answer_parses, normalize
+from sage.engines.verify.mathcheck import MathChecker, answer_parses, is_prose, normalize
 
 TIMEOUT_S = 3.0
 
@@ -53,6 +54,21 @@ TABLE = [
     ("x = 5", "5", True), ("y = 2x + 1", "y = 1 + 2x", True), ("2x + 1", "2x + 2", False),
     # text
     ("Yes", "yes", True), ("\\text{No}", "no", True), ("Yes", "No", False),
+    # case: symbols keep theirs, words and multiple-choice letters in parentheses compare as written
+    ("\\Delta", "\\delta", False), ("\\delta", "\\delta", True), ("\\Delta", "\\Delta", True), ("P", "p", False),
+    ("P", "P", True), ("X+1", "x+1", False), ("x+1", "x+1", True), ("x+1", "1+x", True), ("x_1", "X_1", False),
+    ("\\Omega", "\\omega", False), ("\\Pi", "\\pi", False), ("2\\pi r", "2\\pi R", False), ("A", "a", False),
+    ("\\text{Evelyn}", "evelyn", True), ("yes", "YES", True), ("(C)", "C", True), ("\\text{(C)}", "C", True),
+    # a lone i is the imaginary unit
+    ("-1", "e^{i\\pi}", True), ("e^{i\\pi}", "-1", True), ("0", "e^{i\\pi} + 1", True), ("2i", "(1+i)^2", True),
+    ("-1", "i^2", True), ("3+2i", "3-2i", False), ("-i", "i", False),
+    # prose: the answer math-verify finds in it
+    ("x = 5", "so x = 5", True), ("17", "Answer: 17", True), ("17", "**Final Answer:** 17", True),
+    ("5", "5, since the other solution is negative.", True), ("15", "15 dollars", True),
+    ("12", "We first compute 12 + 3 = 15, so the total is 15.", False), ("42", "The answer is 24.", False),
+    ("12", "There are 12 boxes with 3 apples each, so 36 apples.", False),
+    # a unit's power goes with the unit, a variable's stays
+    ("8", "8 cm^2", True), ("36\\pi", "36\\pi \\text{ cm}^3", True), ("2", "2 x^2", False),
 ]
 
 
@@ -141,6 +157,27 @@ def test_from_a_thread(checker):
 def test_answer_parses():
     assert answer_parses("\\frac{1}{2}") and answer_parses("42") and answer_parses("(0, 1]")
     assert not answer_parses("}}{{") and not answer_parses("")
+
+
+@pytest.mark.parametrize("text,gold,equivalent", [
+    ("The solutions are \\boxed{3} and \\boxed{4}.", "3, 4", True),
+    ("The solutions are \\boxed{3} and \\boxed{4}.", "4", False),
+    ("x = \\boxed{2} or x = \\boxed{5}", "2, 5", True),
+    ("First I got \\boxed{3}, but that was wrong. The answer is \\boxed{4}.", "4", True),
+    ("The final answer is 9. I hope it is correct.", "9", True),
+    ("Let the number be n. Then 3n = 36.\nSo n = 12.", "12", True),
+])
+def test_the_verify_stage_path(checker, text, gold, equivalent):
+    """What the verify stage does with a Solver's answer: `extract_answer`, else the text, then the checker."""
+    assert checker.check(gold, extract_answer(text) or text.strip()) == (1.0 if equivalent else 0.0)
+
+
+def test_is_prose():
+    for text in ("so x = 5", "The answer is 42.", "Answer: 17", "She has 7 apples left.", "12 cm."):
+        assert is_prose(text), text
+    for text in ("12 cm", "48 \\text{ square units}", "2 and 3", "x = 2 or x = 3", "x^2+2x+1", "\\sqrt{2}",
+                 "2\\sqrt{3} cm", "(-\\infty, 3]", "\\frac{\\pi}{2}"):
+        assert not is_prose(text), text
 
 
 def test_normalize():
