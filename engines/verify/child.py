@@ -13,7 +13,10 @@ builds its own root (unshare backend: mounts, chroot, drop to UID/GID), sets har
 private references to everything it needs (pipe fd, writer, C JSON encoder, builtins), and only then
 compiles and runs the untrusted code in a fresh namespace. Every record it writes to `fd_out` is
 `<nonce> <length>\\n<json>`: `["out", i, value]`, `["err", i, message]`, `["load", message]`, then
-`["end"]`. The parent decides pass/fail; expected outputs never enter the child.
+`["end"]`. The parent decides pass/fail; expected outputs never enter the child. A job with a `harness`
+(a check: HumanEval's, MBPP's asserts) runs its code in a second process and the trusted harness here
+(`_harness`), so nothing the candidate does reaches the records. Every job runs under a seccomp filter
+(`_seccomp`) that keeps it from kernel keys and from other processes' limits, priority and scheduling.
 """
 
 # Typed encoding (JSON-compatible): None, bool, str, float and small ints map to themselves, lists to
@@ -422,9 +425,10 @@ def run(job, fd_out):
     _json = c_make_encoder(None, None, encode_basestring_ascii, None, ":", ",", False, False, True)
     _join, _encode_text, _mv = "".join, str.encode, memoryview
     nonce = job["nonce"].encode()
-    encode = make_encoder(int(job["max_output_bytes"]) * 9 // 10)  # room for framing and stdout
+    budget = int(job["max_output_bytes"]) * 9 // 10  # room for framing and stdout
+    encode = make_encoder(budget)
     inputs = job["inputs"]
-    code, entry = job["code"], job["entry_point"]
+    code, entry, harness = job["code"], job["entry_point"], job.get("harness")
     del job
 
     def emit(record):
@@ -448,14 +452,20 @@ def run(job, fd_out):
         emit(["end"])
         _exit(0)
 
-    namespace = {"__name__": "__solution__", "__builtins__": builtins}
     sys.argv = ["solution"]
-    try:
-        exec(compile(code, "<solution>", "exec"), namespace)
-        fn = namespace[entry]
-    except _BaseExc as exc:
-        emit(["load", describe(exc)])
-        finish()
+    if harness:  # a check job: the code runs in a process of its own, the trusted harness here
+        fn, load_error = _harness(os, builtins, harness, code, entry, budget, describe)
+        if load_error is not None:
+            emit(["load", load_error])
+            finish()
+    else:
+        namespace = {"__name__": "__solution__", "__builtins__": builtins}
+        try:
+            exec(compile(code, "<solution>", "exec"), namespace)
+            fn = namespace[entry]
+        except _BaseExc as exc:
+            emit(["load", describe(exc)])
+            finish()
     for i, args in _enumerate(inputs):
         try:
             record = ["out", i, encode(fn(*args))]
@@ -463,6 +473,157 @@ def run(job, fd_out):
             record = ["err", i, describe(exc)]
         emit(record)
     finish()
+
+
+def _read_exact(os, fd, n):
+    """`n` bytes from `fd`, fewer only at end of file."""
+    chunks, left = [], n
+    while left > 0:
+        b = os.read(fd, min(left, 1 << 20))
+        if not b:
+            break
+        chunks.append(b)
+        left -= len(b)
+    return b"".join(chunks)
+
+
+def _harness(os, builtins, harness, code, entry, budget, describe):
+    """A check job (HumanEval's `check`, MBPP's asserts): the candidate's code must not reach what judges it.
+
+    The candidate's program is loaded and called in a process of its own (`_candidate`), forked before any
+    untrusted code exists and holding none of this process's descriptors; this process is made non-dumpable
+    first, so the candidate can neither ptrace it nor open its memory or descriptors through /proc. Here, the
+    trusted `harness` source (the task's own helpers, its check, and a driver `__sage_harness__`) runs with the
+    name `entry` (and `candidate`, and any name it uses but does not define) bound to a proxy of the candidate's
+    function of that name: each call sends its arguments over a pipe (marshal: data
+    the harness built) and decodes the reply strictly (`decode_value`), as the parent decodes records. So every
+    value an assertion compares is computed here from what the candidate returned, and nothing the candidate
+    writes can be taken for this process's records. Returns (the driver, None), or (None, the load error)."""
+    import ctypes
+    import json
+    import marshal
+    import signal
+
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        low, high = sorted((req_r, rep_w))  # only its two pipe ends and stdio stay open in the candidate's process
+        os.closerange(3, low)
+        os.closerange(low + 1, high)
+        os.closerange(high + 1, 1 << 16)
+        _candidate(os, builtins, code, req_r, rep_w, budget, describe)
+    os.close(req_r)
+    os.close(rep_w)
+
+    def receive():
+        head = _read_exact(os, rep_r, 8)
+        size = int.from_bytes(head, "big") if len(head) == 8 else -1
+        if not 0 <= size <= budget + 4096:
+            raise RuntimeError("the candidate's process ended or sent a malformed reply")
+        body = _read_exact(os, rep_r, size)
+        if len(body) != size:
+            raise RuntimeError("the candidate's process ended mid-reply")
+        rec = json.loads(body)
+        if type(rec) is not list or not rec or rec[0] not in ("load", "ok", "err"):
+            raise RuntimeError("malformed reply from the candidate's process")
+        return rec
+
+    def proxy(name):
+        def call(*args, **kwargs):
+            data = marshal.dumps((name, args, kwargs), 4)
+            data = memoryview(len(data).to_bytes(8, "big") + data)
+            while data:
+                data = data[os.write(req_w, data):]
+            rec = receive()
+            if rec[0] == "ok" and len(rec) == 2:
+                return decode_value(rec[1])
+            if rec[0] == "err" and len(rec) == 3 and type(rec[1]) is str and type(rec[2]) is str:
+                cls = getattr(builtins, rec[1][:100], None)  # the candidate's own exception, where a builtin one
+                raise (cls if isinstance(cls, type) and issubclass(cls, Exception) else RuntimeError)(rec[2][:300])
+            raise RuntimeError("malformed reply from the candidate's process")
+        return call
+
+    def stop():
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+
+    try:
+        loaded = receive()
+        if len(loaded) != 2 or not (loaded[1] is None or type(loaded[1]) is str):
+            raise RuntimeError("malformed reply from the candidate's process")
+    except Exception as exc:
+        stop()
+        return None, describe(exc)
+    if loaded[1] is not None:
+        stop()
+        return None, loaded[1][:300]
+    namespace = {"__name__": "__harness__", "__builtins__": builtins}
+    try:
+        compiled = compile(harness, "<harness>", "exec")
+        exec(compiled, namespace)
+        driver = namespace["__sage_harness__"]
+    except Exception as exc:
+        stop()
+        return None, "the harness did not load: " + describe(exc)
+    # Every name the harness uses but does not define is the candidate's (MBPP's asserts call its helpers by
+    # name): a proxy to the candidate's global of that name.
+    codes, names = [compiled], set()
+    while codes:
+        code_object = codes.pop()
+        names.update(code_object.co_names)
+        codes.extend(c for c in code_object.co_consts if type(c) is type(compiled))
+    for name in names - set(namespace) - set(dir(builtins)):
+        namespace[name] = proxy(name)
+    namespace[entry] = namespace["candidate"] = proxy(entry)
+
+    def run_then_stop(*args):
+        try:
+            return driver(*args)
+        finally:
+            stop()
+    return run_then_stop, None
+
+
+def _candidate(os, builtins, code, req_r, rep_w, budget, describe):
+    """A check job's candidate side: load the program, report whether it loaded, then answer each call of the
+    harness with its typed, budgeted encoding (or its exception); never returns. Whatever the program does
+    to this process reaches only the replies, which the harness decodes as hostile."""
+    import marshal
+    from _json import encode_basestring_ascii
+    from _json import make_encoder as c_make_encoder
+
+    _json = c_make_encoder(None, None, encode_basestring_ascii, None, ":", ",", False, False, True)
+
+    def send(record):
+        data = "".join(_json(record, 0)).encode("ascii")
+        data = memoryview(len(data).to_bytes(8, "big") + data)
+        while data:
+            data = data[os.write(rep_w, data):]
+
+    namespace = {"__name__": "__solution__", "__builtins__": builtins}
+    try:
+        exec(compile(code, "<solution>", "exec"), namespace)
+        send(["load", None])
+    except BaseException as exc:
+        send(["load", describe(exc)])
+        os._exit(0)
+    while True:
+        head = _read_exact(os, req_r, 8)
+        if len(head) != 8:
+            os._exit(0)
+        name, args, kwargs = marshal.loads(_read_exact(os, req_r, int.from_bytes(head, "big")))
+        try:
+            if name not in namespace:
+                raise NameError(f"name {name!r} is not defined")
+            record = ["ok", make_encoder(budget)(namespace[name](*args, **kwargs))]
+        except BaseException as exc:
+            record = ["err", type(exc).__name__, describe(exc)]
+        send(record)
 
 
 if __name__ == "__main__":

