@@ -437,6 +437,8 @@ def run(job, fd_out):
 
     _set_limits(resource, job["limits"])
     _seccomp(os)
+    if "random" in sys.modules:  # imported by a warm slot's zygote: seeded afresh, as a fresh import would be
+        sys.modules["random"].seed()
 
     # Private references, all taken before any untrusted code exists in this process.
     _write, _exit, _len, _str, _type, _BaseExc = os.write, os._exit, len, str, type, BaseException

@@ -22,10 +22,11 @@ The zygote is non-dumpable, so a job (same uid) can neither ptrace it nor read i
 
 FDS_PER_JOB = 4  # job_r, res_w, out_w, err_w
 # Imported once by the zygote, so each job's fork has them loaded: what a check job's harness and candidate
-# processes both import (HumanEval's prompts import `typing`, ~10 ms a time). None holds state a job could
-# tell apart from a fresh import's (not `random`, whose seed every fork would share).
+# processes both import (HumanEval's prompts import `typing`, ~10 ms a time; every check seeds `random`). None
+# holds state a job could tell apart from a fresh import's: `random`'s seed, which every fork would share, is
+# drawn afresh in each job (`child.run`).
 WARM_MODULES = ("json", "_json", "marshal", "resource", "typing", "math", "collections", "itertools", "functools",
-                "re", "string", "heapq", "bisect", "copy")
+                "re", "string", "heapq", "bisect", "copy", "random")
 SHARED_DIRS = ("/tmp", "/work", "/dev/shm")
 # Kernel state of the slot's IPC namespace: its objects, keys, and its settings (a job that is root of the
 # slot's user namespace may write the sysctls, which the next job would see).

@@ -60,3 +60,13 @@ def test_no_posix_message_queue(backend):
     """POSIX message queues would outlive a job in its slot's IPC namespace unseen: RLIMIT_MSGQUEUE is 0."""
     res = Sandbox(SandboxConfig(backend=backend, workers=1)).execute([Job(MQUEUE, "f", [[]])])[0]
     assert res.status == "ok" and res.outputs == [-1], (res.status, res.outputs, res.errors)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_jobs_of_one_slot_draw_different_random_numbers(backend):
+    """The zygote imports `random` for every job; each job still starts from a seed of its own, so a reference
+    solution that draws random numbers is found nondeterministic when it runs twice in one slot."""
+    code = ZYGOTE + "import random\ndef f():\n    return (zygote(), [random.random()])\n"
+    outs = _run(backend, [code] * 3)
+    assert len({z for z, _ in outs}) == 1, "the jobs should share one warm slot"
+    assert len({draws[0] for _, draws in outs}) == 3
