@@ -536,6 +536,7 @@ def _harness(os, builtins, harness_fd, code, entry, budget, describe):
         os.closerange(3, low)
         os.closerange(low + 1, high)
         os.closerange(high + 1, 1 << 16)
+        _die_with_parent(os)  # with this process: on rlimit no pid namespace would take the candidate down
         _candidate(os, builtins, code, req_r, rep_w, budget, describe)
     os.close(req_r)
     os.close(rep_w)
