@@ -222,17 +222,45 @@ def decode_value(node, depth=0):
 # ----------------------------------------------------------------------------------------- child side
 
 
-def _read_frame(os, fd):
-    """One `<8-byte big-endian length><bytes>` frame from `fd` (b"" at end of file)."""
+def _read_frame(os, fd, limit=1 << 62):
+    """One `<8-byte big-endian length><bytes>` frame from `fd`; None at end of file, for a frame cut short, or
+    for one longer than `limit` (which is not read: a hostile writer's length is no allocation)."""
     head = _read_exact(os, fd, 8)
-    return _read_exact(os, fd, int.from_bytes(head, "big")) if len(head) == 8 else b""
+    size = int.from_bytes(head, "big") if len(head) == 8 else -1
+    if not 0 <= size <= limit:
+        return None
+    body = _read_exact(os, fd, size)
+    return body if len(body) == size else None
+
+
+def _write_frame(os, fd, data):
+    """Write `data` to `fd` as one `_read_frame` frame."""
+    data = memoryview(len(data).to_bytes(8, "big") + data)
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _close_all_but(os, keep):
+    """Close every descriptor above stdio but the two in `keep`."""
+    low, high = sorted(keep)
+    os.closerange(3, low)
+    os.closerange(low + 1, high)
+    os.closerange(high + 1, 1 << 16)
+
+
+def _compact_json():
+    """The C JSON encoder, compact and ASCII, as the records are written (`"".join(encoder(value, 0))`)."""
+    from _json import encode_basestring_ascii
+    from _json import make_encoder as c_make_encoder
+
+    return c_make_encoder(None, None, encode_basestring_ascii, None, ":", ",", False, False, True)
 
 
 def _read_job(os, fd):
     """The job (marshal, one frame). A check job's harness follows in a second frame, read only after the
     candidate's process is forked (`_harness`), so the candidate's memory never holds it: `fd` stays open for it
     as `job["harness_fd"]`; otherwise it is closed."""
-    job = __import__("marshal").loads(_read_frame(os, fd))
+    job = __import__("marshal").loads(_read_frame(os, fd) or b"")
     if job.get("harness"):
         job["harness_fd"] = fd
     else:
@@ -432,8 +460,6 @@ def run(job, fd_out):
     import os
     import resource
     import sys
-    from _json import encode_basestring_ascii
-    from _json import make_encoder as c_make_encoder
 
     _set_limits(resource, job["limits"])
     _seccomp(os)
@@ -443,7 +469,7 @@ def run(job, fd_out):
     # Private references, all taken before any untrusted code exists in this process.
     _write, _exit, _len, _str, _type, _BaseExc = os.write, os._exit, len, str, type, BaseException
     _enumerate = enumerate
-    _json = c_make_encoder(None, None, encode_basestring_ascii, None, ":", ",", False, False, True)
+    _json = _compact_json()
     _join, _encode_text, _mv = "".join, str.encode, memoryview
     nonce = job["nonce"].encode()
     budget = int(job["max_output_bytes"]) * 9 // 10  # room for framing and stdout
@@ -532,25 +558,18 @@ def _harness(os, builtins, harness_fd, code, entry, budget, describe):
     rep_r, rep_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        low, high = sorted((req_r, rep_w))  # only its two pipe ends and stdio stay open in the candidate's process
-        os.closerange(3, low)
-        os.closerange(low + 1, high)
-        os.closerange(high + 1, 1 << 16)
+        _close_all_but(os, (req_r, rep_w))  # only its two pipe ends and stdio stay open in the candidate's process
         _die_with_parent(os)  # with this process: on rlimit no pid namespace would take the candidate down
         _candidate(os, builtins, code, req_r, rep_w, budget, describe)
     os.close(req_r)
     os.close(rep_w)
-    harness = _read_frame(os, harness_fd).decode("utf-8")
+    harness = (_read_frame(os, harness_fd) or b"").decode("utf-8")
     os.close(harness_fd)
 
     def receive():
-        head = _read_exact(os, rep_r, 8)
-        size = int.from_bytes(head, "big") if len(head) == 8 else -1
-        if not 0 <= size <= budget + 4096:
+        body = _read_frame(os, rep_r, budget + 4096)
+        if body is None:
             raise RuntimeError("the candidate's process ended or sent a malformed reply")
-        body = _read_exact(os, rep_r, size)
-        if len(body) != size:
-            raise RuntimeError("the candidate's process ended mid-reply")
         rec = json.loads(body)
         if type(rec) is not list or not rec or rec[0] not in ("load", "ok", "err"):
             raise RuntimeError("malformed reply from the candidate's process")
@@ -558,10 +577,7 @@ def _harness(os, builtins, harness_fd, code, entry, budget, describe):
 
     def proxy(name):
         def call(*args, **kwargs):
-            data = marshal.dumps((name, args, kwargs), 4)
-            data = memoryview(len(data).to_bytes(8, "big") + data)
-            while data:
-                data = data[os.write(req_w, data):]
+            _write_frame(os, req_w, marshal.dumps((name, args, kwargs), 4))
             rec = receive()
             if rec[0] == "ok" and len(rec) == 2:
                 return decode_value(rec[1])
@@ -620,16 +636,11 @@ def _candidate(os, builtins, code, req_r, rep_w, budget, describe):
     harness with its typed, budgeted encoding (or its exception); never returns. Whatever the program does
     to this process reaches only the replies, which the harness decodes as hostile."""
     import marshal
-    from _json import encode_basestring_ascii
-    from _json import make_encoder as c_make_encoder
 
-    _json = c_make_encoder(None, None, encode_basestring_ascii, None, ":", ",", False, False, True)
+    _json = _compact_json()
 
     def send(record):
-        data = "".join(_json(record, 0)).encode("ascii")
-        data = memoryview(len(data).to_bytes(8, "big") + data)
-        while data:
-            data = data[os.write(rep_w, data):]
+        _write_frame(os, rep_w, "".join(_json(record, 0)).encode("ascii"))
 
     namespace = {"__name__": "__solution__", "__builtins__": builtins}
     try:
@@ -639,10 +650,10 @@ def _candidate(os, builtins, code, req_r, rep_w, budget, describe):
         send(["load", describe(exc)])
         os._exit(0)
     while True:
-        head = _read_exact(os, req_r, 8)
-        if len(head) != 8:
+        request = _read_frame(os, req_r)
+        if request is None:  # the harness is done
             os._exit(0)
-        name, args, kwargs = marshal.loads(_read_exact(os, req_r, int.from_bytes(head, "big")))
+        name, args, kwargs = marshal.loads(request)
         try:
             if name not in namespace:
                 raise NameError(f"name {name!r} is not defined")

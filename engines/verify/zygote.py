@@ -14,9 +14,8 @@ checks what the jobs of this slot share: the tmpfs (/tmp, /work, /dev/shm: entri
 time, extended attributes), SysV IPC objects and the IPC namespace's settings, kernel keys, the network
 namespace's sockets, and the zygote's own limits, priority, scheduling, affinity, autogroup and host name (every
 fork inherits them). Each job's fork starts a session of its own, so a job that renices its scheduler autogroup
-slows only itself. It reports `done <exit status>
-<clean>` on `ctrl_fd`. When anything was left or changed, `clean` is 0 and the zygote exits: the parent
-starts a fresh slot for the next job.
+slows only itself. It reports `done <exit status> <clean>` on `ctrl_fd`. When anything was left or changed,
+`clean` is 0 and the zygote exits: the parent starts a fresh slot for the next job.
 The zygote is non-dumpable, so a job (same uid) can neither ptrace it nor read its memory or its fds.
 """
 
@@ -28,8 +27,8 @@ FDS_PER_JOB = 4  # job_r, res_w, out_w, err_w
 WARM_MODULES = ("json", "_json", "marshal", "resource", "typing", "math", "collections", "itertools", "functools",
                 "re", "string", "heapq", "bisect", "copy", "random")
 SHARED_DIRS = ("/tmp", "/work", "/dev/shm")
-# Kernel state of the slot's IPC namespace: its objects, keys, and its settings (a job that is root of the
-# slot's user namespace may write the sysctls, which the next job would see).
+# Kernel state a job could change for the next: the IPC namespace's objects and settings (a job that is root of
+# the slot's user namespace may write the sysctls), keys, IPv6 and unix sockets, the scheduler autogroup.
 KERNEL_STATE = ("/proc/sysvipc/shm", "/proc/sysvipc/sem", "/proc/sysvipc/msg", "/proc/keys",
                 *(f"/proc/sys/kernel/{name}" for name in ("shmmax", "shmall", "shmmni", "shm_rmid_forced", "msgmax",
                                                          "msgmnb", "msgmni", "sem", "msg_next_id", "sem_next_id",
@@ -51,21 +50,9 @@ def _sockets():
     """The slot's network namespace's socket counts (/proc/net/sockstat: in use, in TIME_WAIT, fragments),
     without its machine-wide fields (orphans, allocated, memory). A socket left in TIME_WAIT shows its ports to
     the next job for a minute. Listing the sockets (/proc/net/tcp6) walks the host's tables: 5-20 ms a job."""
-    text = _read("/proc/net/sockstat") or b""
-    return b" ".join(w for line in text.split(b"\n") for w in _drop_global(line.split()))
+    import re
 
-
-def _drop_global(words):
-    """A sockstat line's words without the machine-wide counters and their values."""
-    out, skip = [], False
-    for w in words:
-        if skip:
-            skip = False
-        elif w in (b"orphan", b"alloc", b"mem"):
-            skip = True
-        else:
-            out.append(w)
-    return out
+    return re.sub(rb" (?:orphan|alloc|mem) \d+", b"", _read("/proc/net/sockstat") or b"")
 
 
 def _dir(os, path):
@@ -156,10 +143,7 @@ def serve(os, ctrl_fd):
             sock.close()
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
-            low, high = sorted((job_r, res_w))
-            os.closerange(3, low)  # nothing of the zygote's (its socket, other fds) stays open in the job
-            os.closerange(low + 1, high)
-            os.closerange(high + 1, 1 << 16)
+            child._close_all_but(os, (job_r, res_w))  # nothing of the zygote's (its socket, other fds) stays open
             os.setsid()  # a session, and so a scheduler autogroup, of its own: its nice value dies with the job
             child.run(child._read_job(os, job_r), res_w)
         for fd in fds:
