@@ -55,6 +55,17 @@ def _sockets():
     return re.sub(rb" (?:orphan|alloc|mem) \d+", b"", _read("/proc/net/sockstat") or b"")
 
 
+def _settled_sockets(time):
+    """The slot's socket counts once the set-up's own sockets are gone: bwrap brings up loopback over a netlink
+    socket in the slot's network namespace, which the kernel frees a moment after bwrap closes it (after an RCU
+    grace period). A baseline that counted it would make the first job's slot look changed. Waits 0.5 s at
+    most for "sockets: used 0", the count of a namespace with no socket (the zygote's own is the parent's)."""
+    until = time.monotonic() + 0.5
+    while b"sockets: used 0\n" not in (counts := _sockets()) and time.monotonic() < until:
+        time.sleep(0.002)
+    return counts
+
+
 def _dir(os, path):
     """What a later job could see of a shared dir: its entries, owner, mode, modification time (a job that made
     and removed a file changed it) and extended attributes."""
@@ -76,12 +87,12 @@ def _self(os, resource):
             sorted(os.sched_getaffinity(0)), mask, os.uname().nodename)
 
 
-def _state():
+def _state(sockets=_sockets):
     """What the jobs of this slot could leave for the next one, beyond processes."""
     import os
     import resource
 
-    return [_dir(os, d) for d in SHARED_DIRS], [_read(p) for p in KERNEL_STATE], _sockets(), _self(os, resource)
+    return [_dir(os, d) for d in SHARED_DIRS], [_read(p) for p in KERNEL_STATE], sockets(), _self(os, resource)
 
 
 def _recv_job(sock, array):
@@ -131,7 +142,7 @@ def serve(os, ctrl_fd):
         __import__(name)
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, /proc/1/mem or /proc/1/fd by a job
     sock = socket.socket(fileno=ctrl_fd)
-    baseline = _state()
+    baseline = _state(lambda: _settled_sockets(__import__("time")))
     sock.sendall(b"ready\n")
     while True:
         fds = _recv_job(sock, array)
