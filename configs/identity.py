@@ -4,7 +4,8 @@
 that only say how long, where or how fast a run executes stay out of it (`EXCLUDED`, each with its reason),
 so `--set run.iterations=5` or `-n 5` extends the same run, and a run started locally resumes on Ray. Every
 other field (model, seeds, roles, iteration sizes, rewards, training hyper-parameters, the validation set)
-decides rows, and a change to one is refused with the list of fields that differ.
+decides rows, and a change to one is refused with the list of fields that differ. A field added to the schema
+later stays out of the hash at the value every earlier run computed with (`ADDED`), so run ids outlive the addition.
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ RETIRED: dict[str, tuple[object, bool]] = {
 }
 
 
+#: Fields added after runs were recorded -> the value under which every run recorded before them computed its rows.
+#: At that value a field stays out of the hash, so adding it leaves every existing run id as it was (`sage run`
+#: with an unchanged profile still finds its run); any other value is part of the hash, so a run with the field
+#: changed is another run. A stored config without the field reads as that value (`identity`).
+ADDED: dict[str, object] = {
+    "iteration.challenger": True,
+    "iteration.planner": True,
+}
+
+
 def drop_retired(data: dict) -> dict:
     """`data` (a config as a nested dict, from a stored run or a profile) without the `RETIRED` fields. Raises
     ValueError for one set to anything else: what it asked for no longer exists."""
@@ -61,7 +72,8 @@ def drop_retired(data: dict) -> dict:
 
 
 def identity(cfg: SageConfig | dict) -> dict:
-    """The config as a nested dict without the `EXCLUDED` fields (the identity `RETIRED` fields at their value)."""
+    """The config as a nested dict without the `EXCLUDED` fields (the identity `RETIRED` fields at their value, an
+    `ADDED` field a stored config lacks at its value)."""
     data = cfg.model_dump(mode="json") if isinstance(cfg, SageConfig) else json.loads(json.dumps(cfg))
     for key, (value, kept) in RETIRED.items():
         section, _, field = key.partition(".")
@@ -70,6 +82,10 @@ def identity(cfg: SageConfig | dict) -> dict:
                 data[section].setdefault(field, value)
             else:
                 data[section].pop(field, None)
+    for key, value in ADDED.items():
+        section, _, field = key.partition(".")
+        if isinstance(data.get(section), dict):
+            data[section].setdefault(field, value)
     for key in EXCLUDED:
         section, _, field = key.partition(".")
         if field:
@@ -80,7 +96,13 @@ def identity(cfg: SageConfig | dict) -> dict:
 
 
 def config_hash(cfg: SageConfig | dict) -> str:
-    return hashlib.sha256(json.dumps(identity(cfg), sort_keys=True).encode()).hexdigest()[:16]
+    """The hash of `identity`, with each `ADDED` field left out at its value."""
+    data = identity(cfg)
+    for key, value in ADDED.items():
+        section, _, field = key.partition(".")
+        if isinstance(data.get(section), dict) and data[section].get(field) == value:
+            del data[section][field]
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def identity_diff(stored: SageConfig | dict, new: SageConfig | dict) -> list[str]:

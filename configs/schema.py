@@ -80,6 +80,13 @@ class RolesConfig(_Section):
 
 
 class IterationConfig(_Section):
+    challenger: bool = Field(True, description="Run the Challenger's stages (challenge, critique_question, probe, "
+                             "verify_probe, admit). false: they generate and write nothing and the pool stays the "
+                             "seeds, an ablation (SAGE.md's 'without Challenger'); the Critic then scores plans only.")
+    planner: bool = Field(True, description="Run the Planner's stages (plan, critique_plan). false: they generate "
+                          "and write nothing, and the solve stage samples the `n_plan` questions itself and the "
+                          "Solver answers every one without a plan, as after a withheld plan (s~_p = 0), an ablation; "
+                          "the Critic then scores questions only.")
     n_challenge: int = Field(128, ge=1, description="K: reference questions sampled from the pool per "
                              "iteration; the Challenger writes one new question per reference [MAE batch 128].")
     n_probe: int = Field(4, ge=1, description="Solver samples per new question for the difficulty probe "
@@ -108,6 +115,12 @@ class IterationConfig(_Section):
     shingle_words: int = Field(3, ge=1, description="Words per shingle for the near-duplicate MinHash.")
     minhash_permutations: int = Field(128, ge=16, description="MinHash permutations (signature length) for the "
                                       "near-duplicate estimate; its standard error is about 1/sqrt(this).")
+
+    def roles_off(self) -> set[Role]:
+        """The roles that write no rollout in an iteration under the `challenger` and `planner` switches: the
+        Challenger and the Planner when switched off, and the Critic when both are (it scores their outputs)."""
+        off = {role for role, on in ((Role.CHALLENGER, self.challenger), (Role.PLANNER, self.planner)) if not on}
+        return off | {Role.CRITIC} if len(off) == 2 else off
 
 
 class RewardsConfig(_Section):
@@ -321,4 +334,10 @@ class SageConfig(_Section):
                              f"({self.train.lora_rank}); raise model.max_lora_rank or lower train.lora_rank")
         if self.train.clip_eps_high < self.train.clip_eps_low:
             raise ValueError("train.clip_eps_high must be >= train.clip_eps_low")
+        off = self.iteration.roles_off()
+        if self.train.enabled and set(self.train.roles) <= off:
+            raise ValueError(f"train.roles ({', '.join(self.train.roles)}) lists only roles that write nothing with "
+                             f"iteration.challenger={str(self.iteration.challenger).lower()} and "
+                             f"iteration.planner={str(self.iteration.planner).lower()}, so the update would have no "
+                             f"rollouts; add solver to train.roles, or set train.enabled=false")
         return self

@@ -14,7 +14,8 @@ every decided question `near_dup_similarity` (the MinHash estimate of word-shing
 closest pool, held-out, or earlier question of this iteration) and `near_dup_of` (that question), in one
 transaction.
 Questions are decided in id order, so of two identical new questions the same one is admitted on every re-run.
-Idempotency: only undecided questions are touched. Fails: never on model output.
+Idempotency: only undecided questions are touched. With `iteration.challenger` false (an ablation) it decides
+nothing. Fails: never on model output.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from sage.configs.names import Stage
 from sage.engines.text.similar import most_similar, signatures
-from sage.stages.context import StageContext, StageReport
+from sage.stages.context import StageContext, StageReport, switched_off
 from sage.warehouse.queries import (
     generated_questions,
     heldout_questions,
@@ -58,6 +59,8 @@ def decide(q: dict, alpha: float, seen: set[str], heldout: frozenset[str] = froz
 
 def run(ctx: StageContext) -> StageReport:
     it = ctx.cfg.iteration
+    if not it.challenger:
+        return switched_off(STAGE, "iteration.challenger")
     pending = [q for q in generated_questions(ctx.wh, ctx.run_id, ctx.iteration) if q["admitted"] is None]
     seen = pool_norm_hashes(ctx.wh, ctx.run_id)
     held = heldout_questions(ctx.wh)

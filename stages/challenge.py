@@ -18,6 +18,7 @@ reference's family: a seed's source, inherited down the generations) with its la
 An output without a question, or whose question repeats five words in a row of the prompt's instructions, is stored
 with s_q = 0 and rejection reason `unparseable`.
 Idempotency key: rollout id (see stages/rollouts.py); question id = hash("generated", rollout id).
+With `iteration.challenger` false (an ablation) it reads and writes nothing: the pool stays the seeds.
 Fails: engine errors propagate (the flow retries); model output never fails the stage.
 """
 
@@ -32,7 +33,7 @@ from functools import cache
 from sage.configs.names import Purpose, Role, Stage
 from sage.engines.text.grammar import MATH_PROGRAM_ENTRY
 from sage.engines.text.similar import shingles
-from sage.stages.context import StageContext, StageReport
+from sage.stages.context import StageContext, StageReport, switched_off
 from sage.stages.rollouts import Unit, generate
 from sage.warehouse import content_id, norm_hash
 from sage.warehouse.queries import existing_ids, questions_by_id, rollouts_for, sample_pool
@@ -420,6 +421,8 @@ def challenger_kind(domain: str, math_labels: str) -> str:
 
 
 def run(ctx: StageContext) -> StageReport:
+    if not ctx.cfg.iteration.challenger:
+        return switched_off(STAGE, "iteration.challenger")
     refs = references(ctx)
     labels = ctx.cfg.iteration.math_labels
     units = [Unit(challenger_kind(q["domain"], labels), q["question_id"], q["domain"],

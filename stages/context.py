@@ -30,6 +30,12 @@ class StageReport:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+def switched_off(stage: str, switch: str) -> StageReport:
+    """The report of a stage whose role the config switches off (`switch`, e.g. `iteration.challenger`; an
+    ablation): it read and wrote nothing, and its summary line says why."""
+    return StageReport(stage, info={"skipped": f"switched off by config ({switch}: false)"})
+
+
 class Engines:
     """The generation backend, sandbox and math checker for one config, each built on first use; `given`
     engines (a scripted generator, timed wrappers) are used as they are. `close()` stops what was built."""

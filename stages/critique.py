@@ -6,13 +6,14 @@ questions that have text; writes one Critic rollout each, then `questions.s_q` f
 Plans (`run_plans`, stage and purpose `critique_plan`): reads this iteration's plans; writes one Critic
 rollout each, then a `plans` row: s_p and whether it passed the gate (s_p >= beta: the Solver sees the plan).
 Idempotency key: rollout id; `plans.plan_id` = the Planner rollout; s_q is only set where it is NULL.
+Each half reads and writes nothing when its role's switch is off (`iteration.challenger`, `iteration.planner`).
 Fails: engine errors propagate; model output never fails the stage.
 """
 
 from __future__ import annotations
 
 from sage.configs.names import Purpose, Stage
-from sage.stages.context import StageContext, StageReport
+from sage.stages.context import StageContext, StageReport, switched_off
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.stages.score import gate
 from sage.warehouse.queries import generated_questions, questions_by_id, rollouts_for, update_rows
@@ -27,6 +28,8 @@ def _score(parsed: dict) -> float:
 
 def run_questions(ctx: StageContext) -> StageReport:
     stage = Stage.CRITIQUE_QUESTION
+    if not ctx.cfg.iteration.challenger:
+        return switched_off(stage, "iteration.challenger")
     questions = [q for q in generated_questions(ctx.wh, ctx.run_id, ctx.iteration) if q["text"]]
     units = [Unit("critic_question", q["question_id"], q["domain"], question_fields(q)) for q in questions]
     _, written = generate(ctx, stage, Purpose.CRITIQUE_QUESTION, units)
@@ -41,6 +44,8 @@ def run_questions(ctx: StageContext) -> StageReport:
 
 def run_plans(ctx: StageContext) -> StageReport:
     stage = Stage.CRITIQUE_PLAN
+    if not ctx.cfg.iteration.planner:
+        return switched_off(stage, "iteration.planner")
     plans = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.PLAN)
     qs = questions_by_id(ctx.wh, [p["question_id"] for p in plans])
     units = [Unit("critic_plan", p["question_id"], qs[p["question_id"]]["domain"],

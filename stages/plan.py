@@ -2,14 +2,15 @@
 
 Reads: the pool (seeds + questions admitted up to and including this iteration: admission runs first).
 Samples `iteration.n_plan` questions with a seed derived from (run seed, iteration).
-Writes: one Planner rollout per question (purpose `plan`).
+Writes: one Planner rollout per question (purpose `plan`); nothing with `iteration.planner` false (an ablation:
+the solve stage then samples the same questions itself).
 Idempotency key: rollout id. Fails: engine errors propagate; model output never fails the stage.
 """
 
 from __future__ import annotations
 
 from sage.configs.names import Purpose, Stage
-from sage.stages.context import StageContext, StageReport
+from sage.stages.context import StageContext, StageReport, switched_off
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.warehouse import content_id
 from sage.warehouse.queries import sample_pool
@@ -18,11 +19,14 @@ STAGE = Stage.PLAN
 
 
 def sample(ctx: StageContext) -> list[dict]:
+    """The iteration's `n_plan` pool questions: the ones the Planner plans, or, without it, the Solver answers."""
     return sample_pool(ctx.wh, ctx.run_id, ctx.iteration, ctx.cfg.iteration.domains, ctx.cfg.iteration.n_plan,
                        content_id("plan-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration))
 
 
 def run(ctx: StageContext) -> StageReport:
+    if not ctx.cfg.iteration.planner:
+        return switched_off(STAGE, "iteration.planner")
     questions = sample(ctx)
     units = [Unit("planner", q["question_id"], q["domain"], question_fields(q)) for q in questions]
     _, written = generate(ctx, STAGE, Purpose.PLAN, units)

@@ -65,7 +65,8 @@ def planner_reward(s_p: float, r_f: float, w: RewardsConfig) -> tuple[float, dic
 
 def solver_reward(s_p_tilde: float, s_gt: float, r_f: float, w: RewardsConfig) -> tuple[float, dict[str, Any]]:
     """r_s = w_plan * s~_p + w_gt * s_gt + w_format * r_f (0.2 / 0.6 / 0.2). s~_p is the plan's score when
-    the plan passed the gate and was shown, 0 when it was withheld (and for probe answers, which get none)."""
+    the plan passed the gate and was shown, 0 when it was withheld (and for probe answers, and every answer
+    without the Planner, `iteration.planner` false: none had a plan)."""
     reward = w.solver_plan * s_p_tilde + w.solver_gt * s_gt + w.solver_format * r_f
     return reward, {"s_p_tilde": s_p_tilde, "s_gt": s_gt, "r_f": r_f}
 

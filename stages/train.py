@@ -6,7 +6,8 @@ trained at its role's sampling temperature, `roles.<role>.temperature`) and the 
 with (none in iteration 1: a fresh LoRA). Trains through `sage.engines.train.launch` (a TRL GRPOTrainer subclass
 fed stored rows), in this process or, with `train.isolate` (the GPU default), in its own process, so generation
 and training never hold GPU memory at once; with `train.accelerate_config` under `accelerate launch`,
-data-parallel over its processes.
+data-parallel over its processes. A listed role with no rollouts this iteration (the Planner with `iteration.planner`
+false) is left out of the update; a config whose `train.roles` only such roles fill is refused when it loads.
 Writes: one `train_steps` row per optimizer update as the update ends, the adapter to
 `<project>/adapters/<run>/iteration-<k>` (atomically; `<project>` is the warehouse's directory, the one the
 command was given, never the stored run.dir, so a copied project writes into itself; `<run>` as `run_dirname` maps

@@ -6,7 +6,8 @@ checked against the reference with math-verify in killable worker processes (s_g
 answer's code runs in the sandbox on the question's test inputs; the parent compares the returned values
 with the expected outputs (s_gt = fraction of tests passed). The checks run through `ctx.fanout` (here, or
 on Ray workers with `orchestration.runner: ray`); only this process writes. Writes: one `verdicts` row per
-rollout, committed per batch; after the probe, `questions.difficulty` = 1 - mean probe s_gt.
+rollout, committed per batch; after the probe, `questions.difficulty` = 1 - mean probe s_gt. With
+`iteration.challenger` false (an ablation) `verify_probe` reads and writes nothing.
 Idempotency key: verdict id = rollout id. Fails: engine errors propagate; bad answers score 0; the `verify`
 stage finding no Solver answers at all raises (the solve stage wrote none: never `done` on nothing).
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import time
 
 from sage.configs.names import Purpose, Stage
-from sage.stages.context import StageContext, StageReport
+from sage.stages.context import StageContext, StageReport, switched_off
 from sage.warehouse.queries import rollout_count, set_difficulty_from_probes, unverified_rollouts
 
 
@@ -84,6 +85,8 @@ def verify_rollouts(ctx: StageContext, purpose: Purpose, stage: str) -> StageRep
 
 
 def run_probe(ctx: StageContext) -> StageReport:
+    if not ctx.cfg.iteration.challenger:
+        return switched_off(Stage.VERIFY_PROBE, "iteration.challenger")
     return verify_rollouts(ctx, Purpose.PROBE, Stage.VERIFY_PROBE)
 
 

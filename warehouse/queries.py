@@ -326,9 +326,9 @@ def iteration_summary(wh: Warehouse, run_id: str, iteration: int) -> dict[str, l
         "solver": wh.rows("""
             SELECT CASE WHEN pl.passed THEN 'with plan' ELSE 'without plan' END AS solver,
                    count(*) AS answers, round(avg(v.s_gt), 3) AS accuracy
-            FROM rollouts r JOIN verdicts v USING (rollout_id) JOIN plans pl ON pl.plan_id = r.plan_id
+            FROM rollouts r JOIN verdicts v USING (rollout_id)
+            LEFT JOIN plans pl ON pl.plan_id = r.plan_id AND pl.run_id = ? AND pl.iteration = ?  -- none: no Planner
             WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'solve' AND v.run_id = ? AND v.iteration = ?
-              AND pl.run_id = ? AND pl.iteration = ?
             GROUP BY ALL ORDER BY ALL""", p * 3),
         "roles": wh.rows("""
             SELECT role, rollouts, round(mean_reward, 3) AS mean_reward, round(mean_advantage, 3) AS mean_advantage,

@@ -177,6 +177,29 @@ def test_a_config_stored_before_an_option_was_removed_loads_with_its_hash():
         config_from_dict(stored, source="run r")
 
 
+def test_a_field_added_later_keeps_earlier_run_ids_and_a_changed_one_is_another_run():
+    """The ablation switches (`configs.identity.ADDED`): at their default the hash is the one the config had before
+    they existed, so `sage run` with an unchanged profile finds its run; switched off, the run is another one, and
+    a stored run without them resumes, or refuses the switch with the field named."""
+    from sage.configs import config_json, identity_diff
+    from sage.configs.identity import ADDED
+
+    for profile in ("cpu", "paper-7b"):
+        new = load_config(profile)
+        before = json.loads(config_json(new))
+        for key in ADDED:
+            section, field = key.split(".")
+            del before[section][field]
+        assert config_hash(before) == config_hash(new) and identity_diff(before, new) == []
+        assert config_from_dict(before) == new
+    hashes = {config_hash(load_config("cpu", off)) for off in
+              ([], ["iteration.challenger=false"], ["iteration.planner=false"],
+               ["iteration.challenger=false", "iteration.planner=false"])}
+    assert len(hashes) == 4
+    assert identity_diff(before, load_config("paper-7b", ["iteration.planner=false"])) == [
+        "iteration.planner: true -> false"]
+
+
 def test_trackers_are_off_by_default_and_a_name_transformers_does_not_know_is_refused():
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 

@@ -197,6 +197,58 @@ def test_a_stage_found_done_ends_skipped_and_a_run_stage_logs_its_numbers(one_it
         == "admit: 5 in, 5 out; admitted 3, rejected 2"
 
 
+#: The stages each ablation switch turns off.
+SWITCHED = {"challenge": "challenger", "critique_question": "challenger", "probe": "challenger",
+            "verify_probe": "challenger", "admit": "challenger", "plan": "planner", "critique_plan": "planner"}
+
+
+def test_a_switched_off_stage_generates_and_writes_nothing_and_its_line_says_why(scripted_stage):
+    from sage.flows.iteration import RUNNABLE, summary_line
+
+    ctx, llm = scripted_stage(scripted_run.script, "iteration.challenger=false", "iteration.planner=false")
+    ctx.wh.insert_batch("questions", scripted_run.seed_rows())  # a pool to sample: on, the stages would generate
+    for name, role in SWITCHED.items():
+        report = RUNNABLE[name](ctx)
+        assert summary_line(name, {"rows_in": report.rows_in, "rows_out": report.rows_out, **report.info}) == (
+            f"{name}: 0 in, 0 out; skipped switched off by config (iteration.{role}: false)")
+    assert llm.calls == [] and ctx.wh.count("rollouts") == ctx.wh.count("plans") == 0
+    assert ctx.wh.count("questions") == len(scripted_run.seed_rows())
+
+
+def test_an_iteration_without_the_challenger_and_the_planner_runs_end_to_end(prefect_api, tmp_path):
+    """Both ablation switches off: the iteration writes no question and no plan, the pool stays the seeds, the Solver
+    answers the sampled pool questions without a plan and earns no plan term; the summaries, views and report
+    take an iteration without generated questions or plans."""
+    from sage.flows import session
+    from sage.flows.evolve import evolve_flow
+    from sage.flows.report import write_report
+    from tests.scripted import ScriptedLLM, prompt_text
+
+    rid = scripted_run.prepare(tmp_path, "ablation", ["iteration.challenger=false", "iteration.planner=false"])
+    llm = ScriptedLLM(scripted_run.script)
+    with session.Session(tmp_path, engines={"llm": llm}):
+        summary, = evolve_flow(str(tmp_path), rid, 1)
+    tasks = [prompt_text(r) for r in llm.requests]
+    assert len(tasks) == 5 and not any("Plan (follow it)" in t for t in tasks)  # the 5 seeds, each answered once
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.scalar("SELECT count(*) FROM questions WHERE origin <> 'seed'") == wh.count("plans") == 0
+        assert wh.scalar("SELECT count(*) FROM pool WHERE run_id = 'ablation'") == 5
+        assert wh.rows("SELECT purpose, role, count(*) AS n, count(plan_id) AS planned FROM rollouts GROUP BY ALL") == [
+            {"purpose": "solve", "role": "solver", "n": 10, "planned": 0}]
+        scores = wh.rows("SELECT reward, components FROM scores")
+        assert len(scores) == 10
+        for s in scores:
+            c = json.loads(s["components"])
+            assert c["s_p_tilde"] == 0.0 and s["reward"] == pytest.approx(0.6 * c["s_gt"] + 0.2 * c["r_f"])
+        assert wh.scalar("SELECT count(*) FROM stage_runs WHERE run_id = 'ablation' AND status = 'done'") == 11
+        assert wh.rows("SELECT generated, admitted, pool_size FROM curriculum_drift WHERE run_id = 'ablation'") == [
+            {"generated": 0, "admitted": 0, "pool_size": 5}]
+        assert wh.scalar("SELECT count(*) FROM curriculum_audit WHERE run_id = 'ablation'") == 0
+        page = write_report(wh, rid, tmp_path / "report")
+    assert summary["plans"] == [] and [(r["solver"], r["answers"]) for r in summary["solver"]] == [("without plan", 10)]
+    assert [r["role"] for r in summary["roles"]] == ["solver"] and page.exists()
+
+
 def test_sample_generations_markdown_cannot_be_broken_by_model_output():
     from sage.flows.samples import samples_markdown
 

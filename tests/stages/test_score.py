@@ -262,3 +262,27 @@ def test_the_stage_refuses_an_admitted_question_that_was_never_probed(scripted_s
     ctx.wh.execute("DELETE FROM rollouts")
     ctx.wh.insert_batch("rollouts", [_challenge_rollout("d")])
     assert score.run(ctx).rows_out == 1
+
+
+def test_an_answer_without_the_planner_is_scored_as_one_whose_plan_was_withheld(scripted_stage):
+    """`iteration.planner` false leaves every solve rollout without a plan (`plan_id` NULL): its s~_p is 0, the
+    Solver's reward has no plan term, exactly as for a plan the gate withheld; shown plans pay theirs."""
+    from sage.stages import score
+    from tests.stages.pool import question
+
+    def answer(rid: str, plan_id: str | None) -> dict:
+        return {**_challenge_rollout(rid), "stage": "solve", "role": "solver", "purpose": "solve", "plan_id": plan_id,
+                "format_reward": 0.5}
+
+    ctx, _ = scripted_stage(lambda req: "", "iteration.planner=false")
+    ctx.wh.insert_batch("questions", [question("ref", "What is 2+2?")])
+    ctx.wh.insert_batch("rollouts", [answer("none", None), answer("withheld", "p-low"), answer("shown", "p-high")])
+    ctx.wh.insert_batch("plans", [dict(plan_id=p, run_id="r", iteration=1, question_id="ref", s_p=s_p,
+                                       passed=s_p >= 0.3) for p, s_p in (("p-low", 0.1), ("p-high", 0.9))])
+    ctx.wh.insert_batch("verdicts", [dict(rollout_id=rid, run_id="r", iteration=1, kind="math", s_gt=1.0)
+                                     for rid in ("none", "withheld", "shown")])
+    score.run(ctx)
+    got = {r["rollout_id"]: r for r in ctx.wh.records("SELECT rollout_id, reward, components FROM scores")}
+    assert got["none"]["components"] == got["withheld"]["components"] == {"s_p_tilde": 0.0, "s_gt": 1.0, "r_f": 0.5}
+    assert got["none"]["reward"] == got["withheld"]["reward"] == pytest.approx(0.6 * 1.0 + 0.2 * 0.5)
+    assert got["shown"]["reward"] == pytest.approx(0.2 * 0.9 + 0.6 * 1.0 + 0.2 * 0.5)

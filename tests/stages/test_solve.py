@@ -133,3 +133,22 @@ def test_a_solve_rerun_regenerates_only_what_is_missing(scripted_stage):
     # the unit is asked again whole (n samples, the same seed); only the missing sample is written
     assert report.rows_out == 1 and llm.calls == [2, 1, 1] and llm.requests[-1].n == 2
     assert llm.requests[-1].seed == lost["seed"] and snapshot(ctx) == before
+
+
+def test_without_the_planner_the_solver_answers_the_sampled_questions_as_after_a_withheld_plan(scripted_stage):
+    """`iteration.planner` false: no plans exist; the solve stage answers the `n_plan` pool questions the plan stage
+    would have sampled, each with the no-plan prompt a withheld plan gets, and names no plan."""
+    ctx, llm = scripted_stage(solver, "iteration.n_plan=2", "iteration.n_solve=2", "iteration.planner=false")
+    ctx.wh.insert_batch("questions", [question(f"p{k}", t, "seed") for k, t in enumerate(GATED)])
+    sampled = sorted(q["question_id"] for q in plan.sample(ctx))
+    report = solve.run_solve(ctx)
+
+    rows = ctx.wh.records("SELECT * FROM rollouts ORDER BY question_id, sample_index")
+    assert [(r["question_id"], r["sample_index"]) for r in rows] == [(q, j) for q in sampled for j in range(2)]
+    assert len(sampled) == 2 and plan.run(ctx).rows_out == 0 and ctx.wh.count("rollouts") == 4  # a sample, no plan
+    assert all((r["purpose"], r["plan_id"], r["template"]) == (Purpose.SOLVE, None, TEMPLATE_VERSION["solver_math"])
+               for r in rows)
+    assert [prompt_text(r) for r in llm.requests] and all("Plan (follow it)" not in prompt_text(r)
+                                                          for r in llm.requests)
+    assert (report.rows_in, report.rows_out, report.info) == (2, 4, {"with_plan": 0})
+    assert solve.run_solve(ctx).rows_out == 0 and len(llm.requests) == 2  # a re-run asks nothing
