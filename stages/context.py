@@ -33,7 +33,7 @@ class StageReport:
 def switched_off(stage: str, switch: str) -> StageReport:
     """The report of a stage whose role the config switches off (`switch`, e.g. `iteration.challenger`; an
     ablation): it read and wrote nothing, and its summary line says why."""
-    return StageReport(stage, info={"skipped": f"switched off by config ({switch}: false)"})
+    return StageReport(stage, info={"skipped": f"{switch} is false"})
 
 
 class Engines:

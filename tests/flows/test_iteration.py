@@ -210,7 +210,7 @@ def test_a_switched_off_stage_generates_and_writes_nothing_and_its_line_says_why
     for name, role in SWITCHED.items():
         report = RUNNABLE[name](ctx)
         assert summary_line(name, {"rows_in": report.rows_in, "rows_out": report.rows_out, **report.info}) == (
-            f"{name}: 0 in, 0 out; skipped switched off by config (iteration.{role}: false)")
+            f"{name}: 0 in, 0 out; skipped iteration.{role} is false")
     assert llm.calls == [] and ctx.wh.count("rollouts") == ctx.wh.count("plans") == 0
     assert ctx.wh.count("questions") == len(scripted_run.seed_rows())
 

@@ -1,0 +1,226 @@
+"""Does self-play add anything? The paper's ablations of the loop, each a learning run drawn like the full loop's.
+
+    .venv/bin/python -m experiments.ablation [--iterations 10] [--seeds 0 1 2] [--rows ROW ...]
+        [--seeded-rows full solver-alone] [--config cpu] [--model tiny] [--out DIR] [--report]
+
+Each row is `experiments.learning` on the config with the row's `--set` overrides (`ROWS`), in a folder of its
+own (`DIR/seed-S/ROW`), with the same run id (`ablation-sS`) and run seed (`run.seed=S`) for every row of seed
+S, so every row draws its samples from the same seeds and only the ablated part differs; the seed pool and the
+validation set (`seeds.seed`) are the config's, the same for every row and every run seed. Rows run one after
+the other (`--seeds` in turn; the rows of `--seeded-rows` only for seeds after the first); each is resumable, so
+rerunning the command continues where it stopped and redoes nothing done. While a row runs, the machine's load
+average is sampled every 30 s into the row's `load.json`, so its CPU time can be read against what ran beside it.
+
+Then, and with `--report` alone, it writes `DIR/ablation.md` and `ablation.json`: per run seed and row, the kept
+checkpoint (the run's own rule: the best validation pass@1, the earliest on ties), its pass@1 with a 95% Wilson
+interval, the exact McNemar test against the base model and against the full loop's kept checkpoint on the same
+problems, the row's CPU and wall time (`measures.json`) and the load beside it; and a curve of validation pass@1 per
+iteration for every row (`ablation.png`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from experiments.learning import mcnemar_exact, wilson
+
+#: name: (what the row changes, its `--set` overrides on the config). `cpu.yaml` trains the Solver and the Planner,
+#: so "no Solver training" trains the Planner alone; "Solver alone" is plain RLVR on the seed pool with the same
+#: updates (one an iteration, the same learning rate and batch).
+ROWS: dict[str, tuple[str, list[str]]] = {
+    "full": ("the full loop", []),
+    "solver-alone": ("Solver alone on the seed pool: no Challenger, no Planner, only the Solver trains",
+                     ["iteration.challenger=false", "iteration.planner=false", "train.roles=[solver]"]),
+    "no-challenger": ("no Challenger: the pool stays the seeds", ["iteration.challenger=false"]),
+    "no-planner": ("no Planner: the Solver answers without plans", ["iteration.planner=false"]),
+    "no-plan-gate": ("no plan gate: beta = 0, every plan shown", ["iteration.beta=0"]),
+    "no-solver-training": ("no Solver training: the Planner's rollouts alone train", ["train.roles=[planner]"]),
+}
+LOAD_EVERY_S = 30
+
+
+def row_dir(out: Path, seed: int, row: str) -> Path:
+    return out / f"seed-{seed}" / row
+
+
+def plan(seeds: list[int], rows: list[str], seeded: list[str]) -> list[tuple[int, str]]:
+    """The (seed, row) runs in order: every row for the first seed, then the seeded rows for each later one."""
+    return [(seeds[0], r) for r in rows] + [(s, r) for s in seeds[1:] for r in rows if r in seeded]
+
+
+def learning_command(args, seed: int, row: str) -> list[str]:
+    sets = [f"run.seed={seed}", *ROWS[row][1]]
+    return [sys.executable, "-m", "experiments.learning", "--iterations", str(args.iterations), "--config",
+            args.config, "--model", args.model, "--kl-sequences", str(args.kl_sequences), "--run", f"ablation-s{seed}",
+            "--out", str(row_dir(args.out, seed, row)), *[a for s in sets for a in ("--set", s)]]
+
+
+def _sample_load(path: Path, stop: threading.Event) -> None:
+    """Append (time, 1-minute load average) to `path` every LOAD_EVERY_S until `stop`."""
+    samples = json.loads(path.read_text()) if path.exists() else []
+    while True:
+        samples.append([round(time.time()), round(os.getloadavg()[0], 2)])
+        path.write_text(json.dumps(samples))
+        if stop.wait(LOAD_EVERY_S):
+            return
+
+
+def run_row(args, seed: int, row: str) -> int:
+    """One row's learning run (resuming it), with the load sampled beside it; its exit status."""
+    folder = row_dir(args.out, seed, row)
+    folder.mkdir(parents=True, exist_ok=True)
+    command = learning_command(args, seed, row)
+    print(f"[ablation] seed {seed}, {row}: {' '.join(command[1:])}", flush=True)
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample_load, args=(folder / "load.json", stop), daemon=True)
+    sampler.start()
+    try:
+        return subprocess.run(command, check=False).returncode
+    finally:
+        stop.set()
+        sampler.join()
+
+
+# -- the table ---------------------------------------------------------------------------------------------------
+def _read_row(folder: Path) -> dict | None:
+    """A row's validation verdicts per iteration and problem, its kept checkpoint, time and load; None when the
+    row has not validated anything yet (or its warehouse is held by its running learning process)."""
+    from experiments.learning import _outcomes
+    from experiments.learning_report import kept_iteration
+    from sage.warehouse import Warehouse, WarehouseBusy, snapshot_path
+
+    path = folder / "warehouse.duckdb"
+    if not path.exists():
+        return None
+    try:
+        wh = Warehouse.open(path, read_only=True)
+    except WarehouseBusy:
+        if not snapshot_path(path).exists():
+            return None
+        wh = Warehouse.open(snapshot_path(path), read_only=True)
+    with wh:
+        run_id = wh.scalar("SELECT run_id FROM runs ORDER BY run_id LIMIT 1")
+        done = [r["iteration"] for r in wh.rows(
+            "SELECT DISTINCT iteration FROM rollouts WHERE run_id = ? AND purpose = 'validate' ORDER BY 1", [run_id])]
+        outcomes = {k: {q: p for q, (_, p) in _outcomes(wh, run_id, k).items()} for k in done}
+    outcomes = {k: v for k, v in outcomes.items() if v}
+    if 0 not in outcomes:
+        return None
+    history = [{"iteration": k, "val_pass1": sum(v.values()) / len(v)} for k, v in sorted(outcomes.items())]
+    measures = json.loads((folder / "measures.json").read_text()) if (folder / "measures.json").exists() else {}
+    runs = measures.get("invocations", [])
+    load = json.loads((folder / "load.json").read_text()) if (folder / "load.json").exists() else []
+    return {"outcomes": outcomes, "history": history, "kept": kept_iteration(history),
+            "cpu_s": sum(r["cpu_s"] for r in runs), "wall_s": sum(r["wall_s"] for r in runs),
+            "load": [x for _, x in load]}
+
+
+def _paired(now: dict[str, bool], other: dict[str, bool]) -> tuple[int, int, float]:
+    """b (other right, now wrong), c (the reverse) and the exact McNemar p on the problems both answered."""
+    common = now.keys() & other.keys()
+    b = sum(other[q] and not now[q] for q in common)
+    c = sum(now[q] and not other[q] for q in common)
+    return b, c, mcnemar_exact(b, c)
+
+
+def summarise(out: Path, seeds: list[int], rows: list[str]) -> dict:
+    """Every row's kept checkpoint against the base model and the full loop, per seed."""
+    table = {}
+    for seed in seeds:
+        read = {row: _read_row(row_dir(out, seed, row)) for row in rows}
+        full = read.get("full")
+        for row, r in read.items():
+            if r is None:
+                continue
+            kept = r["kept"]
+            now, base = r["outcomes"][kept], r["outcomes"][0]
+            passed = sum(now.values())
+            entry = {"seed": seed, "row": row, "change": ROWS[row][0], "iterations": len(r["history"]) - 1,
+                     "kept": kept, "pass1": passed / len(now), "n": len(now), "ci": wilson(passed, len(now)),
+                     "base": sum(base.values()) / len(base), "vs_base": _paired(now, base),
+                     "curve": [h["val_pass1"] for h in r["history"]], "cpu_s": r["cpu_s"], "wall_s": r["wall_s"],
+                     "load_mean": sum(r["load"]) / len(r["load"]) if r["load"] else None,
+                     "load_max": max(r["load"], default=None)}
+            if full is not None and row != "full":
+                entry["vs_full"] = _paired(now, full["outcomes"][full["kept"]])
+            table[f"{seed}/{row}"] = entry
+    return table
+
+
+def write_report(out: Path, table: dict, command: str) -> None:
+    lines = ["# Ablations of the loop", "", f"- command: `.venv/bin/python -m experiments.ablation {command}`",
+             "- each row: `experiments.learning` with the row's overrides, run id `ablation-sS`, `run.seed=S`; "
+             "kept = the best validation pass@1 (earliest on ties); b / c: problems the other got right and this "
+             "one wrong / the reverse; p: exact McNemar", "",
+             "| seed | row | the change | iterations | kept: pass@1 [95% Wilson] | vs base: b / c, p | "
+             "vs full: b / c, p | CPU s (wall s) | load mean / max |",
+             "|---:|---|---|---:|---|---|---|---|---|"]
+    for e in table.values():
+        lo, hi = e["ci"]
+        vs_full = "" if "vs_full" not in e else "{} / {}, {:.2g}".format(*e["vs_full"])
+        load = "" if e["load_mean"] is None else f"{e['load_mean']:.1f} / {e['load_max']:.1f}"
+        lines.append(f"| {e['seed']} | {e['row']} | {e['change']} | {e['iterations']} | it {e['kept']}: "
+                     f"{e['pass1']:.3f} [{lo:.2f}, {hi:.2f}] (base {e['base']:.3f}) | "
+                     "{} / {}, {:.2g}".format(*e["vs_base"]) + f" | {vs_full} | "
+                     f"{e['cpu_s']:.0f} ({e['wall_s']:.0f}) | {load} |")
+    (out / "ablation.md").write_text("\n".join(lines) + "\n\n![validation pass@1 per iteration](ablation.png)\n")
+    (out / "ablation.json").write_text(json.dumps(table, indent=1))
+    _plot(out, table)
+
+
+def _plot(out: Path, table: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for key, e in table.items():
+        ax.plot(range(len(e["curve"])), e["curve"], marker="o", markersize=3, label=key)
+    ax.set_xlabel("iteration (0 = base model)")
+    ax.set_ylabel("validation pass@1")
+    ax.set_title("Ablations: validation pass@1 per iteration")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "ablation.png", dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iterations", "-n", type=int, default=10)
+    ap.add_argument("--config", "-c", default="cpu", help="profile name or YAML path (default cpu)")
+    ap.add_argument("--model", choices=["config", "tiny"], default="config",
+                    help="passed to experiments.learning (tiny: the tiny random test model, a smoke test)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="run seeds, the first for every row")
+    ap.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS), help="rows, in this order")
+    ap.add_argument("--seeded-rows", nargs="+", choices=list(ROWS), default=["full", "solver-alone"],
+                    help="the rows also run for the seeds after the first")
+    ap.add_argument("--kl-sequences", type=int, default=10, help="passed to experiments.learning")
+    ap.add_argument("--out", type=Path, default=Path("sage-runs/ablation"))
+    ap.add_argument("--report", action="store_true", help="only write the table from what has run")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        for seed, row in plan(args.seeds, args.rows, args.seeded_rows):
+            code = run_row(args, seed, row)
+            if code != 0:
+                print(f"[ablation] seed {seed}, {row} ended with status {code}; rerun the command to continue",
+                      flush=True)
+                if code in (130, -2, -15):
+                    raise SystemExit(code)
+            write_report(args.out, summarise(args.out, args.seeds, args.rows), " ".join(sys.argv[1:]))
+    write_report(args.out, summarise(args.out, args.seeds, args.rows), " ".join(sys.argv[1:]))
+    print((args.out / "ablation.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

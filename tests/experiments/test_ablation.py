@@ -1,0 +1,60 @@
+"""experiments/ablation.py: the order of its runs, and two rows (the full loop, the Solver alone) of one iteration on
+the tiny model: drawn alike, ablated as configured, in one table, and resumed by a rerun that redoes nothing."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from experiments.ablation import ROWS, plan
+from sage.warehouse import Warehouse
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_row_for_the_first_seed_then_the_seeded_rows_for_the_others():
+    runs = plan([0, 1, 2], list(ROWS), ["full", "solver-alone"])
+    assert runs[:len(ROWS)] == [(0, r) for r in ROWS]
+    assert runs[len(ROWS):] == [(1, "full"), (1, "solver-alone"), (2, "full"), (2, "solver-alone")]
+
+
+def _ablation(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments.ablation", "--model", "tiny", "--iterations", "1",
+                           "--rows", "full", "solver-alone", "--kl-sequences", "2", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def _read(folder: Path) -> dict:
+    with Warehouse.open(folder / "warehouse.duckdb", read_only=True) as wh:
+        return {"run": wh.scalar("SELECT run_id FROM runs"),
+                "generated": wh.scalar("SELECT count(*) FROM questions WHERE origin = 'generated'"),
+                "plans": wh.scalar("SELECT count(*) FROM plans"),
+                "trained_roles": {r["role"] for r in wh.rows(
+                    "SELECT DISTINCT role FROM rollouts WHERE purpose <> 'validate'")},
+                "rollouts": wh.scalar("SELECT count(*) FROM rollouts"),
+                "base": {r["question_id"]: r["s_gt"] for r in wh.rows(
+                    """SELECT r.question_id, v.s_gt FROM rollouts r JOIN verdicts v USING (rollout_id)
+                       WHERE r.purpose = 'validate' AND r.iteration = 0""")}}
+
+
+def test_full_loop_and_solver_alone_drawn_alike_in_one_table(tmp_path):
+    res = _ablation(tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    full, alone = _read(tmp_path / "seed-0" / "full"), _read(tmp_path / "seed-0" / "solver-alone")
+    assert full["run"] == alone["run"] == "ablation-s0"
+    assert full["generated"] > 0 and full["plans"] > 0
+    assert alone["generated"] == 0 and alone["plans"] == 0 and alone["trained_roles"] == {"solver"}
+    assert full["base"] and full["base"] == alone["base"]  # the same validation problems, the same base verdicts
+
+    table = json.loads((tmp_path / "ablation.json").read_text())
+    assert set(table) == {"0/full", "0/solver-alone"}
+    assert "vs_full" in table["0/solver-alone"] and "vs_full" not in table["0/full"]
+    for entry in table.values():
+        assert entry["n"] == len(full["base"]) and len(entry["curve"]) == 2 and entry["cpu_s"] > 0
+    report = (tmp_path / "ablation.md").read_text()
+    assert "| 0 | solver-alone |" in report and (tmp_path / "ablation.png").exists()
+
+    again = _ablation(tmp_path)  # resumes: every stage is done, nothing is generated again
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert _read(tmp_path / "seed-0" / "full")["rollouts"] == full["rollouts"]
+    assert _read(tmp_path / "seed-0" / "solver-alone")["rollouts"] == alone["rollouts"]
