@@ -68,7 +68,11 @@ def _sage_label_():
     if isinstance(value, fractions.Fraction) and value.denominator == 1:
         value = value.numerator
     if isinstance(value, float):
-        value = format(value, ".12g")   # 1.99 + 1.19 is 3.18, not 3.1799999999999997
+        shown = format(value, ".12g")   # 1.99 + 1.19 is 3.18, not 3.1799999999999997
+        exact = fractions.Fraction(value).limit_denominator(10**6) if value - value == 0 else None
+        # 16 / 3 is 16/3, not 5.33333333333: a ratio whose decimals never end is kept exact
+        value = str(exact) if exact is not None and float(exact) == value and fractions.Fraction(shown) != exact \
+            else shown
     return str(value)[:200]
 """
 _NUMBER = re.compile(r"\d+(?:\.\d+)?|\.\d+")
@@ -210,12 +214,9 @@ def _arithmetic_value(stretch: str) -> Fraction | None:
     return (d - b) / (a - c)
 
 
-def arithmetic_mismatch(question: str, result: str) -> str | None:
-    """Why the program's `result` is not the value of the arithmetic its question writes out (None when it is, or
-    when there is nothing to check): where all of the question's numbers stand in one stretch of arithmetic, an
-    expression (`What is 7 * 8?`) or a linear equation in one unknown (`Find y: y + 1 = 3`), its value is known
-    without the program, and a program that computes something else (`return 3 + 1` for `y + 1 = 3`, the one wrong
-    math label in docs/curriculum-audit.md) grounds a wrong label."""
+def own_arithmetic(question: str) -> str | None:
+    """The one stretch of arithmetic that holds all of the question's numbers (`7 * 8` in "What is 7 * 8?",
+    `y + 1 = 3` in "Find y: y + 1 = 3"), or None when there is no such stretch or more than one."""
     text = question.translate(_ARITH_SIGNS)[:2000]
     stretches, current = [], []
     for m in _ARITH_TOKEN.finditer(text):
@@ -228,7 +229,46 @@ def arithmetic_mismatch(question: str, result: str) -> str | None:
     numbers = Counter(_number(t) for t in _NUMBER.findall(text))
     checkable = [s.strip() for s in stretches
                  if re.search(r"[-+*/]", s) and Counter(_number(t) for t in _NUMBER.findall(s)) == numbers]
-    if len(checkable) != 1 or (value := _arithmetic_value(checkable[0])) is None:
+    return checkable[0] if len(checkable) == 1 else None
+
+
+_DIVISOR_OR_MULTIPLE = {"gcd": re.compile(r"\bgcd\b|greatest common (?:divisor|factor)|highest common factor", re.I),
+                        "lcm": re.compile(r"\blcm\b|least common multiple|lowest common multiple", re.I)}
+
+
+def content_key(question: str) -> str | None:
+    """What a math question asks, whatever its words: its own arithmetic with every unknown written `x` and no
+    trailing `=` ("What is the value of l when l + 8 = 15?" and "Determine the value of d that satisfies: d + 8 =
+    15" are both `x+8=15`), or for a GCD or an LCM its numbers sorted (`gcd 11 12`); None for anything else (a
+    word problem). Two questions with one key ask the same problem in other words, which text similarity misses:
+    in lever 15's run nine admitted questions restated an earlier one, three of them validation problems
+    (docs/curriculum-audit.md). A question that asks something else of the same sum ("Is 12 + 10 even?") shares its
+    key too: at worst a question lost, never a wrong label."""
+    kinds = [k for k, pattern in _DIVISOR_OR_MULTIPLE.items() if pattern.search(question)]
+    if len(kinds) == 1:
+        numbers = sorted(f for f in (_number(t) for t in _NUMBER.findall(question)) if f is not None)
+        return f"{kinds[0]} " + " ".join(map(str, numbers)) if len(numbers) >= 2 else None
+    if kinds or (stretch := own_arithmetic(question)) is None:
+        return None
+    tokens = []
+    for m in _ARITH_TOKEN.finditer(stretch):
+        if m.lastgroup == "num":
+            tokens.append(str(_number(m.group())))
+        elif m.lastgroup == "var":
+            tokens.append("x")
+        elif m.lastgroup == "op":
+            tokens.append(m.group())
+    return "".join(tokens).rstrip("=") or None
+
+
+def arithmetic_mismatch(question: str, result: str) -> str | None:
+    """Why the program's `result` is not the value of the arithmetic its question writes out (None when it is, or
+    when there is nothing to check): where all of the question's numbers stand in one stretch of arithmetic, an
+    expression (`What is 7 * 8?`) or a linear equation in one unknown (`Find y: y + 1 = 3`), its value is known
+    without the program, and a program that computes something else (`return 3 + 1` for `y + 1 = 3`, the one wrong
+    math label in docs/curriculum-audit.md) grounds a wrong label."""
+    stretch = own_arithmetic(question)
+    if stretch is None or (value := _arithmetic_value(stretch)) is None:
         return None
     try:
         got = Fraction(result.strip())
@@ -237,7 +277,7 @@ def arithmetic_mismatch(question: str, result: str) -> str | None:
     if abs(got - value) <= Fraction(1, 10**9) * max(1, abs(value)):
         return None
     shown = str(value.numerator) if value.denominator == 1 else str(value)
-    return f"the question's own arithmetic `{checkable[0][:60]}` gives {shown}; the program returns {result[:60]}"
+    return f"the question's own arithmetic `{stretch[:60]}` gives {shown}; the program returns {result[:60]}"
 
 
 def reference_chunk(engines, jobs: list) -> list:

@@ -217,3 +217,27 @@ def test_without_a_threshold_copies_are_measured_not_rejected(tmp_path):
     got = _decided(wh)
     assert got["c0"]["admitted"] and got["c1"]["admitted"]
     assert got["c1"]["near_dup_of"] == "c0" and got["c1"]["near_dup_similarity"] >= 0.8
+
+
+def test_the_same_problem_in_other_words_is_a_duplicate_or_contaminated(tmp_path):
+    """Lever 15's audit found nine admitted questions restating an earlier one in other words, three of them
+    validation problems: text similarity cannot see it, the question's own arithmetic can. Code questions have
+    no such key."""
+    seed, val = "Determine the value of l that satisfies: l + 8 = 15", "State the final answer to the problem: 5 - 1 ="
+    rows = [_generated("a_val", "Solve the following arithmetic problem: 5 - 1"),
+            _generated("b_seed", "What is the value of q when q + 8 = 15?"),
+            _generated("c_first", "What is 12 + 10?"),
+            _generated("d_again", "Calculate 12 + 10."),
+            _generated("e_new", "Find the value of x that satisfies: x + 4 = 11"),
+            _generated("f_code", "Write a function that returns 12 + 10.", domain="code")]
+    cfg = load_config("cpu", [f"run.dir={tmp_path}", "iteration.alpha=0.7"])
+    wh = Warehouse.open(":memory:")
+    wh.insert_batch("questions", [dict(question_id="seed", origin="seed", domain="math", text=seed,
+                                       verifier={"answer": "7"}, norm_hash=norm_hash(seed)),
+                                  dict(question_id="val", origin="validation", domain="math", text=val,
+                                       verifier={"answer": "4"}, norm_hash=norm_hash(val))] + rows)
+    wh.insert_batch("iterations", [dict(run_id="r", iteration=1)])
+    admit.run(StageContext(cfg=cfg, wh=wh, run_id="r", iteration=1))
+    assert {k: v["rejection_reason"] for k, v in _decided(wh).items()} == {
+        "a_val": "contaminated", "b_seed": "duplicate", "c_first": None, "d_again": "duplicate", "e_new": None,
+        "f_code": None}

@@ -18,7 +18,7 @@ import pytest
 from sage.configs.names import Purpose, Role, Stage
 from sage.engines.verify.sandbox import ExecResult
 from sage.stages import admit, challenge
-from sage.stages.challenge import arithmetic_mismatch, number_mismatch
+from sage.stages.challenge import arithmetic_mismatch, content_key, number_mismatch
 from sage.stages.prompts import TEMPLATE_VERSION
 from sage.stages.rollouts import Unit
 from sage.warehouse import content_id, norm_hash, seed_from_id
@@ -514,6 +514,18 @@ def test_a_float_result_is_the_label_a_person_would_write(scripted_stage):
     assert row["verifier"]["program_result"] == "3.18" and row["verifier"]["answer"] == "3.18"
 
 
+@pytest.mark.parametrize("expression,label", [("16 / 3", "16/3"), ("1 / 100", "0.01"), ("7 / 2", "3.5"),
+                                              ("-2 / 3", "-2/3"), ("2 ** 0.5", "1.41421356237")])
+def test_a_ratio_whose_decimals_never_end_is_labelled_exactly(scripted_stage, expression, label):
+    """Lever 15's audit found "16 / 3" admitted with the label 5.33333333333, what the float printed: a Solver that
+    rounds otherwise is marked wrong. A ratio of small numbers is written as the fraction it is; a decimal that ends,
+    or an irrational value, as before."""
+    question_text = f"What is {expression}?"
+    row, _ = one(scripted_stage, grounded_reply(question_text, f"def solve():\n    return {expression}", label),
+                 "program", sandbox=ScriptedProgramSandbox())
+    assert row["verifier"]["program_result"] == label
+
+
 def test_a_question_that_copies_the_instructions_is_unparseable(scripted_stage):
     """The audit found admitted questions carrying the prompt's own "Write ONE new math problem of the same kind
     ..." after the problem; the copy is rejected before the Critic sees it, whatever its label."""
@@ -560,3 +572,31 @@ def test_arithmetic_mismatch(question, result, value):
     assert (mismatch is None) == (value is None), mismatch
     if value is not None:
         assert mismatch.endswith(f" gives {value}; the program returns {result}")
+
+
+@pytest.mark.parametrize("first,second", [
+    ("What is the value of l when l + 8 = 15?", "Determine the value of d that satisfies: d + 8 = 15"),
+    ("Find the value of x that satisfies: x + 4 = 11", "Find the value of s in the equation: s + 4 = 11"),
+    ("12 + 10 =", "State the final answer to the following arithmetic problem: 12 + 10 ="),
+    ("3 + 4.", "Calculate 3 + 4."),
+    ("Find the GCD of these numbers: 28, 40.", "Determine the Greatest Common Divisor (GCD) of 40 and 28."),
+    ("What is 1.50 + 2?", "Compute 1.5 + 2."),
+])
+def test_the_same_problem_in_other_words_has_one_content_key(first, second):
+    assert content_key(first) is not None and content_key(first) == content_key(second)
+
+
+@pytest.mark.parametrize("first,second", [
+    ("12 - 10 =", "10 - 12 ="),
+    ("Find x: x + 4 = 11", "Find x: x + 4 = 12"),
+    ("Find the GCD of 12 and 18.", "Find the LCM of 12 and 18."),
+    ("What is 7 * 8?", "What is 7 + 8?"),
+])
+def test_other_problems_have_other_content_keys(first, second):
+    assert content_key(first) != content_key(second)
+
+
+@pytest.mark.parametrize("text", ["A train travels 60 km in 1.5 hours. What is its average speed in km per hour?",
+                                  "Tom has 5 marbles and buys 8 more. How many marbles now?", "What is 7?", ""])
+def test_a_word_problem_has_no_content_key(text):
+    assert content_key(text) is None
