@@ -8,14 +8,16 @@ own (`DIR/seed-S/ROW`), with the same run id (`ablation-sS`) and run seed (`run.
 S, so every row draws its samples from the same seeds and only the ablated part differs; the seed pool and the
 validation set (`seeds.seed`) are the config's, the same for every row and every run seed. Rows run one after
 the other (`--seeds` in turn; the rows of `--seeded-rows` only for seeds after the first); each is resumable, so
-rerunning the command continues where it stopped and redoes nothing done. While a row runs, the machine's load
-average is sampled every 30 s into the row's `load.json`, so its CPU time can be read against what ran beside it.
+rerunning the command continues where it stopped and redoes nothing done. After its run, each row's kept checkpoint
+and the base model answer the fixed out-of-distribution set (`experiments.heldout --ood`; `experiments/ood.py`).
+While a row runs, the machine's load average is sampled every 30 s into the row's `load.json`, so its CPU time
+can be read against what ran beside it.
 
 Then, and with `--report` alone, it writes `DIR/ablation.md` and `ablation.json`: per run seed and row, the kept
 checkpoint (the run's own rule: the best validation pass@1, the earliest on ties), its pass@1 with a 95% Wilson
 interval, the exact McNemar test against the base model and against the full loop's kept checkpoint on the same
-problems, the row's CPU and wall time (`measures.json`) and the load beside it; and a curve of validation pass@1 per
-iteration for every row (`ablation.png`).
+problems, the same on the out-of-distribution set, the row's CPU and wall time (`measures.json`) and the load
+beside it; and a curve of validation pass@1 per iteration for every row (`ablation.png`).
 """
 
 from __future__ import annotations
@@ -82,35 +84,54 @@ def run_row(args, seed: int, row: str) -> int:
     sampler = threading.Thread(target=_sample_load, args=(folder / "load.json", stop), daemon=True)
     sampler.start()
     try:
-        return subprocess.run(command, check=False).returncode
+        code = subprocess.run(command, check=False).returncode
+        if code == 0:
+            code = subprocess.run(ood_command(folder), check=False).returncode
+        return code
     finally:
         stop.set()
         sampler.join()
 
 
+def ood_command(folder: Path) -> list[str]:
+    """`experiments.heldout --ood` on the row's kept checkpoint (its last one when validation kept the base
+    model, so the base model's answers are there to compare with); it answers only what is missing."""
+    r = _read_row(folder)
+    kept = r["kept"] if r and r["kept"] else max((r or {}).get("outcomes", {0: {}}))
+    return [sys.executable, "-m", "experiments.heldout", "--out", str(folder), "--ood",
+            *(["--iteration", str(kept)] if kept else [])]
+
+
 # -- the table ---------------------------------------------------------------------------------------------------
-def _read_row(folder: Path) -> dict | None:
-    """A row's validation verdicts per iteration and problem, its kept checkpoint, time and load; None when the
-    row has not validated anything yet (or its warehouse is held by its running learning process)."""
+def _verdicts(path: Path) -> dict[int, dict[str, bool]]:
+    """Every validated iteration's verdict per problem in the warehouse at `path` ({} when it is missing, or held
+    by a running process and has no snapshot)."""
     from experiments.learning import _outcomes
-    from experiments.learning_report import kept_iteration
     from sage.warehouse import Warehouse, WarehouseBusy, snapshot_path
 
-    path = folder / "warehouse.duckdb"
     if not path.exists():
-        return None
+        return {}
     try:
         wh = Warehouse.open(path, read_only=True)
     except WarehouseBusy:
         if not snapshot_path(path).exists():
-            return None
+            return {}
         wh = Warehouse.open(snapshot_path(path), read_only=True)
     with wh:
         run_id = wh.scalar("SELECT run_id FROM runs ORDER BY run_id LIMIT 1")
         done = [r["iteration"] for r in wh.rows(
             "SELECT DISTINCT iteration FROM rollouts WHERE run_id = ? AND purpose = 'validate' ORDER BY 1", [run_id])]
         outcomes = {k: {q: p for q, (_, p) in _outcomes(wh, run_id, k).items()} for k in done}
-    outcomes = {k: v for k, v in outcomes.items() if v}
+    return {k: v for k, v in outcomes.items() if v}
+
+
+def _read_row(folder: Path) -> dict | None:
+    """A row's validation verdicts per iteration and problem, its kept checkpoint, its out-of-distribution
+    verdicts (`experiments.heldout --ood`: the base model's and the kept checkpoint's), time and load; None when
+    the row has not validated anything yet."""
+    from experiments.learning_report import kept_iteration
+
+    outcomes = _verdicts(folder / "warehouse.duckdb")
     if 0 not in outcomes:
         return None
     history = [{"iteration": k, "val_pass1": sum(v.values()) / len(v)} for k, v in sorted(outcomes.items())]
@@ -118,6 +139,7 @@ def _read_row(folder: Path) -> dict | None:
     runs = measures.get("invocations", [])
     load = json.loads((folder / "load.json").read_text()) if (folder / "load.json").exists() else []
     return {"outcomes": outcomes, "history": history, "kept": kept_iteration(history),
+            "ood": _verdicts(folder / "heldout-ood" / "warehouse.duckdb"),
             "cpu_s": sum(r["cpu_s"] for r in runs), "wall_s": sum(r["wall_s"] for r in runs),
             "load": [x for _, x in load]}
 
@@ -150,6 +172,13 @@ def summarise(out: Path, seeds: list[int], rows: list[str]) -> dict:
                      "load_max": max(r["load"], default=None)}
             if full is not None and row != "full":
                 entry["vs_full"] = _paired(now, full["outcomes"][full["kept"]])
+            ood = r["ood"]
+            if kept in ood and 0 in ood:
+                entry["ood"] = sum(ood[kept].values()) / len(ood[kept])
+                entry["ood_n"], entry["ood_base"] = len(ood[kept]), sum(ood[0].values()) / len(ood[0])
+                entry["ood_vs_base"] = _paired(ood[kept], ood[0])
+                if full is not None and row != "full" and full["kept"] in full["ood"]:
+                    entry["ood_vs_full"] = _paired(ood[kept], full["ood"][full["kept"]])
             table[f"{seed}/{row}"] = entry
     return table
 
@@ -160,15 +189,23 @@ def write_report(out: Path, table: dict, command: str) -> None:
              "kept = the best validation pass@1 (earliest on ties); b / c: problems the other got right and this "
              "one wrong / the reverse; p: exact McNemar", "",
              "| seed | row | the change | iterations | kept: pass@1 [95% Wilson] | vs base: b / c, p | "
-             "vs full: b / c, p | CPU s (wall s) | load mean / max |",
-             "|---:|---|---|---:|---|---|---|---|---|"]
+             "vs full: b / c, p | out of distribution: kept [95% Wilson] | OOD vs base: b / c, p | "
+             "OOD vs full: b / c, p | CPU s (wall s) | load mean / max |",
+             "|---:|---|---|---:|---|---|---|---|---|---|---|---|"]
+
+    def paired(e: dict, key: str) -> str:
+        return "" if key not in e else "{} / {}, {:.2g}".format(*e[key])
+
     for e in table.values():
         lo, hi = e["ci"]
-        vs_full = "" if "vs_full" not in e else "{} / {}, {:.2g}".format(*e["vs_full"])
         load = "" if e["load_mean"] is None else f"{e['load_mean']:.1f} / {e['load_max']:.1f}"
+        ood = ""
+        if "ood" in e:
+            olo, ohi = wilson(round(e["ood"] * e["ood_n"]), e["ood_n"])
+            ood = f"{e['ood']:.3f} [{olo:.2f}, {ohi:.2f}] (base {e['ood_base']:.3f}, n {e['ood_n']})"
         lines.append(f"| {e['seed']} | {e['row']} | {e['change']} | {e['iterations']} | it {e['kept']}: "
-                     f"{e['pass1']:.3f} [{lo:.2f}, {hi:.2f}] (base {e['base']:.3f}) | "
-                     "{} / {}, {:.2g}".format(*e["vs_base"]) + f" | {vs_full} | "
+                     f"{e['pass1']:.3f} [{lo:.2f}, {hi:.2f}] (base {e['base']:.3f}) | {paired(e, 'vs_base')} | "
+                     f"{paired(e, 'vs_full')} | {ood} | {paired(e, 'ood_vs_base')} | {paired(e, 'ood_vs_full')} | "
                      f"{e['cpu_s']:.0f} ({e['wall_s']:.0f}) | {load} |")
     (out / "ablation.md").write_text("\n".join(lines) + "\n\n![validation pass@1 per iteration](ablation.png)\n")
     (out / "ablation.json").write_text(json.dumps(table, indent=1))

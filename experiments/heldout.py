@@ -1,6 +1,6 @@
 """The checkpoint a learning run keeps, against the base model, on a fresh test set it was never chosen on.
 
-    .venv/bin/python -m experiments.heldout --out DIR [--n N] [--iteration K ... | --all]
+    .venv/bin/python -m experiments.heldout --out DIR [--n N | --ood] [--iteration K ... | --all]
 
 `experiments/learning.py` picks the best checkpoint on its validation set, so that set's score of the pick is
 biased upwards (the best of N noisy scores) and its McNemar test against the base model is too optimistic. This
@@ -18,6 +18,10 @@ third split (their second half is the validation set). Reports, for every checkp
 with 95% Wilson intervals, per generator, and the exact McNemar test against the base model on the problems
 whose outcome differs, beside its validation pass@1. Rerunning generates nothing already answered. Writes
 `DIR/heldout-<n>.md` and `DIR/heldout-<n>.json`.
+
+`--ood` tests on the fixed out-of-distribution set instead (`experiments/ood.py`: kinds of problem no seed or
+validation problem has, which the base model partly solves), in `DIR/heldout-ood/`, writing `heldout-ood.md` and
+`.json`, and counts the test problems the run's pool holds by text or content (a Challenger may write one).
 """
 
 from __future__ import annotations
@@ -90,14 +94,27 @@ def _read_run(out: Path) -> dict:
                     [run_id])},
                 "kept": wh.scalar("SELECT iteration FROM checkpoints WHERE run_id = ? AND is_best", [run_id]),
                 "seen": {r["norm_hash"] for r in wh.rows("SELECT norm_hash FROM questions")},
+                "trained_texts": [r["text"] for r in wh.rows(
+                    "SELECT text FROM questions WHERE origin = 'seed' OR (origin = 'generated' AND admitted)")],
                 "validation": {r["iteration"]: r["val_accuracy"] for r in wh.rows(
                     "SELECT iteration, val_accuracy FROM checkpoints WHERE run_id = ?", [run_id])}}
 
 
-def evaluate(out: Path, n: int | None, iterations: list[int] | None = None, every: bool = False) -> dict:
-    """Answer the test set of `n` problems (None: `fitting_n`) with the base model and the checkpoints asked for
-    (default: the kept one; `every`: all trained ones), only what is missing, and the results of every
-    checkpoint answered so far."""
+def ood_overlap(items: list, trained_texts: list[str]) -> int:
+    """How many of the test `items` the run's pool (seeds and admitted questions) holds, by normalised text or by
+    content (`challenge.content_key`): a Challenger that writes a test problem trains on it."""
+    from sage.stages.challenge import content_key
+    from sage.warehouse import norm_hash
+
+    pool = {norm_hash(t) for t in trained_texts} | {k for t in trained_texts if (k := content_key(t))}
+    return sum(bool({norm_hash(i.question), content_key(i.question)} & pool) for i in items)
+
+
+def evaluate(out: Path, n: int | None, iterations: list[int] | None = None, every: bool = False,
+             ood: bool = False) -> dict:
+    """Answer the test set of `n` problems (None: `fitting_n`; with `ood`, the fixed out-of-distribution set
+    instead) with the base model and the checkpoints asked for (default: the kept one; `every`: all trained ones),
+    only what is missing, and the results of every checkpoint answered so far."""
     from sage.flows.session import Session
     from sage.stages import validate
     from sage.stages.seed import question_row
@@ -117,19 +134,25 @@ def evaluate(out: Path, n: int | None, iterations: list[int] | None = None, ever
     missing = [k for k in iterations if k not in adapters]
     if missing:
         raise SystemExit(f"run {run_id} has no trained adapter for iteration(s) {missing}; it has {sorted(adapters)}")
-    if n is None:
+    ood_items = None
+    if ood:
+        from experiments.ood import load_ood
+
+        ood_items = load_ood()
+        n = len(ood_items)
+    elif n is None:
         n, short = fitting_n(run["cfg"], run["seen"])
         if short:
             print(f"[heldout] {n} test problems, not {DEFAULT_N}: the generators have too few the run has not seen "
                   f"({short}); --n sets the number", flush=True)
-    folder = out / f"heldout-{n}"
+    folder = out / ("heldout-ood" if ood else f"heldout-{n}")
     cfg = run["cfg"].model_copy(update={"run": run["cfg"].run.model_copy(update={"dir": str(folder.resolve())}),
                                         "validate": run["cfg"].validate.model_copy(update={"n_math": n, "n_code": 0})})
     with Session(folder) as s:
         wh = s.warehouse
         s.create_run(cfg, run_id)
         if not count_validation_questions(wh):  # drawn once: the run may have generated more questions since
-            wh.insert_batch("questions", [question_row(i) for i in fresh_problems(cfg, run["seen"], n)])
+            wh.insert_batch("questions", [question_row(i) for i in ood_items or fresh_problems(cfg, run["seen"], n)])
         for k in [0, *iterations]:
             start_iteration(wh, run_id, k, None)
             if k:
@@ -141,7 +164,8 @@ def evaluate(out: Path, n: int | None, iterations: list[int] | None = None, ever
                   f"{time.perf_counter() - start:.1f} s", flush=True)
         answered = [r["iteration"] for r in wh.rows(
             "SELECT DISTINCT iteration FROM rollouts WHERE run_id = ? AND purpose = 'validate' ORDER BY 1", [run_id])]
-        return {"run_id": run_id, "n": n, "kept": run["kept"], "iterations": {
+        return {"run_id": run_id, "n": n, "set": "ood" if ood else "fresh", "kept": run["kept"],
+                "in_pool": ood_overlap(ood_items, run["trained_texts"]) if ood_items else 0, "iterations": {
             k: {"adapter": adapters.get(k), "validation": run["validation"].get(k), "test": validation(wh, run_id, k),
                 "sources": _source_rows(wh, run_id, k)} for k in answered}}
 
@@ -161,8 +185,10 @@ def report(result: dict, command: str) -> str:
         return f"| {name} | " + " | ".join(cells) + " |"
 
     kept = result["kept"]
-    lines = [f"# Checkpoints against the base model on {total(0)[1]} fresh test problems (run {result['run_id']})",
+    kind = "out-of-distribution" if result.get("set") == "ood" else "fresh"
+    lines = [f"# Checkpoints against the base model on {total(0)[1]} {kind} test problems (run {result['run_id']})",
              "", f"- command: `.venv/bin/python -m experiments.heldout {command}`",
+             f"- test problems the run's pool (seeds and admitted questions) also holds: {result.get('in_pool', 0)}",
              f"- the kept checkpoint (chosen on validation): iteration {kept}; adapters: "
              f"{Path(its[ks[-1]]['adapter']).parent if its[ks[-1]]['adapter'] else '-'}", "",
              row("iteration", [f"{k}{' (kept)' if k == kept else ''}" for k in ks]), "|---|" + "---:|" * len(ks),
@@ -186,14 +212,19 @@ def main() -> None:
     ap.add_argument("--iteration", type=int, action="append", default=[],
                     help="a checkpoint to test (repeatable; default: the one validation kept)")
     ap.add_argument("--all", action="store_true", help="test every trained checkpoint")
+    ap.add_argument("--ood", action="store_true", help="test on the fixed out-of-distribution set "
+                    "(experiments/ood_math.jsonl) instead of fresh problems of the run's generators")
     args = ap.parse_args()
+    if args.ood and args.n is not None:
+        ap.error("--ood tests on the whole fixed set; --n does not apply")
     if args.n is not None and args.n < 1:
         ap.error("--n must be at least 1")
     out = Path(args.out)
-    result = evaluate(out, args.n, args.iteration, args.all)
+    result = evaluate(out, args.n, args.iteration, args.all, args.ood)
     text = report(result, shlex.join(sys.argv[1:]))
-    (out / f"heldout-{result['n']}.json").write_text(json.dumps(result, indent=1, default=str))
-    (out / f"heldout-{result['n']}.md").write_text(text)
+    name = "heldout-ood" if args.ood else f"heldout-{result['n']}"
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / f"{name}.md").write_text(text)
     print(text)
 
 

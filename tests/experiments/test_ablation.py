@@ -1,5 +1,6 @@
 """experiments/ablation.py: the order of its runs, and two rows (the full loop, the Solver alone) of one iteration on
-the tiny model: drawn alike, ablated as configured, in one table, and resumed by a rerun that redoes nothing."""
+the tiny model: drawn alike, ablated as configured, scored out of distribution, in one table, and resumed by a
+rerun that redoes nothing."""
 
 import json
 import subprocess
@@ -51,6 +52,8 @@ def test_full_loop_and_solver_alone_drawn_alike_in_one_table(tmp_path):
     assert "vs_full" in table["0/solver-alone"] and "vs_full" not in table["0/full"]
     for entry in table.values():
         assert entry["n"] == len(full["base"]) and len(entry["curve"]) == 2 and entry["cpu_s"] > 0
+        assert entry["ood_n"] == 300  # the kept checkpoint and the base model answered the out-of-distribution set
+    assert "ood_vs_full" in table["0/solver-alone"]
     report = (tmp_path / "ablation.md").read_text()
     assert "| 0 | solver-alone |" in report and (tmp_path / "ablation.png").exists()
 
