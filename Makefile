@@ -15,7 +15,7 @@ TORCH_CPU ?= torch==2.13.0
 NVIDIA_SMI ?= $(shell command -v nvidia-smi 2>/dev/null)
 GPU_CONSTRAINTS := constraints/gpu.txt
 
-.PHONY: setup run lint test test-fast test-slow sandbox-deps clean
+.PHONY: setup run lint test test-fast test-slow sandbox-deps gpu-check clean
 
 setup: $(STAMP)
 
@@ -62,6 +62,12 @@ test-fast: setup
 
 test-slow: setup
 	$(BIN)/pytest -q -m slow
+
+# The one-shot GPU check (bench/gpu_check.py): seeding, one iteration and validation through the real flow on a
+# random 0.5B-shaped Qwen2 (hf, and vLLM when installed), per-stage time and GPU memory, then `pytest -m gpu`, in
+# under 10 minutes on one GPU; the report is sage-runs/gpu-check/summary.md.
+gpu-check: setup
+	$(BIN)/python -m bench.gpu_check
 
 clean:
 	rm -rf $(VENV) *.egg-info
