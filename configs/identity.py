@@ -27,6 +27,7 @@ EXCLUDED: dict[str, str] = {
     "model.gpu_memory_utilization": "share of GPU memory vLLM takes: placement",
     "model.max_lora_rank": "the largest adapter vLLM accepts; train.lora_rank decides the adapter",
     "train.isolate": "training in its own process or in the flow's: same update",
+    "train.keep_last": "how many old adapters stay on disk, not what any iteration computes",
     "train.gradient_checkpointing": "recompute activations to save memory: same update",
     "validate.every": "the validation schedule; the validation set stays in the identity",
     "validate.patience": "when early stopping ends the run, not what an iteration computes",

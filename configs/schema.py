@@ -190,7 +190,16 @@ class TrainConfig(_Section):
         "resident memory then grows update by update. null keeps glibc's dynamic threshold. cpu.yaml: 1024 "
         "(docs/performance.md, memory row).")
     isolate: bool = Field(False, description="Run training in its own process (Parquet in/out) so generation "
-                          "and training never hold GPU memory at once. GPU default: true.")
+                          "and training never hold GPU memory at once. Required with model.backend vllm (unless "
+                          "accelerate_config, which also trains in processes of its own); GPU default: true.")
+    keep_last: int | None = Field(
+        3, ge=1, description="Checkpoint retention: after each iteration `sage run` deletes the adapter directories "
+        "of all but the best checkpoint (chosen by validation) and the last keep_last iterations', and the "
+        "optimizer state beside all but the last two adapters (the next iteration's train stage starts from the "
+        "newest, a redo of the newest iteration's from the one before), recording each deletion in `checkpoints` "
+        "(adapter_pruned_at, optimizer_pruned_at). A stage that needs what was deleted is refused, saying so. At "
+        "least 2 keeps every stage of the newest iteration redoable (`sage stage --force`). null keeps every "
+        "adapter and optimizer state (the learning experiments, which score every checkpoint afterwards).")
     accelerate_config: str | None = Field(None, description="Run training under `accelerate launch` (data "
                                           "parallel) with this accelerate config: a name from configs/accelerate/ "
                                           "(`ddp`, `deepspeed-zero2`, `fsdp`, `cpu-2proc`) or a path. "
@@ -332,6 +341,13 @@ class SageConfig(_Section):
         if self.model.backend == "vllm" and self.model.max_lora_rank < self.train.lora_rank:
             raise ValueError(f"model.max_lora_rank ({self.model.max_lora_rank}) is below train.lora_rank "
                              f"({self.train.lora_rank}); raise model.max_lora_rank or lower train.lora_rank")
+        if (self.model.backend == "vllm" and self.train.enabled and not self.train.isolate
+                and not self.train.accelerate_config):
+            raise ValueError("model.backend vllm with train.isolate false trains in the flow process, whose GPU "
+                             "memory (the trained model, torch's cached blocks, what the released engine has not "
+                             "given back) the next vLLM engine then finds taken; set train.isolate=true (or "
+                             "train.accelerate_config, which also trains in processes of its own), or "
+                             "train.enabled=false")
         if self.train.clip_eps_high < self.train.clip_eps_low:
             raise ValueError("train.clip_eps_high must be >= train.clip_eps_low")
         off = self.iteration.roles_off()

@@ -26,7 +26,8 @@ only the measures missing from `measures.json` (each is deterministic given the 
 (one row per iteration), `learning.md` (the command, config, seed, time, and the table with one column per
 iteration) and PNG curves. `--model tiny` runs it on the tiny random test model in a few minutes.
 `experiments/heldout.py` then tests the checkpoints on fresh problems: validation chose the kept one, so its
-validation score is biased upwards.
+validation score is biased upwards. So that it can test every one (`--all`), the study keeps every adapter on disk
+(`train.keep_last=null`, no checkpoint retention).
 """
 
 from __future__ import annotations
@@ -173,12 +174,14 @@ def seed_questions(wh, seed: int) -> dict[str, list[dict]]:
 
 # -- the run ---------------------------------------------------------------------------------------------------
 def build_config(args) -> tuple[object, Path]:
-    """The config (with the study's validation settings) and the output folder, which is also the run's dir."""
+    """The config (with the study's validation settings, and every checkpoint kept on disk) and the output folder,
+    which is also the run's dir."""
     from sage.configs import config_hash, load_config
     from sage.engines.llm.tiny import TINY_RUN, build_tiny_model
 
     root = Path(args.out) if args.out else Path("sage-runs/learning")
-    overrides = ["validate.every=1", f"validate.patience={args.iterations + 1}"]
+    # Every adapter stays (no checkpoint retention): `experiments.heldout --all` scores each one after the run.
+    overrides = ["validate.every=1", f"validate.patience={args.iterations + 1}", "train.keep_last=null"]
     given = load_config(args.config, args.overrides).validate
     if given.n_math + given.n_code < 100:  # the config's own set when it has 100 problems (cpu.yaml: 300 math)
         overrides = ["validate.n_math=50", "validate.n_code=50"] + overrides
@@ -246,7 +249,7 @@ def run(args, cfg, out: Path, header) -> int:
     """`sage run` up to each validated iteration k in turn (resuming the run), measuring k right after it: the
     flow itself seeds, trains, validates and stops early, so the real flow decides everything. Each call is a
     `sage-run` flow run that skips what is done (a rerun of the same command redoes nothing); k is measured while
-    its adapter is the newest, before checkpoint retention may remove it."""
+    its adapter is the newest (the study keeps every adapter anyway: `build_config`)."""
     from sage.flows.api_server import prefect_api
     from sage.flows.evolve import evolve_flow
     from sage.flows.progress import LINES, Display

@@ -464,7 +464,7 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
         fail(f"no warehouse at {warehouse_path(directory)}")
     _check_prefect()
     with Session(str(directory)) as s:  # refused here, before a flow run starts or a row is written
-        check_stage_target(s.warehouse, run_id, iteration, name)
+        check_stage_target(s.warehouse, run_id, iteration, name, force)
     result = _run_flow(str(directory), stage_flow, str(directory), run_id, iteration, name, force,
                        display=_display(quiet, verbose, run_id=run_id))
     console.print(f"{name}: already done (use --force to redo)" if result is None else f"{name}: {result}")

@@ -6,7 +6,9 @@ before iteration 1 (recorded as iteration 0) and the adapter of iteration k afte
 iteration and after the last one. After each validation the checkpoint with the highest val_accuracy
 (ties: the earliest) is marked `is_best`, and the run stops early once `validate.patience` validations in a
 row have not beaten the best (only while training is on: with `train.enabled` false every validation
-scores the same base model, so it is recorded but never stops the run). Without validation questions in the
+scores the same base model, so it is recorded but never stops the run). After each iteration (and its
+validation) checkpoint retention (`train.keep_last`, `stages.train.retain`) deletes the adapters and optimizer
+states its rule no longer keeps. Without validation questions in the
 warehouse the run validates nothing and never stops early (a warning says so). A run id names a config:
 running the same command again resumes the run where it stopped, redoes nothing that is done, and takes the
 best/stop decisions again from the warehouse (an early-stopped run stops again at the same iteration).
@@ -27,6 +29,7 @@ from sage.flows.artifacts import artifact_key
 from sage.flows.iteration import SKIPPED, iteration_flow, stage_task, summary_line
 from sage.flows.record import ended, publish, run_recorded
 from sage.stages import seed as seed_stage
+from sage.stages import train as train_stage
 from sage.warehouse.queries import set_run_status
 from sage.warehouse.validate_queries import count_validation_questions, mark_best, validation_history
 
@@ -119,6 +122,7 @@ def _evolve(s: session.Session, directory: str, run_id: str, iterations: int) ->
                 decision = _validate(directory, wh, run_id, k, v.patience)
                 log.info(f"validated iteration {k}: best val_accuracy {decision.best_accuracy} at iteration "
                          f"{decision.best_iteration}, {decision.since_best} validation(s) since")
+            _retain(s.context(run_id, k))
     except BaseException as e:
         set_run_status(wh, run_id, ended(e))
         with suppress(Exception):   # the copy must not hide why the run ended
@@ -128,6 +132,15 @@ def _evolve(s: session.Session, directory: str, run_id: str, iterations: int) ->
     publish(wh, ctx.cfg.run.snapshot)
     _publish_report(wh, run_id)
     return summaries
+
+
+def _retain(ctx) -> None:
+    """Checkpoint retention after iteration `ctx.iteration`, and a log line naming what it deleted."""
+    pruned = train_stage.retain(ctx)
+    if pruned["adapters"] or pruned["optimizers"]:
+        get_run_logger().info(f"checkpoint retention (train.keep_last={ctx.cfg.train.keep_last}): deleted the "
+                              f"adapters of iterations {pruned['adapters']} and the optimizer state alone of "
+                              f"iterations {pruned['optimizers']}")
 
 
 def _publish_report(wh, run_id: str) -> None:

@@ -1,11 +1,13 @@
 """`sage export`: hand a run's adapter to serving.
 
 Without `--merge` the checkpoint's adapter directory is copied exactly as peft saved it (vLLM serves it with
-`--enable-lora --lora-modules`). With `--merge` the run's base model (its stored `model.name`, resolved like
-the run resolved it) is loaded with the adapter, merged (`merge_and_unload`) and saved with its tokenizer as
-a plain model directory that `from_pretrained` and `vllm serve` load without peft. Merging happens in
-float32 and the result is saved in the base model's own dtype. The destination is written through a
-temporary sibling directory and a rename, so a failed export leaves nothing half-written.
+`--enable-lora --lora-modules`), with the training metrics beside it and without the optimizer state (twice the
+adapter's size, of use only to the next iteration's training). With `--merge` the run's base model (its stored
+`model.name`, resolved like the run resolved it) is loaded with the adapter, merged (`merge_and_unload`) and saved
+with its tokenizer as a plain model directory that `from_pretrained` and `vllm serve` load without peft. Merging
+happens in float32 and the result is saved in the base model's own dtype. The destination is written through a
+temporary sibling directory and a rename, so a failed export leaves nothing half-written. A checkpoint whose adapter
+checkpoint retention deleted is refused, saying so.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Annotated
 
 import typer
 
+from sage.engines.train import OPTIMIZER_FILE
 from sage.warehouse import Warehouse
 from sage.warehouse.checkpoints import CheckpointNotFound, resolve_checkpoint
 
@@ -71,7 +74,7 @@ def export_adapter(wh: Warehouse, run_id: str, checkpoint: str, dest: Path, merg
                           tmp)
         else:
             shutil.rmtree(tmp)
-            shutil.copytree(adapter, tmp)
+            shutil.copytree(adapter, tmp, ignore=shutil.ignore_patterns(OPTIMIZER_FILE))
         return _publish(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

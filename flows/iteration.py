@@ -140,7 +140,7 @@ def stage_flow(directory: str, run_id: str, iteration: int, stage: RunnableStage
         raise ValueError(f"unknown stage {stage!r}; one of {', '.join(RUNNABLE)}")
     with session.opened(directory) as s:
         wh = s.warehouse
-        check_stage_target(wh, run_id, iteration, stage)  # before anything is written
+        check_stage_target(wh, run_id, iteration, stage, force)  # before anything is written
         if stage in STAGE_NAMES and iteration not in iteration_states(wh, run_id):
             start_iteration(wh, run_id, iteration, s.context(run_id, iteration).adapter)
         result = stage_result(stage_task(directory, run_id, iteration, stage, force=force))

@@ -2,7 +2,8 @@
 timings and the error text. This is the only place that decides whether a stage runs.
 
 A stage that is forced, or `stale` (an earlier stage of its iteration was redone), is redone: what it wrote
-for the iteration is removed first and written anew, and the stages after it become stale in turn."""
+for the iteration is removed first and written anew, and the stages after it become stale in turn. A stage that
+would read an adapter or optimizer state checkpoint retention deleted is refused before anything is written."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from sage.stages.context import StageContext, StageReport
+from sage.warehouse.checkpoints import check_retained
 from sage.warehouse.errors import is_interrupt
 from sage.warehouse.queries import mark_stage_finished, mark_stage_running, stage_status
 from sage.warehouse.redo import forget_outputs, mark_later_stale
@@ -104,6 +106,7 @@ def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], Sta
     status = stage_status(ctx.wh, run_id, iteration, stage)
     if status == "done" and not force:
         return None
+    check_retained(ctx.wh, run_id, iteration, stage)  # what it reads was not deleted: before anything is written
     stale = []
     if force or status == "stale":
         forget_outputs(ctx.wh, run_id, iteration, stage)

@@ -15,6 +15,9 @@ it), then a `checkpoints` row with the metrics and `iterations.adapter_out` (the
 one transaction.
 Idempotency: a recorded checkpoint is never retrained; a crash mid-training leaves no checkpoint row, so a
 re-run trains that iteration again (and only that), first deleting the steps the interrupted attempt stored.
+Retention (`retain`, which `sage run` calls after each iteration and its validation): with `train.keep_last` set,
+older adapter directories and optimizer states are deleted by `checkpoints.retention_plan`'s rule and the
+deletions recorded in `checkpoints`; a stage that would read one is refused (`checkpoints.check_retained`).
 Fails: trainer errors propagate; no scored rollouts to train on raises; a `train.accelerate_config` that names
 no file fails before any work.
 """
@@ -25,10 +28,11 @@ import shutil
 from pathlib import Path
 
 from sage.configs.names import Stage
-from sage.engines.train import launch
+from sage.engines.train import OPTIMIZER_FILE, launch
 from sage.engines.train.rows import TrainRow
 from sage.stages.context import StageContext, StageReport
 from sage.stages.score import REWARD_VERSION
+from sage.warehouse.checkpoints import record_pruned, retention_plan
 from sage.warehouse.queries import (
     checkpoint_path,
     clear_train_steps,
@@ -118,3 +122,28 @@ def run(ctx: StageContext) -> StageReport:
     record_checkpoint(ctx.wh, ctx.run_id, ctx.iteration, str(out), metrics)
     return StageReport(STAGE, rows_in=len(rows), rows_out=1,
                        info={k: metrics.get(k) for k in ("loss", "grad_norm", "tokens_per_s")})
+
+
+def retain(ctx: StageContext) -> dict[str, list[int]]:
+    """Checkpoint retention after iteration `ctx.iteration` (`train.keep_last`; null keeps everything): delete the
+    adapter directories and the optimizer states `checkpoints.retention_plan` names, then record the deletions.
+    Files go before the rows say so: an interrupted call leaves at most a deletion unrecorded, which the next call
+    finds again and records. Only paths inside the project directory are deleted (an absolute path an older
+    version stored may be another project's). Returns the iterations whose adapter went and whose optimizer state
+    alone went."""
+    keep = ctx.cfg.train.keep_last
+    if keep is None:
+        return {"adapters": [], "optimizers": []}
+    adapters, optimizers = retention_plan(ctx.wh, ctx.run_id, ctx.iteration, keep)
+    adapters, optimizers = ([r for r in rows if not Path(r["adapter_path"]).is_absolute()]
+                            for rows in (adapters, optimizers))
+    project = project_dir(ctx.wh)
+    for r in adapters:
+        if (project / r["adapter_path"]).exists():
+            shutil.rmtree(project / r["adapter_path"])
+    for r in optimizers:
+        (project / r["adapter_path"] / OPTIMIZER_FILE).unlink(missing_ok=True)
+    pruned = {"adapters": [r["iteration"] for r in adapters], "optimizers": [r["iteration"] for r in optimizers]}
+    if adapters or optimizers:
+        record_pruned(ctx.wh, ctx.run_id, pruned["adapters"], pruned["optimizers"])
+    return pruned

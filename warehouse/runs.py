@@ -12,6 +12,7 @@ from sage.configs import apply_override, config_from_dict, config_hash, config_j
 from sage.configs.names import Stage
 from sage.configs.schema import SageConfig
 from sage.warehouse import locks
+from sage.warehouse.checkpoints import check_retained
 from sage.warehouse.db import Warehouse
 from sage.warehouse.queries import (
     iteration_stage_states,
@@ -20,6 +21,7 @@ from sage.warehouse.queries import (
     run_ids,
     running_owners,
     set_run_config,
+    stage_status,
 )
 from sage.warehouse.redo import ORDER
 
@@ -109,21 +111,23 @@ def run_dirname(run_id: str) -> str:
     return f"{name or 'run'}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}"
 
 
-def check_stage_target(wh: Warehouse, run_id: str, iteration: int, stage: str) -> None:
-    """Refuse, before anything is written, a stage on a run or an iteration that does not exist, or whose inputs
-    are not done (`check_stage_inputs`). A stage may run on an iteration the run has, on the next one (last + 1)
-    once the last is done, and `validate` also on iteration 0 (the base model)."""
+def check_stage_target(wh: Warehouse, run_id: str, iteration: int, stage: str, force: bool = False) -> None:
+    """Refuse, before anything is written, a stage on a run or an iteration that does not exist, whose inputs
+    are not done (`check_stage_inputs`), or that would run (`force`, or not done) and read an adapter or optimizer
+    state checkpoint retention deleted (`checkpoints.check_retained`). A stage may run on an iteration the run has,
+    on the next one (last + 1) once the last is done, and `validate` also on iteration 0 (the base model)."""
     if run_config(wh, run_id) is None:
         names = run_ids(wh)
         have = f"runs here: {', '.join(names)}" if names else "no runs yet (start one with `sage run`)"
         raise RunNotFound(f"no run {run_id!r} in {wh.path}; {have}")
     states = iteration_states(wh, run_id)
-    if iteration in states or (iteration == 0 and stage == Stage.VALIDATE):
-        check_stage_inputs(wh, run_id, iteration, stage)
-        return
     last = max(states, default=0)
-    if iteration == last + 1 and iteration > 0 and stage != Stage.VALIDATE and states.get(last, "done") == "done":
+    starts_next = (iteration == last + 1 and iteration > 0 and stage != Stage.VALIDATE
+                   and states.get(last, "done") == "done")
+    if iteration in states or (iteration == 0 and stage == Stage.VALIDATE) or starts_next:
         check_stage_inputs(wh, run_id, iteration, stage)
+        if force or stage_status(wh, run_id, iteration, stage) != "done":
+            check_retained(wh, run_id, iteration, stage)
         return
     have = (f"it has iterations {', '.join(f'{k} ({v})' for k, v in sorted(states.items()))}" if states
             else "it has no iterations yet")

@@ -37,15 +37,10 @@ from transformers import AutoModelForCausalLM, set_seed
 
 from sage.configs.schema import TrainConfig
 from sage.engines.llm.models import bounded_heap, quiet_v6, resolve_dtype
+from sage.engines.train import METRICS_FILE, OPTIMIZER_FILE
 from sage.engines.train.attention import use_cpu_attention
 from sage.engines.train.rows import TrainRow, check_rows
 from sage.engines.train.trainer import build_trainer
-
-#: File written next to the adapter weights, with the metrics of the step that produced them.
-METRICS_FILE = "sage_train_metrics.json"
-#: File written next to the adapter weights: AdamW's state (moments, step count) and the scheduler's, which the
-#: next iteration's step loads (SAGE.md step 11: the optimizer state carries from iteration to iteration).
-OPTIMIZER_FILE = "sage_optimizer.pt"
 
 
 def load_optimizer_state(adapter_dir: str | os.PathLike | None) -> dict | None:

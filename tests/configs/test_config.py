@@ -57,6 +57,22 @@ def test_bad_config_names_the_field(overrides, names):
     assert names in str(e.value)
 
 
+def test_vllm_trains_in_a_process_of_its_own_or_not_at_all():
+    """vLLM's GPU memory and the trainer's must not meet in the flow process: `model.backend: vllm` needs
+    `train.isolate` (or an accelerate launch, also processes of their own) while training is on; every profile
+    that names vllm sets it."""
+    with pytest.raises(ConfigError, match=r"model.backend vllm with train.isolate false trains in the flow process.*"
+                                          r"set train.isolate=true \(or train.accelerate_config"):
+        load_config("cpu", ["model.backend=vllm"])
+    for fine in (["train.isolate=true"], ["train.accelerate_config=ddp"], ["train.enabled=false"]):
+        assert load_config("cpu", ["model.backend=vllm", *fine]).model.backend == "vllm"
+    from sage.configs import PROFILES_DIR
+
+    for profile in sorted(PROFILES_DIR.glob("*.yaml")):
+        cfg = load_config(profile)
+        assert cfg.model.backend != "vllm" or cfg.train.isolate, profile.name
+
+
 def test_grammar_annealing_schedule_holds_its_last_share():
     roles = load_config("cpu", ["roles.solver.unconstrained=[0.0, 0.25, 0.5]"]).roles
     assert [roles.solver.unconstrained_share(i) for i in (1, 2, 3, 4, 10)] == [0.0, 0.25, 0.5, 0.5, 0.5]
@@ -109,8 +125,8 @@ IN = ["model.name", "model.backend", "model.dtype", "run.seed", "seeds.source", 
       "roles.solver.max_new_tokens", "roles.critic.temperature", "iteration.n_challenge", "iteration.n_plan",
       "iteration.alpha", "rewards.solver_gt", "train.enabled", "train.lr", "train.lora_rank",
       "validate.n_math", "validate.n_code", "validate.max_new_tokens", "sandbox.timeout_s", "mathcheck.timeout_s"]
-OUT = ["run.iterations", "run.dir", "run.batch_rows", "model.cache_dir", "train.isolate", "validate.every",
-       "validate.patience", "orchestration"]
+OUT = ["run.iterations", "run.dir", "run.batch_rows", "model.cache_dir", "train.isolate", "train.keep_last",
+       "validate.every", "validate.patience", "orchestration"]
 
 
 def test_run_identity_fields_in_and_out():
@@ -130,8 +146,8 @@ def test_run_identity_fields_in_and_out():
 
 
 @pytest.mark.parametrize("override", ["run.iterations=5", "run.batch_rows=7", "train.isolate=true",
-                                      "validate.every=1", "validate.patience=9", "model.cache_dir=/elsewhere",
-                                      "orchestration.runner=ray"])
+                                      "train.keep_last=null", "validate.every=1", "validate.patience=9",
+                                      "model.cache_dir=/elsewhere", "orchestration.runner=ray"])
 def test_schedule_and_placement_keep_the_hash(override):
     assert config_hash(load_config("cpu", [override])) == config_hash(load_config("cpu"))
 

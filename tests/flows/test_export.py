@@ -1,5 +1,5 @@
-"""`sage export` on the tiny local model: the adapter copied as peft saved it, and a merged model directory
-whose logits equal base + adapter through peft."""
+"""`sage export` on the tiny local model: the adapter copied as peft saved it (without the optimizer state), and a
+merged model directory whose logits equal base + adapter through peft."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import typer
 from typer.testing import CliRunner
 
 from sage.configs import config_hash, config_json, load_config
+from sage.engines.train import OPTIMIZER_FILE
 from sage.flows.export import ExportError, export_adapter, export_command
 from sage.warehouse import Warehouse
+from sage.warehouse.checkpoints import record_pruned
 from sage.warehouse.validate_queries import mark_best, record_validation
 
 PROMPT = "What is 7 * 8? The answer is"
@@ -20,7 +22,8 @@ PROMPT = "What is 7 * 8? The answer is"
 @pytest.fixture(scope="module")
 def project(tiny_model, tmp_path_factory):
     """A warehouse with run `r` (base model = the tiny model): baseline 'base' checkpoint at 0.25, a trained
-    adapter at iteration 1 validated at 0.5 (best), and run `nobest` with an unvalidated checkpoint."""
+    adapter at iteration 1 validated at 0.5 (best), run `nobest` with an unvalidated checkpoint, and run `pruned`
+    whose checkpoint's adapter checkpoint retention deleted."""
     from sage.configs.schema import TrainConfig
     from sage.engines.train.rows import TrainRow
     from sage.engines.train.step import train_step
@@ -33,11 +36,12 @@ def project(tiny_model, tmp_path_factory):
                minibatch_size=2), seed=0, device="cpu")
     cfg = load_config("cpu", [f"run.dir={d}", f"model.name={tiny_model}", f"model.cache_dir={d}/models"])
     with Warehouse.open(d / "warehouse.duckdb") as wh:
-        for rid in ("r", "nobest"):
+        for rid in ("r", "nobest", "pruned"):
             wh.insert_batch("runs", [dict(run_id=rid, config=config_json(cfg), config_hash=config_hash(cfg),
                                           base_model=cfg.model.name, seed=0)])
-        wh.insert_batch("checkpoints", [dict(run_id="r", iteration=1, adapter_path=str(adapter)),
-                                        dict(run_id="nobest", iteration=1, adapter_path=str(adapter))])
+        wh.insert_batch("checkpoints", [dict(run_id=rid, iteration=1, adapter_path=str(adapter))
+                                        for rid in ("r", "nobest", "pruned")])
+        record_pruned(wh, "pruned", adapters=[1], optimizers=[])
         record_validation(wh, "r", 0, "base", dict(val_accuracy=0.25, val_math=0.5, val_code=0.0))
         record_validation(wh, "r", 1, str(adapter), dict(val_accuracy=0.5, val_math=0.5, val_code=0.5))
         assert mark_best(wh, "r") == 1
@@ -62,8 +66,9 @@ def test_export_adapter_and_merged_model_give_the_same_logits(project, tiny_mode
         copied = export_adapter(wh, "r", "best", tmp_path / "adapter", merge=False)
         merged = export_adapter(wh, "r", "1", tmp_path / "merged", merge=True)
     assert copied == (tmp_path / "adapter").resolve() and merged == (tmp_path / "merged").resolve()
-    names = sorted(p.name for p in adapter.iterdir())
-    assert sorted(p.name for p in copied.iterdir()) == names and "adapter_config.json" in names
+    names = sorted(p.name for p in adapter.iterdir() if p.name != OPTIMIZER_FILE)
+    assert (adapter / OPTIMIZER_FILE).is_file() and "adapter_config.json" in names  # the next iteration's, not served
+    assert sorted(p.name for p in copied.iterdir()) == names
     assert not filecmp.cmpfiles(adapter, copied, names, shallow=False)[1]  # byte for byte, nothing mismatched
     assert (merged / "config.json").is_file() and not (merged / "adapter_config.json").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
@@ -91,6 +96,8 @@ def test_checkpoint_names_and_errors(project, tmp_path):
             ("nobest", "best", "a", False, "no best checkpoint yet"),
             ("r", "0", "a", False, "the base model itself"),
             ("r", "best", "latest", False, "already exists"),
+            ("pruned", "1", "a", False, "checkpoint retention deleted its adapter"),
+            ("pruned", "latest", "a", True, "checkpoint retention deleted its adapter"),
         ]:
             with pytest.raises(ExportError, match=message):
                 export_adapter(wh, run_id, checkpoint, tmp_path / dest, merge)

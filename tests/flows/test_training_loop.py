@@ -1,5 +1,6 @@
 """The closed loop on the tiny local model: `sage run` trains an adapter per iteration, the next iteration
-generates with it, and a SIGKILL during training re-does only that training."""
+generates with it, checkpoint retention deletes what no later stage reads, and a SIGKILL during training re-does
+only that training."""
 
 import os
 import signal
@@ -24,7 +25,13 @@ def sage_run(tiny_model, directory, *extra, iterations=1, **kw):
 
 
 def test_three_iterations_generate_with_previous_adapters(prefect_api, tiny_model, tmp_path):
-    p = sage_run(tiny_model, tmp_path, iterations=3)
+    """With `train.keep_last=1` retention deletes, after each iteration, every adapter but the newest and the
+    best: iteration k still generates and trains from k - 1's adapter and optimizer state, the resumed run and an
+    export still work, and the export leaves the optimizer state out."""
+    from sage.engines.train import OPTIMIZER_FILE
+    from sage.flows.export import ExportError, export_adapter
+
+    p = sage_run(tiny_model, tmp_path, "train.keep_last=1", iterations=3)
     out, err = p.communicate(timeout=900)
     assert p.returncode == 0, err[-3000:]
     with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
@@ -35,14 +42,31 @@ def test_three_iterations_generate_with_previous_adapters(prefect_api, tiny_mode
         validated = wh.rows("SELECT iteration, adapter FROM rollouts WHERE purpose = 'validate' "
                             "GROUP BY ALL ORDER BY iteration")
         iters = wh.rows("SELECT iteration, adapter_in, adapter_out FROM iterations ORDER BY iteration")
+        best = wh.scalar("SELECT iteration FROM checkpoints WHERE is_best")
+        pruned = {r["iteration"]: r["pruned"] for r in wh.rows("SELECT iteration, adapter_pruned_at IS NOT NULL AS "
+                                                               "pruned FROM checkpoints WHERE iteration > 0")}
+        stages = wh.rows("SELECT * FROM stage_runs ORDER BY ALL")
     assert used[0]["adapters"] == [None]
     assert used[1]["adapters"] == [made[1]] and used[2]["adapters"] == [made[2]]
     assert [(i["adapter_in"], i["adapter_out"]) for i in iters] == [(None, made[1]), (made[1], made[2]),
                                                                     (made[2], made[3])]
-    for path in made.values():  # stored relative to the project directory
-        assert not os.path.isabs(path) and os.path.exists(os.path.join(tmp_path, path, "adapter_config.json"))
+    assert pruned == {k: k not in (best, 3) for k in (1, 2, 3)}
+    for k, path in made.items():  # stored relative to the project directory, there unless retention deleted it
+        assert not os.path.isabs(path)
+        assert os.path.exists(os.path.join(tmp_path, path, "adapter_config.json")) == (not pruned[k])
+    assert os.path.exists(os.path.join(tmp_path, made[3], OPTIMIZER_FILE))  # what iteration 4 starts from
     # validation: the base model (iteration 0), then each iteration's own adapter
     assert validated == [{"iteration": 0, "adapter": None}] + [{"iteration": k, "adapter": made[k]} for k in (1, 2, 3)]
+
+    p = sage_run(tiny_model, tmp_path, "train.keep_last=1", iterations=3)  # resumed: nothing to do, nothing read
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
+        assert wh.rows("SELECT * FROM stage_runs ORDER BY ALL") == stages
+        exported = export_adapter(wh, "loop", "latest", tmp_path / "export", merge=False)
+        with pytest.raises(ExportError, match="checkpoint retention deleted its adapter"):
+            export_adapter(wh, "loop", str(min(k for k in pruned if pruned[k])), tmp_path / "gone", merge=False)
+    assert (exported / "adapter_model.safetensors").is_file() and not (exported / OPTIMIZER_FILE).exists()
 
 
 def test_sigkill_during_training_redoes_only_training(prefect_api, tiny_model, tmp_path):

@@ -110,3 +110,109 @@ def test_train_roles_listing_only_roles_switched_off_is_refused():
                                "train.roles=[challenger, critic]"])
     assert load_config(overrides=["iteration.challenger=false", "train.roles=[challenger, critic]"])  # Critic: plans
     assert load_config(overrides=["iteration.planner=false", "train.roles=[planner]", "train.enabled=false"])
+
+
+def _trained(wh, project, run_id: str, iterations) -> None:
+    """Checkpoint rows and adapter directories (weights, config, optimizer state) as the train stage leaves them."""
+    from sage.engines.train import OPTIMIZER_FILE
+
+    for k in iterations:
+        folder = project / "adapters" / run_id / f"iteration-{k}"
+        folder.mkdir(parents=True)
+        for name in ("adapter_config.json", "adapter_model.safetensors", OPTIMIZER_FILE):
+            (folder / name).write_text(name)
+        wh.insert_batch("checkpoints", [dict(run_id=run_id, iteration=k, adapter_path=str(folder))])
+
+
+def test_retention_keeps_the_best_and_the_last_adapters_and_the_newest_optimizer_states(tmp_path):
+    """train.keep_last=2 after iteration 3, then 5, with iteration 2 the best by validation: the adapters of the best
+    and the last two stay, the optimizer state beside the last two; each deletion is recorded in `checkpoints`; a
+    second call, or one for an earlier iteration (a resumed run passing it again), deletes nothing more; paths
+    outside the project and keep_last null delete nothing."""
+    import pytest
+
+    from sage.engines.train import OPTIMIZER_FILE
+    from sage.stages.context import StageContext
+    from sage.stages.train import retain
+    from sage.warehouse import Warehouse
+    from sage.warehouse.validate_queries import mark_best
+
+    project, other = tmp_path / "project", tmp_path / "other"
+    cfg = load_config("cpu", ["train.keep_last=2"])
+    with Warehouse.open(project / "warehouse.duckdb") as wh:
+        _trained(wh, project, "r", range(1, 6))
+        _trained(wh, other, "old", range(1, 6))  # absolute paths, as an older version stored them: not this project's
+        wh.execute("UPDATE checkpoints SET adapter_path = 'adapters/r/iteration-' || iteration WHERE run_id = 'r'")
+        wh.execute("UPDATE checkpoints SET val_accuracy = CASE WHEN iteration = 2 THEN 0.5 ELSE 0.25 END")
+        assert mark_best(wh, "r") == 2
+
+        def retained(k: int, c=cfg, run_id="r") -> dict:
+            return retain(StageContext(c, wh, run_id=run_id, iteration=k))
+
+        assert retained(3) == {"adapters": [1], "optimizers": []}
+        assert retained(5) == {"adapters": [3], "optimizers": [2]}
+        for again in (retained(5), retained(4), retained(5, load_config("cpu", ["train.keep_last=null"])),
+                      retained(5, run_id="old")):
+            assert again == {"adapters": [], "optimizers": []}
+        pruned = {r["iteration"]: (r["a"], r["o"]) for r in wh.rows(
+            "SELECT iteration, adapter_pruned_at IS NOT NULL AS a, optimizer_pruned_at IS NOT NULL AS o "
+            "FROM checkpoints WHERE run_id = 'r'")}
+    assert pruned == {1: (True, True), 2: (False, True), 3: (True, True), 4: (False, False), 5: (False, False)}
+    adapters = project / "adapters" / "r"
+    assert sorted(p.name for p in adapters.iterdir()) == ["iteration-2", "iteration-4", "iteration-5"]
+    assert [(adapters / f"iteration-{k}" / OPTIMIZER_FILE).exists() for k in (2, 4, 5)] == [False, True, True]
+    assert (adapters / "iteration-2" / "adapter_model.safetensors").exists()
+    assert len(list(other.glob("adapters/old/iteration-*/" + OPTIMIZER_FILE))) == 5
+    with pytest.raises(ValueError):
+        load_config("cpu", ["train.keep_last=0"])  # the newest adapter is what the next iteration starts from
+
+
+def test_a_stage_that_reads_what_retention_deleted_is_refused_before_anything_is_written(tmp_path):
+    """After retention deleted iteration 1's adapter and iteration 2's optimizer state (the rows as `retain` leaves
+    them): a redo of a stage of iteration 2 or 3 (their train stage starts from iteration 1's or 2's adapter and
+    optimizer state), validation of iteration 1 and a checkpoint name for it are refused with a sentence that says
+    what was deleted and by which setting; nothing is removed or recorded; what is kept still runs."""
+    import pytest
+
+    from sage.flows.record import run_recorded
+    from sage.stages.context import StageContext
+    from sage.warehouse import Warehouse
+    from sage.warehouse.checkpoints import CheckpointPruned, check_retained, record_pruned, resolve_checkpoint
+    from sage.warehouse.queries import mark_stage_finished, mark_stage_running, start_iteration
+    from sage.warehouse.runs import check_stage_target, create_run
+
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
+        _trained(wh, tmp_path, "r", range(1, 5))
+        wh.insert_batch("rollouts", [dict(_rollout("a", "solver", "solve"), iteration=2)])  # what a redo removes
+        record_pruned(wh, "r", adapters=[1], optimizers=[2])
+        for iteration, stage, says in [
+                (2, "solve", r"stage solve of run 'r' iteration 2 cannot run: the iteration's train stage, which a "
+                             r"redo of any of its stages runs again, starts from iteration 1's adapter and optimizer "
+                             r"state, and checkpoint retention deleted iteration 1's adapter \(with its optimizer "
+                             r"state\) on .*train.keep_last = K keeps the adapters of the best checkpoint.*Nothing was "
+                             r"written.*--set train.keep_last=null"),
+                (3, "train", "iteration 2's optimizer state on"),
+                (1, "validate", "it answers with iteration 1's adapter")]:
+            with pytest.raises(CheckpointPruned, match=says):
+                check_retained(wh, "r", iteration, stage)
+        for iteration, stage in [(4, "challenge"), (5, "train"), (2, "validate"), (1, "solve"), (0, "validate")]:
+            check_retained(wh, "r", iteration, stage)
+
+        cfg = load_config("cpu", [f"run.dir={tmp_path}"])
+        with pytest.raises(CheckpointPruned, match="iteration 1's adapter"):
+            run_recorded(StageContext(cfg, wh, run_id="r", iteration=2), "solve", lambda ctx: pytest.fail("ran"),
+                         run_id="r", iteration=2, force=True)
+        assert wh.count("stage_runs") == 0 and wh.count("rollouts") == 1
+        # `sage stage` refuses it before a flow starts, unless the stage is done and not forced (then it runs nothing)
+        create_run(wh, cfg, "r")
+        start_iteration(wh, "r", 2, None)
+        for done in (False, True):
+            with pytest.raises(CheckpointPruned, match="iteration 1's adapter"):
+                check_stage_target(wh, "r", 2, "challenge", force=done)
+            mark_stage_running(wh, "r", 2, "challenge")
+            mark_stage_finished(wh, "r", 2, "challenge", "done", 1, 1, 0.1, None)
+        check_stage_target(wh, "r", 2, "challenge")
+        with pytest.raises(CheckpointPruned, match=r"checkpoint iteration 1 of run 'r': checkpoint retention deleted "
+                                                   r"its adapter on .*adapters on disk: iterations \[2, 3, 4\]"):
+            resolve_checkpoint(wh, "r", "1")
+        assert resolve_checkpoint(wh, "r", "2").adapter == str(tmp_path / "adapters" / "r" / "iteration-2")
