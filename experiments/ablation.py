@@ -106,7 +106,7 @@ def ood_command(folder: Path) -> list[str]:
 def _verdicts(path: Path) -> dict[int, dict[str, bool]]:
     """Every validated iteration's verdict per problem in the warehouse at `path` ({} when it is missing, or held
     by a running process and has no snapshot)."""
-    from experiments.learning import _outcomes
+    from experiments.learning import outcomes
     from sage.warehouse import Warehouse, WarehouseBusy, snapshot_path
 
     if not path.exists():
@@ -121,8 +121,8 @@ def _verdicts(path: Path) -> dict[int, dict[str, bool]]:
         run_id = wh.scalar("SELECT run_id FROM runs ORDER BY run_id LIMIT 1")
         done = [r["iteration"] for r in wh.rows(
             "SELECT DISTINCT iteration FROM rollouts WHERE run_id = ? AND purpose = 'validate' ORDER BY 1", [run_id])]
-        outcomes = {k: {q: p for q, (_, p) in _outcomes(wh, run_id, k).items()} for k in done}
-    return {k: v for k, v in outcomes.items() if v}
+        verdicts = {k: {q: p for q, (_, p) in outcomes(wh, run_id, k).items()} for k in done}
+    return {k: v for k, v in verdicts.items() if v}
 
 
 def _read_row(folder: Path) -> dict | None:

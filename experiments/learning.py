@@ -66,7 +66,8 @@ def mcnemar_exact(b: int, c: int) -> float:
 
 
 # -- measures from the warehouse -----------------------------------------------------------------------------
-def _outcomes(wh, run_id: str, k: int) -> dict[str, tuple[str, bool]]:
+def outcomes(wh, run_id: str, k: int) -> dict[str, tuple[str, bool]]:
+    """Each validation problem of iteration k (0: the base model): its domain and whether it passed."""
     rows = wh.rows("""SELECT r.question_id, q.domain, v.s_gt >= 1.0 AS passed FROM rollouts r JOIN verdicts v
                       USING (rollout_id) JOIN questions q ON q.question_id = r.question_id
                       WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'validate'""", [run_id, k])
@@ -74,7 +75,7 @@ def _outcomes(wh, run_id: str, k: int) -> dict[str, tuple[str, bool]]:
 
 
 def validation(wh, run_id: str, k: int) -> dict:
-    now, base = _outcomes(wh, run_id, k), _outcomes(wh, run_id, 0)
+    now, base = outcomes(wh, run_id, k), outcomes(wh, run_id, 0)
     passed = sum(p for _, p in now.values())
     lo, hi = wilson(passed, len(now))
     paired = [q for q in now if q in base]
