@@ -229,15 +229,12 @@ def test_the_same_problem_in_other_words_is_a_duplicate_or_contaminated(tmp_path
             _generated("c_first", "What is 12 + 10?"),
             _generated("d_again", "Calculate 12 + 10."),
             _generated("e_new", "Find the value of x that satisfies: x + 4 = 11"),
-            _generated("f_code", "Write a function that returns 12 + 10.", domain="code")]
-    cfg = load_config("cpu", [f"run.dir={tmp_path}", "iteration.alpha=0.7"])
-    wh = Warehouse.open(":memory:")
-    wh.insert_batch("questions", [dict(question_id="seed", origin="seed", domain="math", text=seed,
-                                       verifier={"answer": "7"}, norm_hash=norm_hash(seed)),
-                                  dict(question_id="val", origin="validation", domain="math", text=val,
-                                       verifier={"answer": "4"}, norm_hash=norm_hash(val))] + rows)
-    wh.insert_batch("iterations", [dict(run_id="r", iteration=1)])
-    admit.run(StageContext(cfg=cfg, wh=wh, run_id="r", iteration=1))
+            _generated("f_code", "Write a function that returns 12 + 10.", domain="code"),
+            dict(question_id="seed2", origin="seed", domain="math", text=seed, verifier={"answer": "7"},
+                 norm_hash=norm_hash(seed)),
+            dict(question_id="val2", origin="validation", domain="math", text=val, verifier={"answer": "4"},
+                 norm_hash=norm_hash(val))]
+    wh, _ = _admit(tmp_path, rows)
     assert {k: v["rejection_reason"] for k, v in _decided(wh).items()} == {
         "a_val": "contaminated", "b_seed": "duplicate", "c_first": None, "d_again": "duplicate", "e_new": None,
         "f_code": None}
