@@ -283,7 +283,9 @@ class RunConfig(_Section):
     dir: str = Field("./sage-runs", description="Project directory: warehouse, adapters, reports.")
     iterations: int = Field(1, ge=1, description="Iterations (training steps) to run.")
     seed: int = Field(0, description="Run seed; every sampling seed derives from it and the row ids.")
-    batch_rows: int = Field(64, ge=1, description="Rows a stage commits per transaction.")
+    batch_rows: int = Field(64, ge=1, description="Rows a stage commits per transaction. Generation: hf generates "
+                            "each commit's rows in one call; vllm a stage's rows in one call (its scheduler batches "
+                            "by tokens), committed this many at a time once the call returns.")
     snapshot: bool = Field(True, description="After every stage, refresh warehouse.snapshot.duckdb, a read-only "
                            "copy any DuckDB client can hold open during a run (costs one file copy per stage; "
                            "turn off for a very large warehouse).")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sage.configs.schema import SageConfig
+from sage.engines.llm.base import Sleeps
 from sage.stages.fanout import Fanout, Local
 from sage.warehouse import Warehouse
 
@@ -70,12 +71,22 @@ class Engines:
 
     def release(self, name: str) -> None:
         """Close and drop engine `name` when this object built it (a given one stays); the next use builds it
-        again. The train stage releases the generation model, so training never holds it beside the copy it
-        trains."""
+        again."""
         engine = None if name in self._given else self._built.pop(name, None)
         close = getattr(engine, "close", None)
         if close:
             close()
+
+    def suspend(self, name: str) -> None:
+        """Give back the device memory engine `name` holds while something else uses the device: the train stage
+        suspends the generation model, so training never holds the GPU beside it. A backend that `Sleeps` (vllm)
+        sleeps and wakes on its next generate: the same engine, with no reload, re-profile or CUDA-graph capture;
+        any other (hf) is released, and built again on next use. Nothing happens to an engine not built yet."""
+        engine = self._built.get(name)
+        if isinstance(engine, Sleeps):
+            engine.sleep()
+        else:
+            self.release(name)
 
     def close(self) -> None:
         for engine in self._built.values():

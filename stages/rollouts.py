@@ -3,7 +3,10 @@
 A *unit* is one prompt for one role about one question (and plan); it yields `n` rollouts. Rollout ids hash
 (run, iteration, purpose, question, plan, template version, sample index), and the request seed derives from
 the unit's id, so a re-run regenerates exactly the missing rollouts with the samples they would have had.
-Each batch of `run.batch_rows` units is generated in one engine call and committed in one transaction.
+Rollouts are committed `run.batch_rows` units per transaction. On vllm a stage's pending units go to the engine in
+one call and are committed after it returns: an interrupted stage loses all of its generation that was not
+committed yet (a re-run redoes exactly that), in exchange for vLLM batching the whole stage by token budget. On hf
+each commit's units are one engine call, so an interruption loses at most one commit's work.
 Grammar annealing (`roles.<role>.unconstrained`): in a training purpose, each sample of a constrained role is
 drawn without the grammar with the iteration's share, picked by a hash of its rollout id; `rollouts.constrained`
 records which were.
@@ -11,11 +14,12 @@ records which were.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from sage.configs.names import TRAINED_PURPOSES, Purpose, Role, Stage
-from sage.engines.llm.base import GenRequest
+from sage.engines.llm.base import GenRequest, GenResult
 from sage.engines.text import tags
 from sage.stages.context import StageContext
 from sage.stages.prompts import TEMPLATE_VERSION, field_limit, render
@@ -112,19 +116,31 @@ def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool, roll
                       free=_free(ctx, unit.role, purpose, greedy, rollout_ids))
 
 
+def _generated(ctx: StageContext, pending: list[Unit], purpose: Purpose, greedy: bool,
+               ids: dict[int, list[str]]) -> Iterator[tuple[int, list[Unit], list[GenRequest], list[GenResult]]]:
+    """`pending` generated, in commits of `run.batch_rows` units: (offset, units, requests, results). Backend vllm
+    generates the whole stage in one engine call, whose scheduler batches by token budget (no call waits for its
+    longest completion before the next starts); hf makes one call per commit, each split further by
+    `model.token_budget`. The next commit is generated (hf) or cut (vllm) only once the caller has stored this one."""
+    step = ctx.cfg.run.batch_rows
+    per_call = max(len(pending), 1) if ctx.cfg.model.backend == "vllm" else step
+    for call in range(0, len(pending), per_call):
+        units = pending[call:call + per_call]
+        requests = [_request(ctx, u, purpose, greedy, ids[id(u)]) for u in units]
+        results = ctx.llm.generate(requests)
+        for at in range(0, len(units), step):
+            yield call + at, units[at:at + step], requests[at:at + step], results[at:at + step]
+
+
 def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit],
              greedy: bool = False) -> tuple[int, int]:
     """Generate every missing rollout of `units`; returns (units processed, rollouts written)."""
     ids = {id(u): [u.rollout_id(ctx, purpose, j) for j in range(u.n)] for u in units}
     have = existing_ids(ctx.wh, "rollouts", "rollout_id", [r for rs in ids.values() for r in rs])
     pending = [u for u in units if not all(r in have for r in ids[id(u)])]
-    step = ctx.cfg.run.batch_rows
     written, tokens = 0, 0
     ctx.report(stage, 0, len(pending), 0)
-    for start in range(0, len(pending), step):
-        batch = pending[start:start + step]
-        requests = [_request(ctx, u, purpose, greedy, ids[id(u)]) for u in batch]
-        results = ctx.llm.generate(requests)
+    for start, batch, requests, results in _generated(ctx, pending, purpose, greedy, ids):
         rows, adapter = [], None if ctx.adapter is None else stored_path(ctx.wh, ctx.adapter)  # project-relative
         for unit, req, res in zip(batch, requests, results):
             for j, comp in enumerate(res.completions):

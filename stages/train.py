@@ -110,7 +110,7 @@ def run(ctx: StageContext) -> StageReport:
     out.parent.mkdir(parents=True, exist_ok=True)
     model_path = str(resolve_model(ctx.cfg.model.name, ctx.cfg.model.cache_dir))
     clear_train_steps(ctx.wh, ctx.run_id, ctx.iteration)  # an interrupted attempt's steps: this one replaces them
-    ctx.engines.release("llm")  # the generation model: rebuilt on next use, never held beside the trained copy
+    ctx.engines.suspend("llm")  # the generation model sleeps (vllm) or is released (hf): not held while training
     tracking = {"run_name": f"{ctx.run_id}/iteration-{ctx.iteration}",
                 "logging_dir": str(project_dir(ctx.wh) / "tensorboard" / run_dirname(ctx.run_id)
                                    / f"iteration-{ctx.iteration}")}

@@ -7,10 +7,10 @@ exists only on CUDA machines.
 from __future__ import annotations
 
 from sage.configs.schema import ModelConfig
-from sage.engines.llm.base import LLM, Completion, GenRequest, GenResult, ProgressFn, sample_seed
+from sage.engines.llm.base import LLM, Completion, GenRequest, GenResult, ProgressFn, Sleeps, sample_seed
 from sage.engines.llm.models import ModelNotFoundError, resolve_model
 
-__all__ = ["LLM", "Completion", "GenRequest", "GenResult", "ModelNotFoundError", "ProgressFn", "load_llm",
+__all__ = ["LLM", "Completion", "GenRequest", "GenResult", "ModelNotFoundError", "ProgressFn", "Sleeps", "load_llm",
            "resolve_model", "sample_seed"]
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 ProgressFn = Callable[[int, int, int], None]  # (done_requests, total_requests, new_tokens_so_far)
 
@@ -84,6 +84,21 @@ class LLM(Protocol):
 
     def close(self) -> None:
         """Free the model (and the GPU memory it holds)."""
+
+
+@runtime_checkable
+class Sleeps(Protocol):
+    """A backend that can give its accelerator memory back between uses without being rebuilt (`vllm`).
+
+    On one GPU, generation and training take turns: before the train stage the flow's `Engines.suspend` puts a
+    backend that `Sleeps` to sleep, and closes one that does not (it is built again on next use). `sleep` frees
+    the device memory the model holds (its weights go to CPU memory, its caches are dropped) and keeps the object:
+    its adapter choice stays, and the next `generate` wakes it before generating, so a sleeping backend never
+    generates. `use_adapter` may be called while it sleeps. Sleeping twice is one sleep.
+    """
+
+    def sleep(self) -> None:
+        """Free the device memory until the next `generate`, which wakes the model first."""
 
 
 def sample_seed(seed: int, index: int) -> int:

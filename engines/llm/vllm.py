@@ -5,7 +5,12 @@ parallelism, all at once as concurrent async-engine requests).
   passed as token prompts, so `GenResult.prompt_ids` are exactly what the engine saw.
 - A request with `n` samples becomes `n` engine prompts with `n=1` and seed `sample_seed(seed, j)`, so
   completion j does not depend on `n` and matches the `hf` backend's seeding scheme; vLLM's prefix cache
-  shares the prompt's KV blocks between them.
+  shares the prompt's KV blocks between them. Per-request seeds cost nothing on vLLM 0.31's default sampler
+  (Model Runner V2 on CUDA: every request carries a seed, given or drawn, and one Triton Gumbel-max kernel
+  samples the whole batch from hashes of (seed, position, token), so a sample does not depend on the batch).
+  They only rule out FlashInfer's fused top-k/top-p sampler, which returning processed log-probs (always
+  asked here) rules out anyway. The V1 runner (`VLLM_USE_V2_MODEL_RUNNER=0`, or a feature V2 lacks) draws a
+  seeded request's noise in a Python loop, one kernel launch per seeded request per step.
 - `logprobs=0` returns the sampled token's log-prob only; the engine is built with
   `logprobs_mode="processed_logprobs"`: log-softmax of the logits after temperature scaling (the behaviour
   policy the trainer compares with, as in TRL's vLLM path), the quantity the `hf` backend returns when top_p
@@ -13,7 +18,15 @@ parallelism, all at once as concurrent async-engine requests).
 - `regex` becomes `SamplingParams(structured_outputs=StructuredOutputsParams(regex=...))` (vLLM >= 0.12
   names; xgrammar is vLLM's default structured-output backend).
 - `use_adapter(path)` makes a new `LoRARequest(name, int_id, path)` with a new integer id every time, so a
-  retrained adapter written to a new (or the same) directory is never served from vLLM's adapter cache.
+  retrained adapter written to a new (or the same) directory is never served from vLLM's adapter cache; the
+  same engine serves it (vLLM loads it on its first request), and the id it replaces is removed from the
+  engine (`remove_lora`) before the next generate, so 200 iterations hold one adapter, not 200 (vLLM's own LRU
+  cache, `max_cpu_loras`, would evict it too, but only when the next one loads).
+- Sleep mode (`Sleeps`): the engine is built with `enable_sleep_mode=True`; `sleep()` is `LLM.sleep(level=1)`:
+  the weights (LoRA slots included: vLLM allocates them with the weights) move to CPU memory, the KV cache
+  is dropped and the prefix cache reset, so no block computed before training is reused after. Level 1 keeps
+  the base weights, which LoRA training leaves unchanged; level 2 would reload them. The next `generate` calls
+  `wake_up()` first. The data-parallel engine sleeps and wakes every replica (vLLM sends the call to each).
 - `model.data_parallel_size > 1`: vLLM's offline `LLM` refuses `data_parallel_size` ("not supported for
   single-process usage and may hang"); data parallelism lives in its async engine, which starts one engine-core
   process per replica and balances requests between them (`vllm serve --data-parallel-size`, and vLLM's own
@@ -47,6 +60,8 @@ class VLLMLLM:
         self.adapter: str | None = None
         self._lora = None
         self._lora_ids = 0
+        self._retired: list[int] = []  # LoRA ids replaced by use_adapter, removed from the engine before it generates
+        self.asleep = False
         self.path = resolve_model(cfg.name, cfg.cache_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         if not getattr(self.tokenizer, "chat_template", None):
@@ -54,7 +69,7 @@ class VLLMLLM:
         kwargs = dict(model=self.path, tokenizer=self.path, enable_lora=True, max_lora_rank=cfg.max_lora_rank,
                       tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
                       gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=cfg.dtype,
-                      logprobs_mode="processed_logprobs", seed=0)
+                      logprobs_mode="processed_logprobs", seed=0, enable_sleep_mode=True)
         if cfg.data_parallel_size > 1:
             # the offline LLM turns stats logging off; the async engine would print throughput lines every few s
             self.engine = _AsyncEngine(dict(kwargs, data_parallel_size=cfg.data_parallel_size, disable_log_stats=True))
@@ -93,6 +108,7 @@ class VLLMLLM:
                 params.append(self._params(req, j, room))
                 owner.append((i, j))
         if prompts:
+            self._ready()
             outputs = self.engine.generate(prompts, sampling_params=params, use_tqdm=False,
                                            lora_request=self._lora)
             new_tokens = 0
@@ -104,6 +120,8 @@ class VLLMLLM:
         return results
 
     def use_adapter(self, path: str | None) -> None:
+        if self._lora is not None:
+            self._retired.append(self._lora.lora_int_id)
         if path is None:
             self._lora, self.adapter = None, None
             return
@@ -112,6 +130,24 @@ class VLLMLLM:
         self._lora_ids += 1
         self._lora = LoRARequest(f"adapter-{self._lora_ids}", self._lora_ids, str(path))
         self.adapter = str(path)
+
+    def sleep(self) -> None:
+        """`LLM.sleep(level=1)`: weights to CPU memory, KV cache dropped; the next `generate` wakes it."""
+        if not self.asleep:
+            self.engine.sleep(level=1)
+            self.asleep = True
+
+    def _ready(self) -> None:
+        """Before generating: wake the engine if it sleeps, then remove the adapters `use_adapter` replaced."""
+        if self.asleep:
+            self.engine.wake_up()
+            self.asleep = False
+        while self._retired:
+            lora_id = self._retired.pop()
+            if isinstance(self.engine, _AsyncEngine):
+                self.engine.remove_lora(lora_id)
+            else:
+                self.engine.llm_engine.remove_lora(lora_id)
 
     def close(self) -> None:
         engine, self.engine = self.engine, None
@@ -139,6 +175,8 @@ class _AsyncEngine:
     data-parallel tests do, so its output handler belongs to that loop), each call runs it until the batch is
     done, and `shutdown` runs inside it too, since vLLM closes its asyncio sockets from the engine's loop.
     Callers stay synchronous, like the offline path; a thread that already runs an event loop cannot call it.
+    `sleep`, `wake_up` and `remove_lora` run `AsyncLLM`'s coroutines of those names on the same loop; vLLM's
+    data-parallel client sends each to every replica.
     """
 
     def __init__(self, engine_args: dict):
@@ -188,6 +226,15 @@ class _AsyncEngine:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+
+    def sleep(self, level: int) -> None:
+        self._loop.run_until_complete(self.engine.sleep(level=level))
+
+    def wake_up(self) -> None:
+        self._loop.run_until_complete(self.engine.wake_up())
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self._loop.run_until_complete(self.engine.remove_lora(lora_id))
 
     def shutdown(self) -> None:
         import asyncio

@@ -8,7 +8,9 @@ and, for data parallelism, the async engine: `vllm.v1.engine.async_llm.AsyncLLM.
 vllm.engine.arg_utils.AsyncEngineArgs(**engine_args))`, `async generate(prompt, sampling_params, request_id,
 *, lora_request=)` yielding `RequestOutput`s (the last with `finished=True`; only that one when
 `SamplingParams.output_kind` is `RequestOutputKind.FINAL_ONLY`, else cumulative ones before it) and
-`shutdown()`.
+`shutdown()`. Sleep mode and adapters: `LLM.sleep(level=, mode=)`, `LLM.wake_up(tags=)`,
+`LLM.llm_engine.remove_lora(lora_id)`, and `AsyncLLM`'s coroutines of those names. Every engine call lands in the
+engine's `events`; generating while asleep, or sleeping an engine built without `enable_sleep_mode`, fails.
 """
 
 from __future__ import annotations
@@ -89,16 +91,51 @@ def _fake_output(prompt, sp) -> FakeVLLMRequestOutput:
         FakeVLLMCompletionOutput(0, f"text{len(toks)}", toks, lps, finish)])
 
 
-class FakeVLLMLLM:
+class FakeVLLMSleep:
+    """What both fake engines share: sleep, wake_up and remove_lora, each recorded in `events` with the state it
+    found, and the checks vLLM's callers rely on."""
+
+    def _init_sleep(self, kwargs):
+        self.events: list[tuple] = []
+        self.asleep, self.sleep_mode = False, bool(kwargs.get("enable_sleep_mode"))
+
+    def _generating(self, lora) -> None:
+        assert not self.asleep, "generate while the engine sleeps"
+        self.events.append(("generate", lora and lora.lora_int_id))
+
+    def _sleep(self, level, mode):
+        assert self.sleep_mode, "sleep on an engine built without enable_sleep_mode"
+        self.events.append(("sleep", level, mode))
+        self.asleep = True
+
+    def _wake_up(self, tags):
+        self.events.append(("wake_up", tags))
+        self.asleep = False
+
+    def _remove_lora(self, lora_id) -> bool:
+        self.events.append(("remove_lora", lora_id, "asleep" if self.asleep else "awake"))
+        return True
+
+
+class FakeVLLMLLM(FakeVLLMSleep):
     instances: list = []
 
     def __init__(self, **kwargs):
         self.kwargs, self.calls = kwargs, []
+        self._init_sleep(kwargs)
+        self.llm_engine = types.SimpleNamespace(remove_lora=self._remove_lora)
         FakeVLLMLLM.instances.append(self)
 
     def generate(self, prompts, sampling_params=None, use_tqdm=True, lora_request=None):
+        self._generating(lora_request)
         self.calls.append(dict(prompts=prompts, params=sampling_params, lora=lora_request, use_tqdm=use_tqdm))
         return [_fake_output(prompt, sp) for prompt, sp in zip(prompts, sampling_params)]
+
+    def sleep(self, level=1, mode="abort"):
+        self._sleep(level, mode)
+
+    def wake_up(self, tags=None):
+        self._wake_up(tags)
 
 
 class FakeVLLMAsyncEngineArgs:
@@ -106,13 +143,14 @@ class FakeVLLMAsyncEngineArgs:
         self.kwargs = kwargs
 
 
-class FakeVLLMAsyncLLM:
+class FakeVLLMAsyncLLM(FakeVLLMSleep):
     """Fake of `AsyncLLM`: records calls, the event loop it runs on, and the peak of concurrent requests."""
 
     instances: list = []
 
     def __init__(self, engine_args):
         self.kwargs, self.calls, self.in_flight, self.peak = engine_args.kwargs, [], 0, 0
+        self._init_sleep(self.kwargs)
         self.loop = asyncio.get_running_loop()  # fails unless built inside an event loop
         self.shutdown_in_loop = None
         FakeVLLMAsyncLLM.instances.append(self)
@@ -123,6 +161,7 @@ class FakeVLLMAsyncLLM:
 
     async def generate(self, prompt, sampling_params, request_id, *, lora_request=None, **kwargs):
         assert asyncio.get_running_loop() is self.loop
+        self._generating(lora_request)
         self.calls.append(dict(prompt=prompt, params=sampling_params, request_id=request_id, lora=lora_request))
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
@@ -137,6 +176,18 @@ class FakeVLLMAsyncLLM:
             yield final
         finally:
             self.in_flight -= 1
+
+    async def sleep(self, level=1, mode="abort"):
+        assert asyncio.get_running_loop() is self.loop
+        self._sleep(level, mode)
+
+    async def wake_up(self, tags=None):
+        assert asyncio.get_running_loop() is self.loop
+        self._wake_up(tags)
+
+    async def remove_lora(self, lora_id):
+        assert asyncio.get_running_loop() is self.loop
+        return self._remove_lora(lora_id)
 
     def shutdown(self):
         try:
@@ -174,7 +225,7 @@ def test_engine_is_built_with_lora_and_parallelism(fake_vllm, tiny_model):
     assert kw["model"] == str(tiny_model) and kw["enable_lora"] is True and kw["max_lora_rank"] == 64
     assert kw["tensor_parallel_size"] == 2 and "data_parallel_size" not in kw  # vLLM's LLM refuses it
     assert (kw["gpu_memory_utilization"], kw["max_model_len"], kw["dtype"]) == (0.5, 1024, "bfloat16")
-    assert kw["logprobs_mode"] == "processed_logprobs"
+    assert kw["logprobs_mode"] == "processed_logprobs" and kw["enable_sleep_mode"] is True
     assert llm.model_name == str(tiny_model) and llm.adapter is None and not FakeVLLMAsyncLLM.instances
 
 
@@ -307,6 +358,166 @@ def test_each_adapter_version_gets_a_new_lora_request(fake_vllm, tiny_model):
     assert len({r.lora_name for r in loras[:3]}) == 3 and loras[3] is None and llm.adapter is None
 
 
+def _vllm_config(tiny_model, *overrides: str):
+    from sage.configs import load_config
+
+    return load_config("cpu", [f"model.name={tiny_model}", "model.backend=vllm", "train.isolate=true",
+                               "roles.solver.constrain=false", *overrides])
+
+
+def test_two_iterations_on_one_engine_that_sleeps_through_training(fake_vllm, tiny_model):
+    """The flow's order over two iterations: base validation, iteration 1's stages (base model), training,
+    validation and iteration 2's stages on adapter 1, training, validation on adapter 2. One engine throughout: it
+    sleeps at each train stage's release point (`Engines.suspend`, as stages/train.py calls it), wakes before the
+    next generate, never generates asleep, and the adapter each new one replaces is removed from it, awake."""
+    from sage.stages.context import Engines, StageContext
+
+    engines = Engines(_vllm_config(tiny_model))
+    req = [GenRequest([{"role": "user", "content": "hi"}], max_new_tokens=2)]
+    schedule = [(None, 2), ("/ckpt/iter-1", 2), ("/ckpt/iter-2", 1)]  # (adapter, stages that generate with it)
+    for adapter, stages in schedule:
+        for _ in range(stages):
+            ctx = StageContext(cfg=engines.cfg, wh=None, adapter=adapter, engines=engines)
+            assert ctx.llm.generate(req)[0].completions
+        engines.suspend("llm")  # the train stage
+        engines.suspend("llm")  # a re-run train stage: still one sleep
+    engine = FakeVLLMLLM.instances[0]
+    assert len(FakeVLLMLLM.instances) == 1 and engines.llm.engine is engine
+    sleep, wake = ("sleep", 1, "abort"), ("wake_up", None)
+    assert engine.events == [("generate", None), ("generate", None), sleep,
+                             wake, ("generate", 1), ("generate", 1), sleep,
+                             wake, ("remove_lora", 1, "awake"), ("generate", 2), sleep]
+    assert engine.calls[-1]["lora"].lora_path == "/ckpt/iter-2"
+    engines.close()  # closes a sleeping engine too
+    assert engines.llm.engine is not engine and len(FakeVLLMLLM.instances) == 2  # a new one only after close
+
+
+class _NoSleep:
+    """A backend without sleep mode (as hf): it can only be closed."""
+
+    def __init__(self, built: list):
+        self.adapter, self.closed = None, False
+        built.append(self)
+
+    def close(self):
+        self.closed = True
+
+
+def test_suspend_releases_a_backend_without_sleep_and_sleeps_a_given_one(monkeypatch, fake_vllm, tiny_model):
+    import sage.engines.llm as llm_package
+    from sage.configs import load_config
+    from sage.stages.context import Engines
+
+    built: list[_NoSleep] = []
+    with monkeypatch.context() as patched:
+        patched.setattr(llm_package, "load_llm", lambda cfg: _NoSleep(built))
+        engines = Engines(load_config("cpu"))
+        engines.suspend("llm")  # nothing built yet: nothing to do
+        first = engines.llm
+        engines.suspend("llm")
+        assert first.closed and engines.llm is not first and len(built) == 2  # released, built again on next use
+    given = Engines(load_config("cpu"), llm=_NoSleep(built))
+    given.suspend("llm")
+    assert not built[-1].closed and given.llm is built[-1]  # a given engine is the caller's to close
+    vllm = load_llm(_cfg(tiny_model))
+    Engines(_vllm_config(tiny_model), llm=vllm).suspend("llm")
+    assert vllm.asleep and FakeVLLMLLM.instances[0].events == [("sleep", 1, "abort")]  # sleeping gives nothing up
+
+
+def test_data_parallel_engine_sleeps_wakes_and_removes_adapters_in_its_loop(fake_vllm, tiny_model):
+    llm = load_llm(_cfg(tiny_model, data_parallel_size=2))
+    req = [GenRequest([{"role": "user", "content": "hi"}], max_new_tokens=2)]
+    llm.use_adapter("/ckpt/iter-1")
+    llm.generate(req)
+    llm.sleep()
+    llm.use_adapter("/ckpt/iter-2")
+    llm.generate(req)
+    engine = FakeVLLMAsyncLLM.instances[0]
+    assert engine.kwargs["enable_sleep_mode"] is True
+    assert engine.events == [("generate", 1), ("sleep", 1, "abort"), ("wake_up", None),
+                             ("remove_lora", 1, "awake"), ("generate", 2)]
+    llm.close()
+
+
+def _stage(tiny_model, *overrides: str, llm=None):
+    from sage.stages.context import Engines, StageContext
+    from sage.warehouse import Warehouse
+
+    cfg = _vllm_config(tiny_model, *overrides)
+    engines = Engines(cfg) if llm is None else Engines(cfg, llm=llm)
+    return StageContext(cfg=cfg, wh=Warehouse.open(":memory:"), run_id="r", iteration=1, engines=engines)
+
+
+def _commits(ctx, monkeypatch, fail_at: int | None = None) -> list[int]:
+    """Rows per `rollouts` commit; the commit numbered `fail_at` (0-based) raises instead, as a crash would."""
+    sizes: list[int] = []
+    insert = ctx.wh.insert_batch
+
+    def counted(table, rows, *args, **kwargs):
+        if table == "rollouts":
+            if len(sizes) == fail_at:
+                raise KeyboardInterrupt("interrupted mid-stage")
+            sizes.append(len(rows))
+        return insert(table, rows, *args, **kwargs)
+
+    monkeypatch.setattr(ctx.wh, "insert_batch", counted)
+    return sizes
+
+
+def _units(k: int):
+    from sage.stages.rollouts import Unit
+
+    return [Unit("solver_math", f"q{i}", "math", {"question": f"What is {i} + {i}?"}, n=2) for i in range(k)]
+
+
+def test_a_stage_is_one_generate_call_on_vllm_committed_in_batch_rows(fake_vllm, tiny_model, monkeypatch):
+    from sage.configs.names import Purpose, Stage
+    from sage.stages.rollouts import generate
+
+    ctx = _stage(tiny_model, "run.batch_rows=4")
+    sizes = _commits(ctx, monkeypatch)
+    assert generate(ctx, Stage.SOLVE, Purpose.SOLVE, _units(10)) == (10, 20)
+    (call,) = FakeVLLMLLM.instances[0].calls  # 10 units, 2 samples each: one engine call of 20 prompts
+    assert len(call["prompts"]) == 20
+    assert sizes == [8, 8, 4]  # run.batch_rows units (2 rollouts each) per transaction
+    assert generate(ctx, Stage.SOLVE, Purpose.SOLVE, _units(10)) == (0, 0)  # a finished stage: nothing to do
+    assert len(FakeVLLMLLM.instances[0].calls) == 1
+    ctx.close()
+
+
+def test_hf_keeps_one_generate_call_per_commit(tiny_model, monkeypatch):
+    from sage.configs.names import Purpose, Stage
+    from sage.stages.rollouts import generate
+    from tests.scripted import ScriptedLLM
+
+    llm = ScriptedLLM(lambda req: "<answer>4</answer>")
+    ctx = _stage(tiny_model, "run.batch_rows=4", "model.backend=hf", llm=llm)
+    sizes = _commits(ctx, monkeypatch)
+    generate(ctx, Stage.SOLVE, Purpose.SOLVE, _units(10))
+    assert llm.calls == [4, 4, 2] and sizes == [8, 8, 4]
+    ctx.close()
+
+
+def test_an_interrupted_vllm_stage_redoes_only_the_uncommitted_units(fake_vllm, tiny_model, monkeypatch):
+    from sage.configs.names import Purpose, Stage
+    from sage.stages.rollouts import generate
+
+    ctx = _stage(tiny_model, "run.batch_rows=4")
+    with monkeypatch.context() as patched:
+        sizes = _commits(ctx, patched, fail_at=1)
+        with pytest.raises(KeyboardInterrupt):
+            generate(ctx, Stage.SOLVE, Purpose.SOLVE, _units(10))
+    assert sizes == [8]  # the first commit landed, the rest of the one call's generation is lost
+    assert generate(ctx, Stage.SOLVE, Purpose.SOLVE, _units(10)) == (6, 12)
+    first, again = FakeVLLMLLM.instances[0].calls
+    assert len(again["prompts"]) == 12  # units 4..9 only, with the samples (seeds) they had the first time
+    assert [sp.seed for sp in again["params"]] == [sp.seed for sp in first["params"]][8:]
+    rows = ctx.wh.rows("SELECT question_id, sample_index, seed, completion_ids FROM rollouts ORDER BY question_id, "
+                       "sample_index")
+    assert len(rows) == 20 and {r["question_id"] for r in rows} == {f"q{i}" for i in range(10)}
+    ctx.close()
+
+
 @pytest.mark.gpu
 def test_real_vllm_generates_with_seeds_and_logprobs(tiny_model):
     pytest.importorskip("vllm")
@@ -336,4 +547,37 @@ def test_real_vllm_data_parallel_generates_with_seeds_and_logprobs(tiny_model):
     assert [[c.token_ids for c in r.completions] for r in a] == [[c.token_ids for c in r.completions] for r in b]
     for c in (c for r in a for c in r.completions):
         assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)
+    llm.close()
+
+
+@pytest.mark.gpu
+def test_real_vllm_sleep_frees_memory_and_adapters_swap_in_the_same_engine(tiny_model, tmp_path):
+    pytest.importorskip("vllm")
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapters = []
+    for k in range(2):
+        torch.manual_seed(k)
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
+                               LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False))
+        model.save_pretrained(tmp_path / f"adapter-{k}")
+        adapters.append(str(tmp_path / f"adapter-{k}"))
+    llm = load_llm(_cfg(tiny_model, max_model_len=512, gpu_memory_utilization=0.3, dtype="float32"))
+    req = [GenRequest([{"role": "user", "content": "What is 7 * 8?"}], n=2, max_new_tokens=8, seed=3)]
+    before = [c.token_ids for c in llm.generate(req)[0].completions]
+    awake = torch.cuda.mem_get_info()[0]
+    llm.sleep()
+    asleep = torch.cuda.mem_get_info()[0]
+    assert asleep - awake > 0.2 * torch.cuda.mem_get_info()[1]  # the KV cache (30% of the GPU) and weights freed
+    assert [c.token_ids for c in llm.generate(req)[0].completions] == before  # woken, the same samples
+    engine = llm.engine
+    for path in adapters:
+        llm.use_adapter(path)
+        assert all(c.token_ids for c in llm.generate(req)[0].completions)
+        llm.sleep()
+    llm.use_adapter(None)
+    llm.generate(req)
+    assert llm.engine is engine and engine.llm_engine.list_loras() == set()  # both adapters removed again
     llm.close()
