@@ -23,7 +23,9 @@ Per stage it reports wall time and GPU memory: the peak torch's allocator saw in
 the whole device's used memory from nvidia-smi, sampled every 0.25 s, which is the only view of the isolated
 trainer (`train.isolate` runs `python -m sage.engines.train` in a child process) and of vLLM's engine-core
 process. The memory each still holds after the stage ("after") shows whether generation let go of the GPU before
-training. Progress lines (`[gpu-check] ...`) print as each stage and part ends; `summary.json` and `summary.md`
+training; for vllm, whose engine sleeps through the train stage and wakes for the next generate, the part also
+prints the free GPU memory before sleep (after score), after sleep (after train) and after wake (after
+validation). Progress lines (`[gpu-check] ...`) print as each stage and part ends; `summary.json` and `summary.md`
 in `--out` are rewritten after every part and each part's full log is beside them, so a run cut short still
 shows what worked. Exit status 1 when a part failed.
 """
@@ -149,12 +151,12 @@ class GpuMemory:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
-    def device_used(self) -> float | None:
-        """GiB in use on the GPUs nvidia-smi lists, or None where it cannot say."""
+    def device_used(self, what: str = "used") -> float | None:
+        """GiB in use (`what` "free": free) on the GPUs nvidia-smi lists, or None where it cannot say."""
         if not self.smi:
             return None
         try:
-            out = subprocess.run([self.smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            out = subprocess.run([self.smi, f"--query-gpu=memory.{what}", "--format=csv,noheader,nounits"],
                                  capture_output=True, text=True, timeout=10).stdout
             return sum(float(x) for x in out.split()) / 1024
         except (OSError, ValueError, subprocess.SubprocessError):
@@ -189,7 +191,8 @@ class GpuMemory:
         self.current = None
         self._seen(key)
         row = dict.fromkeys(MEMORY)
-        row.update(device_peak_gib=self.device_peak.get(key), device_used_after_gib=self.device_used())
+        row.update(device_peak_gib=self.device_peak.get(key), device_used_after_gib=self.device_used(),
+                   device_free_after_gib=self.device_used("free"))
         torch = self._torch()
         if torch is not None:
             row.update(torch_peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30,
@@ -300,7 +303,25 @@ def pipeline(work: Path, backend: str, shape: str, device: str, result: dict) ->
         finally:
             with suppress(Exception):  # what the warehouse holds; the flow's own error is the one to report
                 result.update(outcome(s.warehouse, run_id))
+            if backend == "vllm" and (free := sleep_memory(result["stages"])):
+                result["sleep_free_gib"] = free
+                say(f"vllm: free GPU memory {free_text(free)}")
     return {**result, "status": "ok"}
+
+
+def sleep_memory(stages: list[dict]) -> dict | None:
+    """Free device memory (GiB, nvidia-smi) around the vLLM engine's sleep: after score (the engine awake, as it
+    generated), after train (asleep, and the isolated trainer gone), after iteration 1's validation (woken). None
+    where nothing was measured (no nvidia-smi)."""
+    after = {(r["iteration"], r["stage"]): r.get("device_free_after_gib") for r in stages}
+    free = {"before_sleep": after.get((1, "score")), "after_sleep": after.get((1, "train")),
+            "after_wake": after.get((1, "validate"))}
+    return free if any(v is not None for v in free.values()) else None
+
+
+def free_text(free: dict) -> str:
+    """`sleep_memory`'s numbers as `before sleep A GiB, after sleep B GiB, after wake C GiB`."""
+    return ", ".join(f"{k.replace('_', ' ')} {'?' if v is None else f'{v:.2f}'} GiB" for k, v in free.items())
 
 
 def vllm_unavailable(args, work: Path) -> dict | None:
@@ -505,6 +526,8 @@ def note(part: dict) -> str:
     bits = [part[k] for k in ("note", "summary") if part.get(k)]
     if part.get("validation"):
         bits.append("val_accuracy " + " -> ".join(f"{v['val_accuracy']:.3f}" for v in part["validation"]))
+    if part.get("sleep_free_gib"):
+        bits.append(f"free GPU memory {free_text(part['sleep_free_gib'])}")
     train = part.get("train") or {}
     if train:
         bits.append(f"train on {train.get('device')}: {train.get('n_updates')} updates, "
