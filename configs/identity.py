@@ -55,6 +55,8 @@ RETIRED: dict[str, tuple[object, bool]] = {
 ADDED: dict[str, object] = {
     "iteration.challenger": True,
     "iteration.planner": True,
+    "roles.prompts": "short",
+    "seeds.sets": [],
 }
 
 
@@ -87,6 +89,10 @@ def identity(cfg: SageConfig | dict) -> dict:
         section, _, field = key.partition(".")
         if isinstance(data.get(section), dict):
             data[section].setdefault(field, value)
+    validate, roles = data.get("validate"), data.get("roles")
+    if isinstance(validate, dict) and validate.get("max_new_tokens") is None and isinstance(roles, dict):
+        # null means the Solver's length: hashed as that number, which every run before null existed stored
+        validate["max_new_tokens"] = (roles.get("solver") or {}).get("max_new_tokens")
     for key in EXCLUDED:
         section, _, field = key.partition(".")
         if field:

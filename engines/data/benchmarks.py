@@ -105,12 +105,18 @@ def _humaneval() -> list[Problem]:
 
 # ------------------------------------------------------------------------------------------ hub / file sets
 
+def gsm8k_final(answer: str) -> str | None:
+    """The final answer of a GSM8K solution (the number after its last `####`, without thousands commas); None
+    when it has no `#### N` line."""
+    return answer.rsplit("####", 1)[1].strip().replace(",", "") if "####" in answer else None
+
+
 def _gsm8k(rows: list[dict]) -> list[Problem]:
     out = []
     for i, r in enumerate(rows):
-        if "####" not in r["answer"]:
+        final = gsm8k_final(r["answer"])
+        if final is None:
             raise BenchmarkUnavailable(f"gsm8k row {i + 1}: answer has no '#### N' final line")
-        final = r["answer"].rsplit("####", 1)[1].strip().replace(",", "")
         out.append(Problem("gsm8k", f"gsm8k/{i}", "math", r["question"], {"answer": final},
                            {"solution": r["answer"]}))
     return out

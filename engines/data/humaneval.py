@@ -26,12 +26,12 @@ def humaneval_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
 
 
-def literal_inputs(test_code: str) -> list[list]:
-    """Argument lists of every `candidate(...)` call in `test_code` whose arguments are all literals,
-    in order, without duplicates."""
+def literal_inputs(test_code: str, name: str = "candidate") -> list[list]:
+    """Argument lists of every `name(...)` call in `test_code` (HumanEval's `candidate`, MBPP's function) whose
+    arguments are all literals, in order, without duplicates."""
     inputs, seen = [], set()
     for node in ast.walk(ast.parse(test_code)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "candidate"):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name):
             continue
         if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
             continue
@@ -46,24 +46,26 @@ def literal_inputs(test_code: str) -> list[list]:
     return inputs
 
 
-def load_humaneval(limit: int | None = None) -> list[dict]:
-    """Tasks as dicts: task_id, prompt, entry_point, canonical_solution (full source), inputs, test."""
-    tasks = []
+def _packaged_rows() -> list[dict]:
     with gzip.open(humaneval_path(), "rt", encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            raw = json.loads(line)
-            tasks.append({
-                "task_id": raw["task_id"],
-                "prompt": raw["prompt"],
-                "entry_point": raw["entry_point"],
-                "canonical_solution": raw["prompt"] + raw["canonical_solution"],
-                "inputs": literal_inputs(raw["test"]),
-                "test": raw["test"],
-            })
-            if limit is not None and len(tasks) >= limit:
-                break
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def load_humaneval(limit: int | None = None, rows: list[dict] | None = None) -> list[dict]:
+    """Tasks as dicts: task_id, prompt, entry_point, canonical_solution (full source), inputs, test. From
+    `rows` (a HumanEval file's records, e.g. read by `files.read_records`) when given, else the packaged file."""
+    tasks = []
+    for raw in _packaged_rows() if rows is None else rows:
+        tasks.append({
+            "task_id": raw["task_id"],
+            "prompt": raw["prompt"],
+            "entry_point": raw["entry_point"],
+            "canonical_solution": raw["prompt"] + raw["canonical_solution"],
+            "inputs": literal_inputs(raw["test"]),
+            "test": raw["test"],
+        })
+        if limit is not None and len(tasks) >= limit:
+            break
     return tasks
 
 

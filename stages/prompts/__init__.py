@@ -15,6 +15,13 @@ speed, counting vowels) and write no placeholder such as `\\boxed{...}`, which t
 The Critic keeps its inline example: as a turn it copied no less and told good questions from bad ones no
 better.
 
+Two prompt sets hold every kind (`roles.prompts`): `short` (`TEMPLATES`, above; cpu.yaml) asks for the tags with
+little or no reasoning, what the 135M model finishes within a few hundred tokens; `reasoning`
+(`REASONING_TEMPLATES`; paper-7b.yaml) has each role reason step by step first and then write the same tags, for
+a 7B-class model with thousands of tokens, its worked examples showing reasoning before the tags. Text outside
+the tags is allowed by the parsers and the format reward (engines/text/tags.py), so rewards and verifiers are
+the same under either set; a kind's version differs between the sets, so their rows never share ids.
+
 Inserted fields are cut (marked with "...") so a runaway generated question cannot overflow the context:
 with a `FieldLimit` (what the stages pass: the model's tokenizer and the tokens left once the template and
 the role's `max_new_tokens` are taken from `model.max_model_len`, shared among the fields) at that many
@@ -228,6 +235,140 @@ TEMPLATES: dict[str, Template] = {
     "solver_code_plan": _solver("solver_code_plan", code=True, plan=True),
 }
 
+# -- the `reasoning` set (roles.prompts: reasoning) ---------------------------------------------------------------
+# The same tasks and tags; each role thinks step by step before its tagged output, and the worked examples show that
+# order. Nothing asks for brevity: a 7B Solver with 8,192 tokens should work the problem out.
+_SYSTEM_REASONING = ("You are a careful assistant. Think step by step before you answer, then give your final output "
+                     "in the tags the task asks for.")
+_SYSTEM_REASONING_INLINE = ("You are a careful assistant. Think step by step, then end your reply in the format of "
+                            "the example.")
+
+_R_CHALLENGER_MATH = """Reference problem:
+{{question}}
+
+Write ONE new math problem that is related to the reference but different (change the numbers, the objects \
+or what is asked), at least as hard, with a single exact answer. First think step by step: design the problem, \
+then solve it yourself to be sure of its answer. End your reply with the new problem in <question></question> \
+and its final answer in <answer></answer>."""
+
+_R_CHALLENGER_MATH_REPLY = """The reference multiplies a speed by a time. I will ask for the time instead, from \
+a distance and a speed: 60 km at 15 km per hour takes 60 / 15 = 4 hours, a single exact answer.
+<question>A cyclist rides 60 km at 15 km per hour. How many hours does the ride take?</question>
+<answer>4</answer>"""
+
+_R_CHALLENGER_GROUNDED = """Reference problem:
+{{question}}
+
+Write ONE new math problem of the same kind as the reference, with new numbers and one step harder, that has a \
+single exact answer. First think step by step: design the problem, then solve it yourself. End your reply with \
+the new problem in <question></question>, a Python function `solve()` that computes the answer from the \
+problem's numbers (standard library only; `fractions.Fraction` for exact fractions) in <solution></solution>, \
+and the final answer in <answer></answer>."""
+
+_R_CHALLENGER_GROUNDED_REPLY = "The reference multiplies a speed by a time; I change the numbers: 15 km per hour " \
+    "for 4 hours is 15 * 4 = 60 km.\n" + _grounded_reply(
+        "A cyclist rides at 15 km per hour for 4 hours. How many kilometres does she ride?", "    return 15 * 4", "60")
+
+_R_CHALLENGER_CODE = """Reference task:
+{{question}}{{signature_line}}
+
+Write ONE new Python task that is related to the reference but different. First think step by step: what the \
+task asks, a correct solution, and test inputs that cover its edge cases. End your reply with four tags:
+<question> the task in words </question>
+<signature> the def line of the function </signature>
+<solution> a correct solution in a ```python block </solution>
+<inputs> 3 to 5 test inputs, one JSON list of arguments per line </inputs>"""
+
+_R_CHALLENGER_CODE_REPLY = "The reference counts characters of one kind; the new task counts digits, and the " \
+    "empty string and a string of digits only are its edge cases.\n" + _CHALLENGER_CODE_REPLY
+
+_R_CRITIC_QUESTION = """Rate this problem from 1 to 10. 1: unclear, unsolvable or nonsense. 10: clear, \
+self-contained, solvable with one exact answer, and not trivial. Think step by step: check that every quantity \
+the problem needs is given, try to solve it, and judge how hard it is. Then end with the score as \
+<score>N</score>.
+
+Problem:
+{{question}}{{signature_line}}
+
+Example reply:
+Every quantity is given and the problem has one exact answer; solving it takes a single multiplication, so it \
+is easy. <score>6</score>"""
+
+_R_CRITIC_PLAN = """Rate this plan for solving the problem from 1 to 10. 1: wrong or useless. 10: correct, \
+complete and easy to follow. Think step by step: follow each step of the plan on the problem and check that it \
+leads to the answer. Then end with the score as <score>N</score>.
+
+Problem:
+{{question}}{{signature_line}}
+
+Plan:
+{{plan}}
+
+Example reply:
+Step 1 reads the right quantities and step 2 combines them correctly, but no step checks the result. \
+<score>7</score>"""
+
+_R_PLANNER = """Think step by step about how to solve this problem, then write a numbered plan of the steps in \
+<plan></plan> at the end of your reply. Do not carry the plan out or give the final answer.
+
+Problem:
+{{question}}{{signature_line}}"""
+
+_R_PLANNER_REPLY = f"""The distance follows from the speed and the time, so the plan needs both and one product.
+<plan>
+{_EX_MATH_PLAN}
+3. Check the units.
+</plan>"""
+
+_R_SOLVER_MATH = """Solve the problem below. Reason step by step, then end your reply with the final answer in \
+\\boxed{} inside <answer></answer>.
+
+Problem:
+{{question}}{{plan_block}}"""
+
+_R_SOLVER_CODE = """Solve this task in Python. Reason step by step about the approach and its edge cases, without \
+code, then end your reply with <answer>, the whole function the task names in one ```python block, and \
+</answer>.
+
+Task:
+{{question}}{{signature_line}}{{plan_block}}"""
+
+
+def _reasoning_solver(kind: str, code: bool, plan: bool) -> Template:
+    user = (_R_SOLVER_CODE if code else _R_SOLVER_MATH).replace("{{plan_block}}", _PLAN_BLOCK if plan else "")
+    example = dict(_CODE if code else _MATH)
+    if plan:
+        example["plan"] = _EX_CODE_PLAN if code else _EX_MATH_PLAN
+    reply = (f"Vowels may be upper or lower case, so lower-case the text first, then count the characters that are "
+             f"one of a, e, i, o, u; an empty string has none.\n<answer>\n{_EX_CODE_BLOCK}\n</answer>") if code else \
+        ("The train covers 60 km in each of 3 hours.\nDistance = speed * time = 60 * 3 = 180 km.\n"
+         "<answer>\\boxed{180}</answer>")
+    return Template(kind, _SYSTEM_REASONING, user, ("question", "plan") if plan else ("question",),
+                    ("signature",) if code else (), example, reply)
+
+
+REASONING_TEMPLATES: dict[str, Template] = {
+    "challenger_math": Template("challenger_math", _SYSTEM_REASONING, _R_CHALLENGER_GROUNDED, ("question",), (),
+                                _MATH, _R_CHALLENGER_GROUNDED_REPLY),
+    "challenger_math_answer": Template("challenger_math_answer", _SYSTEM_REASONING, _R_CHALLENGER_MATH,
+                                       ("question",), (), _MATH, _R_CHALLENGER_MATH_REPLY),
+    "challenger_code": Template("challenger_code", _SYSTEM_REASONING, _R_CHALLENGER_CODE, ("question",),
+                                ("signature",), {"question": _EX_CODE.split("\n")[0]}, _R_CHALLENGER_CODE_REPLY),
+    "critic_question": Template("critic_question", _SYSTEM_REASONING_INLINE, _R_CRITIC_QUESTION, ("question",),
+                                ("signature",)),
+    "critic_plan": Template("critic_plan", _SYSTEM_REASONING_INLINE, _R_CRITIC_PLAN, ("question", "plan"),
+                            ("signature",)),
+    "planner": Template("planner", _SYSTEM_REASONING, _R_PLANNER, ("question",), ("signature",), _MATH,
+                        _R_PLANNER_REPLY),
+    "solver_math": _reasoning_solver("solver_math", code=False, plan=False),
+    "solver_code": _reasoning_solver("solver_code", code=True, plan=False),
+    "solver_math_plan": _reasoning_solver("solver_math_plan", code=False, plan=True),
+    "solver_code_plan": _reasoning_solver("solver_code_plan", code=True, plan=True),
+}
+
+#: `roles.prompts` -> its templates, one per kind.
+PROMPT_SETS: dict[str, dict[str, Template]] = {"short": TEMPLATES, "reasoning": REASONING_TEMPLATES}
+
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _OPTIONAL_LINES = {"signature": "\nFunction: {}"}
 
@@ -241,8 +382,17 @@ def template_version(t: Template) -> str:
     return f"{t.kind}@{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:10]}"
 
 
-TEMPLATE_VERSION: dict[str, str] = {kind: template_version(t) for kind, t in TEMPLATES.items()}
+#: prompt set -> kind -> version.
+VERSIONS: dict[str, dict[str, str]] = {name: {kind: template_version(t) for kind, t in templates.items()}
+                                       for name, templates in PROMPT_SETS.items()}
+#: The `short` set's versions (cpu.yaml's).
+TEMPLATE_VERSION: dict[str, str] = VERSIONS["short"]
 KINDS: tuple[str, ...] = tuple(TEMPLATES)
+
+
+def version(kind: str, prompt_set: str = "short") -> str:
+    """The version of `kind` in `prompt_set` (`roles.prompts`): what a stage hashes into its row ids."""
+    return VERSIONS[prompt_set][kind]
 
 
 @dataclass(frozen=True)
@@ -259,11 +409,11 @@ class FieldLimit:
 
 
 @lru_cache(maxsize=256)
-def _field_limit(kind: str, tokenizer: Any, max_model_len: int, max_new_tokens: int) -> FieldLimit:
-    t = TEMPLATES[kind]
+def _field_limit(kind: str, tokenizer: Any, max_model_len: int, max_new_tokens: int, prompt_set: str) -> FieldLimit:
+    t = PROMPT_SETS[prompt_set][kind]
 
     def tokens(family: str | None) -> int:
-        empty = render(kind, family=family, **{f: "" for f in t.required})
+        empty = render(kind, family=family, prompt_set=prompt_set, **{f: "" for f in t.required})
         if getattr(tokenizer, "chat_template", None):
             text = tokenizer.apply_chat_template(empty, add_generation_prompt=True, tokenize=False)
             return len(tokenizer(text, add_special_tokens=False)["input_ids"])  # as the engines count a prompt
@@ -276,13 +426,14 @@ def _field_limit(kind: str, tokenizer: Any, max_model_len: int, max_new_tokens: 
     return FieldLimit(max(room, MIN_FIELD_TOKENS), tokenizer)
 
 
-def field_limit(kind: str, tokenizer: Any | None, max_model_len: int, max_new_tokens: int) -> FieldLimit | None:
-    """The per-field token limit for prompts of `kind`: what `max_model_len` leaves once the template's own
-    tokens and the completion's `max_new_tokens` are taken, shared equally among the template's fields (at least
-    MIN_FIELD_TOKENS). None without a tokenizer (render then cuts at MAX_FIELD_CHARS characters)."""
+def field_limit(kind: str, tokenizer: Any | None, max_model_len: int, max_new_tokens: int,
+                prompt_set: str = "short") -> FieldLimit | None:
+    """The per-field token limit for prompts of `kind` (of `prompt_set`): what `max_model_len` leaves once the
+    template's own tokens and the completion's `max_new_tokens` are taken, shared equally among the template's
+    fields (at least MIN_FIELD_TOKENS). None without a tokenizer (render then cuts at MAX_FIELD_CHARS characters)."""
     if tokenizer is None:
         return None
-    return _field_limit(kind, tokenizer, max_model_len, max_new_tokens)
+    return _field_limit(kind, tokenizer, max_model_len, max_new_tokens, prompt_set)
 
 
 def _clip(value: object, limit: FieldLimit | None) -> str:
@@ -301,14 +452,17 @@ def _fill(t: Template, fields: dict, limit: FieldLimit | None = None) -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], t.user)
 
 
-def render(kind: str, limit: FieldLimit | None = None, family: str | None = None,
+def render(kind: str, limit: FieldLimit | None = None, family: str | None = None, prompt_set: str = "short",
            **fields: object) -> list[dict[str, str]]:
-    """Chat messages for one prompt of `kind`: system, the worked example's task (user) and reply
-    (assistant) when the kind shows it as a turn (the example of the question's `family` when the kind has
-    one), then the task itself (user, always the last message), its fields cut by `limit` (see `field_limit`)."""
+    """Chat messages for one prompt of `kind` from `prompt_set` (`roles.prompts`): system, the worked example's
+    task (user) and reply (assistant) when the kind shows it as a turn (the example of the question's `family`
+    when the kind has one), then the task itself (user, always the last message), its fields cut by `limit` (see
+    `field_limit`)."""
+    if prompt_set not in PROMPT_SETS:
+        raise ValueError(f"unknown prompt set {prompt_set!r}; expected one of: {', '.join(PROMPT_SETS)}")
     if kind not in TEMPLATES:
         raise ValueError(f"unknown prompt kind {kind!r}; expected one of: {', '.join(KINDS)}")
-    t = TEMPLATES[kind]
+    t = PROMPT_SETS[prompt_set][kind]
     if family in t.examples:
         example_fields, reply = t.examples[family]
         t = Template(t.kind, t.system, t.user, t.required, t.optional, example_fields, reply)

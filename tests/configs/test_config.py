@@ -203,9 +203,10 @@ def test_a_field_added_later_keeps_earlier_run_ids_and_a_changed_one_is_another_
     for profile in ("cpu", "paper-7b"):
         new = load_config(profile)
         before = json.loads(config_json(new))
-        for key in ADDED:
+        for key, value in ADDED.items():
             section, field = key.split(".")
-            del before[section][field]
+            if before[section][field] == value:   # paper-7b sets roles.prompts and seeds.sets: another run anyway
+                del before[section][field]
         assert config_hash(before) == config_hash(new) and identity_diff(before, new) == []
         assert config_from_dict(before) == new
     hashes = {config_hash(load_config("cpu", off)) for off in
@@ -226,3 +227,31 @@ def test_trackers_are_off_by_default_and_a_name_transformers_does_not_know_is_re
     assert load_config("cpu", ["train.report_to=[tensorboard, wandb]"]).train.report_to == ["tensorboard", "wandb"]
     with pytest.raises(ConfigError, match="'tensorbord', which transformers does not know; use any of azure_ml"):
         load_config("cpu", ["train.report_to=[tensorbord]"])
+
+
+def test_validation_answers_are_as_long_as_the_solvers_unless_set():
+    """validate.max_new_tokens null (the default) is the Solver's length: paper-7b validates at 8,192 tokens as its
+    Solver writes, and a stored run with the number written out is the same run."""
+    from sage.stages.context import StageContext
+    from sage.stages.validate import _validation_context
+
+    paper = load_config("paper-7b")
+    assert paper.validate.max_new_tokens is None and paper.validate.answer_tokens(paper.roles.solver) == 8192
+    assert load_config("cpu").validate.answer_tokens(load_config("cpu").roles.solver) == 192   # set explicitly
+    d = SageConfig()
+    explicit = d.model_copy(update={"validate": d.validate.model_copy(update={"max_new_tokens": 1024})})
+    assert config_hash(d) == config_hash(explicit)              # null = the Solver's 1024, as runs stored it
+    longer = load_config("cpu", ["roles.solver.max_new_tokens=300", "validate.max_new_tokens=null"])
+    ctx = _validation_context(StageContext(longer, None, engines=object(), fanout=object()), None)  # type: ignore
+    assert ctx.cfg.roles.solver.max_new_tokens == 300
+
+
+def test_paper_7b_makes_one_optimizer_update_an_iteration():
+    """An iteration is one training step (SAGE.md): every trained rollout of a full iteration in one update."""
+    from sage.engines.train.rows import num_updates
+
+    cfg = load_config("paper-7b")
+    it = cfg.iteration
+    rows = it.n_challenge * 2 + it.n_plan * 2 + it.n_plan * it.n_solve   # challenge, critiques, plans, answers
+    assert rows == 1024 and num_updates(rows, cfg.train) == 1
+    assert cfg.roles.prompts == "reasoning" and load_config("cpu").roles.prompts == "short"

@@ -10,6 +10,7 @@ import re
 import pytest
 from transformers import AutoTokenizer
 
+from sage.configs import load_config
 from sage.engines.text.tags import parse_challenger, parse_critic, parse_planner, parse_solver, role_key, role_regex
 from sage.stages import prompts
 from sage.stages.prompts import (
@@ -80,7 +81,7 @@ def test_editing_any_part_of_a_template_changes_its_version_and_the_row_ids(part
     assert template_version(dataclasses.replace(t)) == TEMPLATE_VERSION["planner"]   # same text, same version
 
     class Ctx:
-        run_id, iteration = "r", 1
+        run_id, iteration, cfg = "r", 1, load_config("cpu")
     unit = Unit("planner", "q1", "math", {"question": "x"})
     before = unit.rollout_id(Ctx, "plan", 0)
     monkeypatch.setitem(prompts.TEMPLATE_VERSION, "planner", template_version(dataclasses.replace(t, **edited)))
