@@ -179,6 +179,17 @@ class TrainConfig(_Section):
     clip_eps_low: float = Field(0.2, ge=0, le=1, description="PPO-style lower clip epsilon.")
     clip_eps_high: float = Field(0.28, ge=0, le=1, description="PPO-style upper clip epsilon [AZR].")
     kl_beta: float = Field(0.0, ge=0, description="KL penalty coefficient; 0 (no reference model) as AZR/MAE.")
+    importance_correction: bool = Field(
+        True, description="Correct for the mismatch between the sampler (vLLM's or the hf backend's kernels) and the "
+        "trainer as TRL's vLLM path does: each completion token's loss is weighted by min(pi_old / mu, "
+        "importance_cap), pi_old the trainer's log-prob of the token under the adapter that generated it and mu the "
+        "stored sampling log-prob (token-level truncated importance sampling). Only rollouts sampled without a "
+        "grammar are weighted: under a grammar the stored log-prob is of the masked distribution on vLLM and the "
+        "unmasked one on hf, so the grammar is taken as part of the sampler and those rollouts weigh 1 on both. "
+        "false: every token weighs 1 (pi_old is the trainer's own either way).")
+    importance_cap: float = Field(3.0, ge=1, description="Upper bound of the importance weight (TRL's "
+                                  "vllm_importance_sampling_clip_max default, 3.0); a larger sampler/trainer ratio "
+                                  "is truncated to it and counted in the `importance_capped_fraction` metric.")
     loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field(
         "dapo", description="TRL loss aggregation (token-level `dapo` by default). `bnpo` normalises per "
         "process, so under accelerate its update changes with the number of processes.")

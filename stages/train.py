@@ -53,12 +53,21 @@ def sampling_temperature(cfg, role: str) -> float:
     return t if t > 0 else 1.0
 
 
+def sampled_constrained(cfg, row: dict) -> bool:
+    """Whether a stored rollout was sampled under its role's grammar: `rollouts.constrained`; for a rollout stored
+    before that column (NULL), or a query that does not read it, whether its role had one (`roles.<role>.constrain`;
+    grammar annealing came with the column). The trainer does not importance-correct such a rollout."""
+    stored = row.get("constrained")
+    return bool(getattr(cfg.roles, row["role"]).constrain) if stored is None else bool(stored)
+
+
 def stored_rows(wh, cfg, run_id: str, iteration: int) -> list[TrainRow]:
     """The iteration's scored rollouts of the roles `train.roles` lists, as `TrainRow`s, each at its role's
-    sampling temperature."""
+    sampling temperature and marked constrained when sampled under a grammar."""
     return [TrainRow(prompt_ids=list(r["prompt_ids"]), completion_ids=list(r["completion_ids"]),
                      advantage=float(r["advantage"]), logprobs=None if r["logprobs"] is None else list(r["logprobs"]),
-                     role=r["role"], temperature=sampling_temperature(cfg, r["role"]))
+                     role=r["role"], temperature=sampling_temperature(cfg, r["role"]),
+                     constrained=sampled_constrained(cfg, r))
             for r in training_rows(wh, run_id, iteration, REWARD_VERSION, [str(role) for role in cfg.train.roles])]
 
 

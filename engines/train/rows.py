@@ -16,8 +16,10 @@ from sage.configs.schema import TrainConfig
 
 @dataclass
 class TrainRow:
-    """One scored rollout, as stored: token ids, its TRR++ advantage, optionally its sampling log-probs, and the
-    temperature its completion was sampled at (the trainer takes its log-probs at that temperature)."""
+    """One scored rollout, as stored: token ids, its TRR++ advantage, optionally its sampling log-probs, the
+    temperature its completion was sampled at (the trainer takes its log-probs at that temperature), and whether
+    it was sampled under its role's output grammar (`constrained`: its stored log-probs then say nothing the
+    trainer uses; see `trainer.corrected`)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -25,6 +27,7 @@ class TrainRow:
     logprobs: list[float] | None = None  # log_softmax(logits / temperature) of the completion tokens, when stored
     role: str = ""
     temperature: float = 1.0
+    constrained: bool = False
 
 
 def rows_per_update(cfg: TrainConfig, num_processes: int = 1) -> int:
@@ -61,8 +64,9 @@ def check_rows(rows: list[TrainRow]) -> None:
 
 
 def read_rows(path: str | os.PathLike) -> list[TrainRow]:
-    """Rows from a Parquet file with columns prompt_ids, completion_ids, advantage[, logprobs, role, temperature]
-    (a file without temperatures, written before rows had them, reads as temperature 1.0)."""
+    """Rows from a Parquet file with columns prompt_ids, completion_ids, advantage[, logprobs, role, temperature,
+    constrained] (a file without temperatures, written before rows had them, reads as temperature 1.0; one without
+    `constrained` as unconstrained)."""
     import pyarrow.parquet as pq
 
     out = []
@@ -73,7 +77,8 @@ def read_rows(path: str | os.PathLike) -> list[TrainRow]:
                             advantage=float(rec["advantage"]),
                             logprobs=None if logprobs is None else [float(x) for x in logprobs],
                             role=rec.get("role") or "",
-                            temperature=1.0 if rec.get("temperature") is None else float(rec["temperature"])))
+                            temperature=1.0 if rec.get("temperature") is None else float(rec["temperature"]),
+                            constrained=bool(rec.get("constrained"))))
     return out
 
 
@@ -89,5 +94,6 @@ def write_rows(rows: list[TrainRow], path: str | os.PathLike) -> None:
         "logprobs": pa.array([r.logprobs for r in rows], type=pa.list_(pa.float64())),
         "role": pa.array([r.role for r in rows], type=pa.string()),
         "temperature": pa.array([float(r.temperature) for r in rows], type=pa.float64()),
+        "constrained": pa.array([bool(r.constrained) for r in rows], type=pa.bool_()),
     })
     pq.write_table(table, path)

@@ -40,7 +40,7 @@ from sage.engines.llm.models import bounded_heap, quiet_v6, resolve_dtype
 from sage.engines.train import METRICS_FILE, OPTIMIZER_FILE
 from sage.engines.train.attention import use_cpu_attention
 from sage.engines.train.rows import TrainRow, check_rows
-from sage.engines.train.trainer import build_trainer
+from sage.engines.train.trainer import build_trainer, corrected
 
 
 def load_optimizer_state(adapter_dir: str | os.PathLike | None) -> dict | None:
@@ -132,8 +132,12 @@ def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConf
     Metrics: loss, grad_norm, grad_norm_max, clip_fraction, entropy (over the updates, of what TRL logs; None
     when not logged), tokens (prompt + completion tokens of the rows used), completion_tokens, n_rows (used),
     n_skipped (empty completions), n_updates, optimizer_steps (AdamW's, all iterations so far), seconds and
-    cpu_seconds (the training loop's), tokens_per_s, adv_mean_by_role, used_logprobs (every row had stored
-    sampling log-probs, taken as the behaviour policy's), temperatures ({role: temperature}), device, dtype, lr,
+    cpu_seconds (the training loop's), tokens_per_s, adv_mean_by_role, corrected_rows (rows the importance
+    correction weighs: stored sampling log-probs, sampled without a grammar; 0 with `train.importance_correction`
+    off), importance_ratio_mean, importance_ratio_min and importance_capped_fraction (over the updates: the mean
+    of the means, the least weight, the mean capped fraction; None when no token was corrected), old_logps_seconds
+    (spent scoring pi_old before the first update, 0 when the pass makes one update; see `trainer`),
+    temperatures ({role: temperature}), device, dtype, lr,
     loss_type, loss_weighting, seed, num_processes, distributed (accelerate's name: NO, MULTI_GPU, MULTI_CPU,
     FSDP, DEEPSPEED), rows_by_rank (per process, the indices into `rows` it trained on, in order), steps (TRL's
     per-update logs)."""
@@ -205,12 +209,14 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
         "tokens": sum(len(r.prompt_ids) + len(r.completion_ids) for r in usable),
         "completion_tokens": sum(len(r.completion_ids) for r in usable),
         "adv_mean_by_role": {role: sum(v) / len(v) for role, v in sorted(advantages.items())},
-        "used_logprobs": bool(usable) and all(r.logprobs is not None for r in usable),
+        "corrected_rows": sum(corrected(r) for r in usable) if cfg.importance_correction else 0,
         "temperatures": {r.role: r.temperature for r in usable},
         "device": device, "dtype": str(torch_dtype).removeprefix("torch."),
         "lr": cfg.lr, "loss_type": cfg.loss_type, "seed": seed, "num_processes": state.num_processes,
         "distributed": state.distributed_type.value,
         "loss": None, "grad_norm": None, "grad_norm_max": None, "clip_fraction": None, "entropy": None,
+        "importance_ratio_mean": None, "importance_ratio_min": None, "importance_capped_fraction": None,
+        "old_logps_seconds": 0.0,
         "n_updates": 0, "seconds": 0.0, "cpu_seconds": 0.0, "tokens_per_s": 0.0, "steps": [],
         "rows_by_rank": [[] for _ in range(state.num_processes)],
     }
@@ -238,6 +244,11 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
         "grad_norm_max": max((s["grad_norm"] for s in steps if s.get("grad_norm") is not None), default=None),
         "clip_fraction": _mean([s.get("clip_ratio/region_mean") for s in steps]),
         "entropy": _mean([s.get("entropy") for s in steps]),
+        "importance_ratio_mean": _mean([s.get("importance/ratio_mean") for s in steps]),
+        "importance_ratio_min": min((s["importance/ratio_min"] for s in steps
+                                     if s.get("importance/ratio_min") is not None), default=None),
+        "importance_capped_fraction": _mean([s.get("importance/capped_fraction") for s in steps]),
+        "old_logps_seconds": trainer.sage_old_seconds,
         "n_updates": trainer.state.global_step,
         "num_processes": trainer.accelerator.num_processes,
         "distributed": trainer.accelerator.distributed_type.value,

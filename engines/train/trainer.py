@@ -13,8 +13,9 @@ private methods below. The overrides, each with its reason:
   Under `accelerate launch` process k gets the k-th contiguous slice of each block.
 - `_generate_and_score_completions`: the batch comes from the stored rows, not from generation (`stored_batch`:
   TRL's layout, the stored advantage, scaled per role with `role_mean`, each row's sampling temperature, the
-  stored sampling log-probs as `old_per_token_logps` when every row has them, else TRL's ratio is 1, the
-  on-policy gradient). Dummy rows become fully masked rows, so every process has a batch of the same shape.
+  stored sampling log-probs as `sampling_per_token_logps` with the rows they correct, and pi_old as
+  `old_per_token_logps` when the pass makes several updates; see "The old policy" below). Dummy rows become fully
+  masked rows, so every process has a batch of the same shape.
 - `_prepare_inputs`: TRL's, except that it cuts the generation batch into micro-batches by length instead of at
   random: longest first, so rows of similar length share a padded pass; where passes pack their rows (the CPU
   attention), dealt in snake order (`dealt`), so the largest pass, which sets the peak memory, is not the
@@ -23,9 +24,34 @@ private methods below. The overrides, each with its reason:
   sampling temperature (TRL's is one number, kept at 1.0), only the completion tokens that exist, the entropy
   only when asked for; under bf16 autocast where the base is bf16.
 - `_compute_loss`: hands the micro-batch's temperatures to the method above (TRL's call has no place for them)
-  and drops the padding columns the micro-batch does not use, then calls TRL's.
+  and drops the padding columns the micro-batch does not use, then calls TRL's; with the importance correction
+  on, the method above weighs the micro-batch's advantages per token as it scores them (`_weigh`).
+- `log` (public hook): adds the importance weights' statistics of the update to TRL's logged metrics.
 - `create_optimizer`, `create_scheduler` (public hooks): load AdamW's and the scheduler's state carried from the
   previous iteration's adapter, so the optimisation continues across iterations.
+
+The old policy (pi_old of TRL's clipped ratio pi / pi_old) is always the trainer's own log-probs of the policy that
+generated the rows: the adapter as this pass starts, before its first update, on every backend, with or without a
+grammar. When the pass makes one update (all its micro-batches come before the only optimizer step, cpu.yaml),
+that is the detached log-probs of the loss's own forward pass (TRL's default when `old_per_token_logps` is absent):
+the ratio is exactly 1, at no cost. When it makes several, `_old_logps` scores every row this process will train
+on once, without gradients, before the first update (one forward pass over the rows), and each later generation
+batch carries them as `old_per_token_logps`. The stored sampling log-probs are never pi_old: they are the behaviour
+policy mu of TRL's capped importance correction (`train.importance_correction`, token-level truncation as TRL's
+`vllm_importance_sampling_mode="token_truncate"`): each completion token's loss is multiplied by
+min(exp(pi_old - mu), `train.importance_cap`), which corrects for the numerical mismatch between the sampler's
+kernels and the trainer's (and for vLLM's top-p truncation, which its processed log-probs include). Multiplying
+the per-token loss by a positive constant is multiplying the token's advantage by it, which TRL takes per token
+(shape (B, T)), so that is how it is applied; the KL term, as in TRL, is not weighted.
+
+Under a grammar: a row sampled with its role's grammar (`TrainRow.constrained`) weighs 1, whatever it stored. The
+two backends store different things for it (vLLM's processed log-probs are of the masked, renormalised
+distribution; the hf backend's of the unmasked one, engines/llm/base.py), and the masked mu is not a mismatch to
+correct: the grammar is part of the sampler, the policy trained is the unmasked one, and exp(pi_old - mu_masked)
+is the probability mass the grammar allowed, which would shrink exactly the tokens the grammar forces (the format
+the annealed roles learn) towards zero. So a constrained row trains the same on hf and vLLM: ratio pi / pi_old,
+weight 1. A row sampled without a grammar (grammar annealing's free samples, every row of a profile without
+`constrain`) has the unmasked mu on both backends and is corrected; a row without stored log-probs weighs 1.
 """
 
 from __future__ import annotations
@@ -42,6 +68,7 @@ from transformers import AutoTokenizer, TrainerCallback
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import split_tensor_dict, use_adapter
 
 from sage.configs.schema import TrainConfig
@@ -53,7 +80,10 @@ from sage.engines.train.rows import TrainRow, role_weights
 #: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
               "temperatures")
-OPTIONAL_BATCH_KEYS = ("old_per_token_logps", "ref_per_token_logps")
+OPTIONAL_BATCH_KEYS = ("old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps")
+#: The importance statistics `StoredRowsTrainer.log` adds to TRL's logs of an update -> `step_record`'s names.
+IMPORTANCE_LOGS = {"importance/ratio_mean": "importance_ratio_mean", "importance/ratio_min": "importance_ratio_min",
+                   "importance/capped_fraction": "importance_capped_fraction"}
 
 
 class BlockRepeatSampler(Sampler):
@@ -107,10 +137,29 @@ def dealt(batch: dict, parts: int) -> dict:
     return reordered(batch, torch.tensor([p for s in slots for p in s]))
 
 
-def stored_batch(rows: list[TrainRow | None], pad: int, weights: list[float] | None, logprobs: bool) -> dict:
+def corrected(row: TrainRow | None) -> bool:
+    """Whether the importance correction weighs `row`'s tokens: it stored its sampling log-probs and was sampled
+    without a grammar (the module docstring says why a constrained row weighs 1)."""
+    return row is not None and row.logprobs is not None and not row.constrained
+
+
+def importance_weights(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor,
+                       cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token importance weights min(exp(old - sampling), cap) where `mask` is set, 1 elsewhere, and where
+    the cap truncated them (TRL's token_truncate correction). A token whose difference is not a number weighs 1,
+    as in TRL."""
+    on = mask.bool()
+    diff = torch.nan_to_num(torch.where(on, old_logps - sampling_logps, torch.zeros_like(old_logps)), nan=0.0)
+    ratio = torch.exp(diff)
+    return ratio.clamp(max=cap), on & (ratio > cap)
+
+
+def stored_batch(rows: list[TrainRow | None], pad: int, weights: list[float] | None, correct: bool) -> dict:
     """The tensors (on the CPU) of a generation batch of stored rows in TRL's layout: left-padded prompts,
-    right-padded completions, advantages (times `weights` when given), temperatures, and the stored log-probs as
-    `old_per_token_logps` when `logprobs`. A None row is a dummy: one attended prompt token, no completion."""
+    right-padded completions, advantages (times `weights` when given), temperatures, and when `correct` the stored
+    log-probs as `sampling_per_token_logps` (zeros for a row without) with `corrected` (1.0 for each row
+    `corrected` says the importance correction weighs, else 0.0). A None row is a dummy: one attended prompt token,
+    no completion."""
     real = [r for r in rows if r is not None]
     size = len(rows)
     p_len = max([len(r.prompt_ids) for r in real] + [1])
@@ -121,8 +170,9 @@ def stored_batch(rows: list[TrainRow | None], pad: int, weights: list[float] | N
            "completion_mask": torch.zeros((size, c_len), dtype=torch.long),
            "advantages": torch.zeros(size, dtype=torch.float32),
            "temperatures": torch.ones(size, dtype=torch.float32)}
-    if logprobs:
-        out["old_per_token_logps"] = torch.zeros((size, c_len), dtype=torch.float32)
+    if correct:
+        out["sampling_per_token_logps"] = torch.zeros((size, c_len), dtype=torch.float32)
+        out["corrected"] = torch.tensor([float(corrected(r)) for r in rows], dtype=torch.float32)
     for i, r in enumerate(rows):
         if r is None:  # no fully masked sequence: attention needs one key per row
             out["prompt_mask"][i, -1] = 1
@@ -134,22 +184,26 @@ def stored_batch(rows: list[TrainRow | None], pad: int, weights: list[float] | N
         out["completion_mask"][i, :c] = 1
         out["advantages"][i] = float(r.advantage) * weights[i] if weights is not None else float(r.advantage)
         out["temperatures"][i] = float(r.temperature)
-        if logprobs:
-            out["old_per_token_logps"][i, :c] = torch.tensor(r.logprobs, dtype=torch.float32)
+        if correct and r.logprobs is not None:
+            out["sampling_per_token_logps"][i, :c] = torch.tensor(r.logprobs, dtype=torch.float32)
     return out
 
 
 def step_record(logs: dict, step: int, updates: int, tokens: int | None, seconds: float) -> dict:
     """One optimizer update as the train stage stores it (`train_steps`): `step` of `updates` in this pass,
     TRL's logged loss, grad norm, entropy, clip fraction (`clip_ratio/region_mean`) and learning rate, the
-    tokens of the update's rows, and the wall-clock seconds since the previous update ended."""
+    importance weights' mean and minimum over the update's corrected tokens and the fraction the cap truncated
+    (`IMPORTANCE_LOGS`; None when no token was corrected), the tokens of the update's rows, and the wall-clock
+    seconds since the previous update ended."""
     def number(key):
         value = logs.get(key)
         return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
     return {"step": step, "updates": updates, "loss": number("loss"), "grad_norm": number("grad_norm"),
             "entropy": number("entropy"), "clip_fraction": number("clip_ratio/region_mean"),
-            "learning_rate": number("learning_rate"), "tokens": tokens, "seconds": seconds}
+            "learning_rate": number("learning_rate"),
+            **{name: number(key) for key, name in IMPORTANCE_LOGS.items()},
+            "tokens": tokens, "seconds": seconds}
 
 
 class UpdateLog(TrainerCallback):
@@ -184,16 +238,22 @@ class StoredRowsTrainer(GRPOTrainer):
     `rows`, -1 for the dummy row."""
 
     def __init__(self, *args, rows: list[TrainRow], role_mean: bool = False, optimizer_state: dict | None = None,
-                 compute_dtype=None, **kwargs):
+                 compute_dtype=None, importance_cap: float | None = None, **kwargs):
         self.sage_rows = list(rows)
         self.sage_compute_dtype = compute_dtype  # bf16 base + float32 LoRA: the adapter computes in bf16 too
         self.sage_role_mean = role_mean
         self.sage_roles = sorted({r.role for r in rows})  # the same on every process: all read all rows
         self.sage_optimizer_state = optimizer_state  # {"optimizer": ..., "scheduler": ...} carried in
         self.sage_seen: list[int] = []  # indices into `rows` this process trained on, in order
-        # Decided once for all rows, not per batch: a per-batch choice would depend on how the rows are split
-        # over processes. The backends store log-probs at the row's sampling temperature, the one it trains at.
-        self.sage_use_logprobs = bool(rows) and all(r.logprobs is not None for r in rows)
+        # The importance correction's cap, None when off. The backends store log-probs at the row's sampling
+        # temperature, the one it trains at; each row is corrected or not on its own (`corrected`), so no
+        # choice depends on how the rows are split over processes.
+        self.sage_importance_cap = importance_cap
+        self.sage_old: dict[int, torch.Tensor] | None = None  # row index -> pi_old, when the pass recomputes it
+        self.sage_old_seconds = 0.0  # spent computing `sage_old`
+        self.sage_weighing: dict | None = None  # the micro-batch `_compute_loss` is scoring, to weigh (`_weigh`)
+        # the update's importance statistics so far, over all processes: corrected tokens, weight sum, capped, min
+        self.sage_importance = [0.0, 0.0, 0.0, math.inf]
         self.sage_temperatures = None  # of the rows being scored (set by `_compute_loss`, `_ref_logps`)
         super().__init__(*args, **kwargs)
         if self.aux_loss_enabled:
@@ -243,7 +303,20 @@ class StoredRowsTrainer(GRPOTrainer):
         rows += [None] * (size - len(rows))
         pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
         weights = self._role_weights(rows) if self.sage_role_mean else None
-        output = {k: v.to(device) for k, v in stored_batch(rows, pad, weights, self.sage_use_logprobs).items()}
+        batch = stored_batch(rows, pad, weights, self.sage_importance_cap is not None)
+        if self.args.max_steps > 1:  # several updates: pi_old is the policy before the first (`_old_logps`)
+            if self.sage_old is None:
+                self.sage_old = self._old_logps()
+            old = torch.zeros_like(batch["completion_mask"], dtype=torch.float32)
+            for i, r in enumerate(indices):
+                if r >= 0:
+                    if r not in self.sage_old:
+                        raise RuntimeError(f"row {r} reached process {self.accelerator.process_index}, which did not "
+                                           "score its pi_old: the sampler's blocks are dealt differently than "
+                                           "`_process_rows` assumes")
+                    old[i, :len(self.sage_old[r])] = self.sage_old[r]
+            batch["old_per_token_logps"] = old
+        output = {k: v.to(device) for k, v in batch.items()}
         output["num_items_in_batch"] = self.accelerator.gather(output["completion_mask"].sum()).sum()
         if self.beta != 0.0:
             output["ref_per_token_logps"] = self._ref_logps(output)
@@ -259,6 +332,49 @@ class StoredRowsTrainer(GRPOTrainer):
                 counts[self.sage_roles.index(r.role)] += len(r.completion_ids)
         counts = self.accelerator.gather(counts[None, :]).sum(dim=0).tolist()
         return role_weights([None if r is None else r.role for r in rows], dict(zip(self.sage_roles, counts)))
+
+    def _process_rows(self) -> list[int | None]:
+        """The rows this process trains on over the whole pass, in the sampler's order (None: a dummy): the
+        `process_index`-th slice of each block of the seeded sampler, as accelerate deals the blocks' batches
+        (`_generate_and_score_completions` checks each row it gets was among them)."""
+        order, n = list(self._get_train_sampler()), len(self.sage_rows)
+        block = self.args.generation_batch_size
+        per, k = block // self.accelerator.num_processes, self.accelerator.process_index
+        mine = []
+        for start in range(0, len(order), block * self.args.steps_per_generation * self.num_iterations):
+            mine.extend(i if i < n else None for i in order[start + k * per:start + (k + 1) * per])
+        return mine
+
+    @torch.no_grad()
+    def _old_logps(self) -> dict[int, torch.Tensor]:
+        """pi_old of every row this process trains on: the log-probs of its completion tokens under the policy as
+        the pass starts (before any update), at the row's temperature, scored once without gradients in passes of
+        `per_device_train_batch_size` rows, longest first. Every process makes the same number of passes (a
+        sharded model needs them in step), dummy rows included. Keyed by row index, on the CPU."""
+        if self.state.global_step:
+            raise RuntimeError("pi_old must be scored before the pass's first update")
+        t0 = time.perf_counter()
+        rows = self.sage_rows
+        mine = sorted(self._process_rows(),  # dummies last
+                      key=lambda i: -1 if i is None else -len(rows[i].prompt_ids) - len(rows[i].completion_ids))
+        pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
+        bs, out = self.args.per_device_train_batch_size, {}
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            for start in range(0, len(mine), bs):
+                chunk = mine[start:start + bs]
+                batch = {k: v.to(self.accelerator.device) for k, v in
+                         stored_batch([None if i is None else self.sage_rows[i] for i in chunk], pad, None,
+                                      False).items()}
+                self.sage_temperatures = batch["temperatures"]
+                logps = self._get_per_token_logps_and_entropies(
+                    self.model, torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
+                    torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+                    batch["completion_ids"].size(1), batch_size=bs)[0].float().cpu()
+                for j, i in enumerate(chunk):
+                    if i is not None:
+                        out[i] = logps[j, :len(self.sage_rows[i].completion_ids)].clone()
+        self.sage_old_seconds += time.perf_counter() - t0
+        return out
 
     @torch.no_grad()
     def _ref_logps(self, batch):
@@ -276,7 +392,9 @@ class StoredRowsTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
         """TRL's method, for text rows: each row at its temperature (`sage_temperatures`, set by the caller for
-        these rows), in chunks of `batch_size` rows. Returns (log-probs, entropies or None, None)."""
+        these rows), in chunks of `batch_size` rows. Returns (log-probs, entropies or None, None). Called by
+        `_compute_loss` for a micro-batch to weigh (`sage_weighing`), it weighs it (`_weigh`) with these log-probs
+        before TRL's loss reads its advantages."""
         temperatures = self.sage_temperatures
         if temperatures is None or len(temperatures) != input_ids.size(0):
             raise RuntimeError("per-row temperatures were not set for this batch")
@@ -289,7 +407,39 @@ class StoredRowsTrainer(GRPOTrainer):
                                               logits_to_keep, temperatures[start:end], entropy=compute_entropy)
             logps.append(lp)
             entropies.append(ent)
-        return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+        logps = torch.cat(logps)
+        weighing, self.sage_weighing = self.sage_weighing, None
+        if weighing is not None:
+            self._weigh(weighing, logps.detach())
+        return logps, (torch.cat(entropies) if compute_entropy else None), None
+
+    def _weigh(self, inputs: dict, current: torch.Tensor) -> None:
+        """Multiply the micro-batch's advantages (in `inputs`, which TRL's loss reads next) per token by the
+        importance weights of its corrected rows (`importance_weights`, pi_old against the stored sampling
+        log-probs; pi_old is `old_per_token_logps` when the batch carries it, else `current`, the detached
+        log-probs of the loss's own pass), and add the weights to the update's statistics over all processes."""
+        old = inputs.get("old_per_token_logps")
+        old = current if old is None else old
+        mask = inputs["completion_mask"] * inputs["corrected"][:, None]
+        assert self.sage_importance_cap is not None
+        weights, capped = importance_weights(old, inputs["sampling_per_token_logps"], mask, self.sage_importance_cap)
+        inputs["advantages"] = inputs["advantages"][:, None] * weights
+        on = mask.bool()
+        stats = torch.stack([on.sum(), weights[on].sum(), capped.sum()]).double()
+        stats = self.accelerator.gather(stats[None, :]).sum(dim=0).tolist()
+        low = weights[on].min() if on.any() else torch.tensor(math.inf, device=weights.device)
+        low = float(self.accelerator.gather(low.float()[None]).min())
+        acc = self.sage_importance
+        self.sage_importance = [acc[0] + stats[0], acc[1] + stats[1], acc[2] + stats[2], min(acc[3], low)]
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's, with the update's importance statistics (`IMPORTANCE_LOGS`) added when it corrected any token."""
+        tokens, total, capped, low = self.sage_importance
+        if tokens > 0 and "loss" in logs:
+            logs.update({"importance/ratio_mean": total / tokens, "importance/ratio_min": low,
+                         "importance/capped_fraction": capped / tokens})
+            self.sage_importance = [0.0, 0.0, 0.0, math.inf]
+        super().log(logs, start_time)
 
     def _autocast(self, device):
         """The forward's autocast: to the base model's dtype when that is bf16 (the float32 LoRA weights are cast
@@ -300,13 +450,13 @@ class StoredRowsTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         # A micro-batch keeps the padding of its whole generation batch; drop the columns it does not use.
+        inputs = dict(inputs)  # `_weigh` replaces its advantages: never those of the buffered batch
         pm, cm = inputs["prompt_mask"], inputs["completion_mask"]
         p_used = pm.any(dim=0).nonzero()
         p0 = int(p_used[0]) if len(p_used) else pm.size(1) - 1
         c_used = cm.any(dim=0).nonzero()
         c1 = int(c_used[-1]) + 1 if len(c_used) else 1
         if p0 > 0 or c1 < cm.size(1):
-            inputs = dict(inputs)
             inputs["prompt_ids"] = inputs["prompt_ids"][:, p0:]
             inputs["prompt_mask"] = pm[:, p0:]
             for key in ("completion_ids", "completion_mask", "old_per_token_logps", "ref_per_token_logps",
@@ -315,7 +465,11 @@ class StoredRowsTrainer(GRPOTrainer):
                 if isinstance(value, torch.Tensor) and value.dim() == 2:
                     inputs[key] = value[:, :c1]
         self.sage_temperatures = inputs["temperatures"]
-        return super()._compute_loss(model, inputs)
+        self.sage_weighing = inputs if self.sage_importance_cap is not None else None
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self.sage_weighing = None
 
 
 def _unused_reward(prompts=None, completions=None, **kwargs):
@@ -365,7 +519,8 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
         train_dataset=Dataset.from_dict({"row": list(range(len(rows))) + [-1]}),
         processing_class=AutoTokenizer.from_pretrained(tokenizer_path), rows=rows, callbacks=[log],
         role_mean=cfg.loss_weighting == "role_mean", optimizer_state=optimizer_state,
-        compute_dtype=adapter_compute_dtype(torch_dtype))
+        compute_dtype=adapter_compute_dtype(torch_dtype),
+        importance_cap=cfg.importance_cap if cfg.importance_correction else None)
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     logging_dir = (tracking or {}).get("logging_dir")

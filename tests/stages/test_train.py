@@ -32,6 +32,26 @@ def test_train_roles_leaves_the_other_roles_rollouts_out_of_the_update(tmp_path)
     assert sorted(r.role for r in two) == ["planner", "solver", "solver"]
 
 
+def test_a_rollout_is_trained_as_constrained_when_sampled_under_its_roles_grammar(tmp_path):
+    """`rollouts.constrained` says whether a rollout was sampled under a grammar (the trainer then does not
+    importance-correct it, engines/train/trainer.py); a rollout stored before that column (NULL) follows its
+    role's `constrain`."""
+    from sage.stages.train import sampled_constrained, stored_rows
+    from sage.warehouse import Warehouse
+
+    cfg = load_config(overrides=["roles.solver.constrain=true", "roles.planner.constrain=false"])
+    assert sampled_constrained(cfg, {"role": "solver", "constrained": False}) is False  # annealing's free sample
+    assert sampled_constrained(cfg, {"role": "planner", "constrained": True}) is True
+    assert sampled_constrained(cfg, {"role": "solver", "constrained": None}) is True
+    assert sampled_constrained(cfg, {"role": "planner"}) is False
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        wh.insert_batch("rollouts", [_rollout("b", "solver", "solve"), _rollout("c", "planner", "plan")])
+        wh.insert_batch("scores", [_score("b", "solver", -1.0), _score("c", "planner", 0.5)])
+        rows = stored_rows(wh, load_config(overrides=["roles.solver.constrain=true", "roles.planner.constrain=false",
+                                                      "train.roles=[planner, solver]"]), "r", 1)
+    assert {r.role: r.constrained for r in rows} == {"solver": True, "planner": False}
+
+
 def _rollout(rid: str, role: str, purpose: str, prompt_ids=(1, 2), completion_ids=(3,)) -> dict:
     return {"rollout_id": rid, "run_id": "r", "iteration": 1, "stage": purpose, "role": role, "purpose": purpose,
             "question_id": "q", "template": "v1", "prompt_text": "p", "completion_text": "c",

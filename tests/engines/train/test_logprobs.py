@@ -146,26 +146,37 @@ def test_at_temperature_one_the_loss_and_gradients_are_trl_fused_heads(tiny_mode
 
 def test_stored_logprobs_are_the_behaviour_policy_at_any_temperature(tiny_model):
     """The backends store log-probs at the sampling temperature, which the trainer takes each row at: stored
-    log-probs are the behaviour policy's whatever the temperature; a row without them makes the pass on-policy
-    (the current policy's detached log-probs)."""
+    log-probs are the behaviour policy mu of the importance correction, row by row (a row without them weighs 1),
+    compared with pi_old at the row's temperature, so log-probs stored by the same policy weigh 1 at any
+    temperature. They are never pi_old (`old_per_token_logps`: absent when the pass makes one update)."""
     import torch
 
     from sage.engines.train.trainer import build_trainer
 
     cfg = _cfg(minibatch_size=2)
-    for temperature, stored, used in ((1.0, 2, True), (0.7, 2, True), (0.7, 1, False)):
+    for temperature, stored in ((1.0, 2), (0.7, 2), (0.7, 1)):
         rows = _rows([temperature, temperature])
-        for r in rows[:stored]:
-            r.logprobs = [-1.0] * len(r.completion_ids)
         model = load_policy(str(tiny_model), None, cfg, seed=0)
+        for r in rows[:stored]:
+            r.logprobs = _direct_logprobs(model, r)[0].tolist()
         trainer, _ = build_trainer(model, str(tiny_model), rows, cfg, seed=0, device="cpu", torch_dtype=torch.float32)
         try:
             batch = trainer._generate_and_score_completions([{"row": 0}, {"row": 1}])
+            inputs = dict(batch)
+            current = torch.zeros_like(batch["sampling_per_token_logps"])
+            for i, r in enumerate(rows):
+                current[i, :len(r.completion_ids)] = _direct_logprobs(model, r)[0]
+            trainer._weigh(inputs, current)
         finally:
             import shutil
 
             shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
-        assert ("old_per_token_logps" in batch) is used
+        assert "old_per_token_logps" not in batch and batch["corrected"].tolist() == [1.0, float(stored == 2)]
+        for i, r in enumerate(rows[:stored]):
+            n = len(r.completion_ids)
+            assert torch.allclose(batch["sampling_per_token_logps"][i, :n], torch.tensor(r.logprobs))
+        mask = batch["completion_mask"].bool()
+        assert torch.allclose(inputs["advantages"][mask], (batch["advantages"][:, None] * mask)[mask], atol=1e-5)
 
 
 def test_rows_file_keeps_temperatures_and_reads_old_files_at_one(tmp_path):
@@ -177,6 +188,11 @@ def test_rows_file_keeps_temperatures_and_reads_old_files_at_one(tmp_path):
     old = pq.read_table(tmp_path / "rows.parquet").drop_columns(["temperature"])  # written before temperatures
     pq.write_table(old, tmp_path / "old.parquet")
     assert [r.temperature for r in read_rows(tmp_path / "old.parquet")] == [1.0, 1.0]
+    rows[1].constrained = True  # sampled under a grammar: kept, so the isolated trainer does not correct it
+    write_rows(rows, tmp_path / "rows.parquet")
+    assert [r.constrained for r in read_rows(tmp_path / "rows.parquet")] == [False, True]
+    pq.write_table(pq.read_table(tmp_path / "rows.parquet").drop_columns(["constrained"]), tmp_path / "old.parquet")
+    assert [r.constrained for r in read_rows(tmp_path / "old.parquet")] == [False, False]  # written before it
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan")])

@@ -164,26 +164,6 @@ def test_train_step_moves_logprob_with_advantage_sign(tiny_model, tmp_path):
     assert _seq_logprob(policy2, pos) > after["pos"] and _seq_logprob(policy2, neg) < after["neg"]
 
 
-def test_stored_logprobs_are_the_old_policy(tiny_model):
-    """Stored sampling log-probs feed TRL's ratio: far-off ones on a positive row are clipped (clip_fraction > 0)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    rows = []
-    for adv, comp in ((1.0, [40, 41, 42, 43]), (-1.0, [60, 61, 62, 63])):
-        r = TrainRow([20, 21, 22], comp, advantage=adv)
-        ids = torch.tensor([r.prompt_ids + r.completion_ids])
-        with torch.no_grad():
-            lp = torch.log_softmax(base(input_ids=ids).logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
-        r.logprobs = (lp[len(r.prompt_ids) - 1:] - (1.0 if adv > 0 else 0.0)).tolist()  # ratio e on the positive
-        rows.append(r)
-    cfg = _cfg()
-    model = load_policy(str(tiny_model), None, cfg, seed=0)
-    m = train_model(model, str(tiny_model), rows, cfg, device="cpu")
-    assert m["used_logprobs"] and m["clip_fraction"] == pytest.approx(0.5)
-
-
 def test_every_row_once_and_empty_completions_skipped(tiny_model, monkeypatch):
     """11 rows (2 with empty completions) -> 9 used; minibatch 2 x grad_accum 2 -> 3 updates (the last one on one
     real row and a masked dummy), each row seen exactly once."""
@@ -257,7 +237,7 @@ def test_trl_contract_pinned():
                  if callable(value) and hasattr(GRPOTrainer, name) and name != "__init__"}
     assert overrides == {"_get_train_sampler", "_generate_and_score_completions", "_prepare_inputs",
                          "_get_per_token_logps_and_entropies", "_compute_loss", "create_optimizer",
-                         "create_scheduler"}, overrides
+                         "create_scheduler", "log"}, overrides
 
     assert trl.__version__.startswith("1.16."), f"trl {trl.__version__}: re-check engines/train/trainer.py's overrides"
     sig = inspect.signature(GRPOTrainer._generate_and_score_completions)
@@ -271,6 +251,11 @@ def test_trl_contract_pinned():
     # behind `"tool_mask" in inputs`.
     assert subscript - set(BATCH_KEYS) == {"ref_per_token_logps", "importance_sampling_ratio", "tool_mask"}
     assert set(OPTIONAL_BATCH_KEYS) <= subscript | get
+    # The importance correction (`_weigh`) weighs the advantages per token inside the log-prob call, which TRL's
+    # loss makes before it reads them, and TRL takes per-token (B, T) advantages.
+    loss_src = inspect.getsource(GRPOTrainer._compute_loss)
+    assert (loss_src.index("self._get_per_token_logps_and_entropies(") < loss_src.index('inputs["advantages"]')
+            and "if advantages.dim() == 1:" in loss_src)
     # _prepare_inputs builds the generation batch once per steps_per_generation micro-steps and slices it.
     prep = inspect.getsource(GRPOTrainer._prepare_inputs)
     for needle in ("self._generate_and_score_completions(generation_batch)", "split_tensor_dict(",
@@ -341,7 +326,7 @@ def test_subprocess_entry_point(tiny_model, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = json.loads(metrics.read_text())
     _check_reported_steps([json.loads(line) for line in steps.read_text().splitlines()], m)
-    assert m["n_rows"] == 4 and m["n_skipped"] == 1 and m["n_updates"] == 2 and not m["used_logprobs"]
+    assert m["n_rows"] == 4 and m["n_skipped"] == 1 and m["n_updates"] == 2 and m["corrected_rows"] == 1
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
     assert json.loads((out / METRICS_FILE).read_text())["n_rows"] == 4
 
