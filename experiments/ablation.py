@@ -16,8 +16,9 @@ can be read against what ran beside it.
 Then, and with `--report` alone, it writes `DIR/ablation.md` and `ablation.json`: per run seed and row, the kept
 checkpoint (the run's own rule: the best validation pass@1, the earliest on ties), its pass@1 with a 95% Wilson
 interval, the exact McNemar test against the base model and against the full loop's kept checkpoint on the same
-problems, the same on the out-of-distribution set, the row's CPU and wall time (`measures.json`) and the load
-beside it; and a curve of validation pass@1 per iteration for every row (`ablation.png`).
+problems, the same on the out-of-distribution set, the row's stage seconds (every iteration's stages and
+validation) and the CPU and wall time of its logged invocations (`measures.json`), and the load beside it;
+and a curve of validation pass@1 per iteration for every row (`ablation.png`).
 """
 
 from __future__ import annotations
@@ -141,6 +142,10 @@ def _read_row(folder: Path) -> dict | None:
     return {"outcomes": outcomes, "history": history, "kept": kept_iteration(history),
             "ood": _verdicts(folder / "heldout-ood" / "warehouse.duckdb"),
             "cpu_s": sum(r["cpu_s"] for r in runs), "wall_s": sum(r["wall_s"] for r in runs),
+            # the stages' own seconds, from the warehouse through the per-iteration timing measure: complete even
+            # where an invocation went unlogged (before interrupted ones were logged)
+            "stage_s": sum(t["value"].get("sage_seconds", 0) + t["value"].get("validate_seconds", 0)
+                           for t in (m.get("timing") for m in measures.get("iterations", {}).values()) if t),
             "load": [x for _, x in load]}
 
 
@@ -168,7 +173,7 @@ def summarise(out: Path, seeds: list[int], rows: list[str]) -> dict:
                      "kept": kept, "pass1": passed / len(now), "n": len(now), "ci": wilson(passed, len(now)),
                      "base": sum(base.values()) / len(base), "vs_base": _paired(now, base),
                      "curve": [h["val_pass1"] for h in r["history"]], "cpu_s": r["cpu_s"], "wall_s": r["wall_s"],
-                     "load_mean": sum(r["load"]) / len(r["load"]) if r["load"] else None,
+                     "stage_s": r["stage_s"], "load_mean": sum(r["load"]) / len(r["load"]) if r["load"] else None,
                      "load_max": max(r["load"], default=None)}
             if full is not None and row != "full":
                 entry["vs_full"] = _paired(now, full["outcomes"][full["kept"]])
@@ -190,8 +195,8 @@ def write_report(out: Path, table: dict, command: str) -> None:
              "one wrong / the reverse; p: exact McNemar", "",
              "| seed | row | the change | iterations | kept: pass@1 [95% Wilson] | vs base: b / c, p | "
              "vs full: b / c, p | out of distribution: kept [95% Wilson] | OOD vs base: b / c, p | "
-             "OOD vs full: b / c, p | CPU s (wall s) | load mean / max |",
-             "|---:|---|---|---:|---|---|---|---|---|---|---|---|"]
+             "OOD vs full: b / c, p | stage s | CPU s (wall s) logged | load mean / max |",
+             "|---:|---|---|---:|---|---|---|---|---|---|---:|---|---|"]
 
     def paired(e: dict, key: str) -> str:
         return "" if key not in e else "{} / {}, {:.2g}".format(*e[key])
@@ -206,7 +211,7 @@ def write_report(out: Path, table: dict, command: str) -> None:
         lines.append(f"| {e['seed']} | {e['row']} | {e['change']} | {e['iterations']} | it {e['kept']}: "
                      f"{e['pass1']:.3f} [{lo:.2f}, {hi:.2f}] (base {e['base']:.3f}) | {paired(e, 'vs_base')} | "
                      f"{paired(e, 'vs_full')} | {ood} | {paired(e, 'ood_vs_base')} | {paired(e, 'ood_vs_full')} | "
-                     f"{e['cpu_s']:.0f} ({e['wall_s']:.0f}) | {load} |")
+                     f"{e['stage_s']:.0f} | {e['cpu_s']:.0f} ({e['wall_s']:.0f}) | {load} |")
     (out / "ablation.md").write_text("\n".join(lines) + "\n\n![validation pass@1 per iteration](ablation.png)\n")
     (out / "ablation.json").write_text(json.dumps(table, indent=1))
     _plot(out, table)

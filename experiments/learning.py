@@ -246,7 +246,7 @@ def checkpoints(iterations: int, every: int) -> list[int]:
     return [0] + [k for k in range(1, iterations + 1) if validates_after(k, every, iterations)]
 
 
-def run(args, cfg, out: Path, header) -> int:
+def run(args, cfg, out: Path, header, spent) -> int:
     """`sage run` up to each validated iteration k in turn (resuming the run), measuring k right after it: the
     flow itself seeds, trains, validates and stops early, so the real flow decides everything. Each call is a
     `sage-run` flow run that skips what is done (a rerun of the same command redoes nothing); k is measured while
@@ -279,6 +279,7 @@ def run(args, cfg, out: Path, header) -> int:
         except BaseException as e:
             if ended(e) != "interrupted":
                 raise
+            cache.log(dict(spent(), interrupted=True))  # its time counts towards the run's, like a finished one's
             print("[learning] interrupted: what was measured is kept; rerun the same command to continue",
                   flush=True)
             raise SystemExit(130) from None
@@ -324,7 +325,7 @@ def main() -> None:
                 f"(process + children) over {len(runs)} invocation(s), this one wall {now['wall_s']:.0f} s, CPU "
                 f"{now['cpu_s']:.0f} s; each iteration's seconds are in the table (`*_seconds`)"]
 
-    done = run(args, cfg, out, header)
+    done = run(args, cfg, out, header, spent)
     cache = Cache(out / "measures.json", json.loads((out / "measures.json").read_text())["run_id"])
     write_outputs(out, cache, header)  # again, now that the children's CPU time is counted
     cache.log(spent())

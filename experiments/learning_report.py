@@ -34,7 +34,8 @@ class Cache:
         self._save()
 
     def log(self, invocation: dict) -> None:
-        """Record one finished invocation's command and time (the header sums them over a resumed run)."""
+        """Record one invocation's command and time, finished or interrupted (the header sums them over a resumed
+        run)."""
         self.data.setdefault("invocations", []).append(invocation)
         self._save()
 

@@ -119,7 +119,7 @@ def copies(completion: str, example: str, task: str) -> bool:
 def _request(cfg, role: str, domain: str, messages: list[dict], seed: int, greedy: bool,
              regex_tokens: int | None = None) -> GenRequest:
     role_cfg = getattr(cfg.roles, role)
-    max_new = cfg.validate.max_new_tokens if greedy else role_cfg.max_new_tokens
+    max_new = cfg.validate.answer_tokens(cfg.roles.solver) if greedy else role_cfg.max_new_tokens
     regex = None
     if role_cfg.constrain:   # `regex_tokens` sizes the Solver's bounds for a smaller budget than it may use
         key = tags.role_key(role, domain if role in ("challenger", "solver") else None)

@@ -51,7 +51,7 @@ def test_full_loop_and_solver_alone_drawn_alike_in_one_table(tmp_path):
     assert set(table) == {"0/full", "0/solver-alone"}
     assert "vs_full" in table["0/solver-alone"] and "vs_full" not in table["0/full"]
     for entry in table.values():
-        assert entry["n"] == len(full["base"]) and len(entry["curve"]) == 2 and entry["cpu_s"] > 0
+        assert entry["n"] == len(full["base"]) and len(entry["curve"]) == 2 and entry["cpu_s"] > 0 < entry["stage_s"]
         assert entry["ood_n"] == 300  # the kept checkpoint and the base model answered the out-of-distribution set
     assert "ood_vs_full" in table["0/solver-alone"]
     report = (tmp_path / "ablation.md").read_text()

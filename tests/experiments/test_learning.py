@@ -4,8 +4,10 @@ second invocation resumes without recomputing anything; experiments/heldout.py o
 import csv
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -103,6 +105,26 @@ def test_two_iterations_on_the_tiny_model_then_a_resume_that_recomputes_nothing(
     assert _counts(out) == counts  # no stage generated anything
     assert not re.search(r"\[learning\] iteration \d+ \w+ \(", second.stdout)  # no measure line
     assert json.loads(cache)["run_id"] in first.stdout
+
+
+
+def test_an_interrupted_invocation_counts_its_time(tmp_path):
+    """Ctrl-C ends a run resumably (status 130) and its wall and CPU time are still logged, so a row's time over
+    several invocations is the sum of all of them, not only of the ones that finished."""
+    out = tmp_path / "learning"
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.learning", "--model", "tiny", "--iterations", "1",
+                             "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("[learning] run "):
+            time.sleep(3)
+            proc.send_signal(signal.SIGINT)
+            break
+    proc.stdout.read()
+    assert proc.wait(timeout=300) == 130
+    runs = json.loads((out / "measures.json").read_text())["invocations"]
+    assert len(runs) == 1 and runs[0]["interrupted"] is True
+    assert runs[0]["wall_s"] >= 3 and runs[0]["cpu_s"] > 0 and "--iterations 1" in runs[0]["command"]
 
 
 def _heldout(out: Path) -> subprocess.CompletedProcess:
