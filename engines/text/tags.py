@@ -2,7 +2,8 @@
 
 Two jobs, kept apart on purpose (SAGE.md, "Format reward"; DESIGN.md, "Structured output per role"):
 - `fields` is *lenient*: what the model meant even with broken tags (last complete pair, else an unclosed
-  tag, else a bare closer; the Critic's last integer 1..10 without `<score>` [MAE]; the last fenced block
+  tag, else a bare closer; the Critic's last integer 1..10 without `<score>` [MAE], though without a complete
+  `<score>` pair only in a short reply, never in reasoning cut off before its verdict; the last fenced block
   or `\\boxed{}` without `<answer>`).
 - `format_reward` is *strict*: 1.0 when exactly the role's required tags appear, each once, not nested,
   balanced and non-empty (the Critic's must also hold an integer 1..10, since format is the Critic's whole
@@ -41,6 +42,10 @@ _TAG_RX = re.compile(r"<(/?)(" + "|".join(TAG_NAMES) + r")>", re.IGNORECASE | re
 _CRITIC_INT_RX = re.compile(r"(?<!\d)(?<!\d\.)(?<!/)(?<!/ )(?<!out of )(10|[1-9])(?!\d|\.\d)")
 _NUMBER_RX = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _SCORE_CONTENT_RX = re.compile(r"\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?:/\s*10)?\s*")
+# Without a complete <score> pair, the Critic's score is read only from a reply this short (a one-line
+# verdict), and after an unclosed <score> only from this little (`parse_critic` says why).
+_VERDICT_CHARS = 200
+_UNCLOSED_CHARS = 20
 
 
 @dataclass
@@ -228,17 +233,41 @@ def _read_score(content: str) -> tuple[int | None, float]:
     return (n, normalise_score(n)) if 1 <= n <= 10 else (None, 0.5)
 
 
+def _has_pair(toks: list[_Tok], name: str) -> bool:
+    """Whether an opening `name` tag is followed, somewhere later, by its closing tag."""
+    opened = False
+    for t in toks:
+        if t.name == name:
+            if not t.close:
+                opened = True
+            elif opened:
+                return True
+    return False
+
+
 @_never_raises(lambda: {"raw": None, "score": 0.5})
 def parse_critic(text: str) -> Parsed:
     """Critic: raw (the integer read, or None) and score (normalised, 0.5 when unreadable or out of
-    range). Reads <score>, else the last integer 1..10 in the text (as MAE does)."""
+    range). A complete <score>...</score> pair is always read (the last one). Without one, the lenient reads
+    (the number after an unclosed <score>, the one before a bare </score>, else the last integer 1..10 in
+    the text as MAE does) apply only to a short reply, a one-line verdict: at most `_VERDICT_CHARS` in all,
+    and at most `_UNCLOSED_CHARS` after an unclosed <score>. A longer reply without a pair is reasoning cut
+    off (or never finished) before its verdict, and its numbers are steps, counts and answers ("Step 9",
+    "3 numbers", "7 hours"): reading one would let a stray number decide s_q and the question's admission,
+    so it is neutral (raw None, score 0.5)."""
     if _is_empty(text):
         return Parsed({"raw": None, "score": 0.5}, 0.5, "empty completion")
     toks = _tokens(text)
     reward, problems, pairs = _format(text, toks, REQUIRED_TAGS["critic"])
     content = _extract(text, toks, "score")
-    if content is not None:
+    unclosed = any(t.name == "score" and not t.close for t in toks)
+    raw, score = None, 0.5
+    if content is not None and _has_pair(toks, "score"):
         raw, score = _read_score(content[:200])
+    elif len(text.strip()) > _VERDICT_CHARS or (unclosed and len(content or "") > _UNCLOSED_CHARS):
+        pass                                # reasoning that never gave its verdict: neutral
+    elif content is not None:
+        raw, score = _read_score(content)
     else:
         found = _CRITIC_INT_RX.findall(text)
         raw = int(found[-1]) if found else None

@@ -202,6 +202,37 @@ def test_critic_scores(text, raw, score):
     assert p.fields["raw"] == raw and p.fields["score"] == pytest.approx(score)
 
 
+_REASONING = ("Step 1: read the question. It asks how long 3 workers take to paint 2 walls at 4 hours a wall, "
+              "which is well posed and has one answer. Step 2: check units. The rates are per worker and per wall, so "
+              "they agree and the answer is a number of hours. ")
+
+
+@pytest.mark.parametrize("text", [
+    _REASONING + "So the problem has 3",                                       # cut off at max_new_tokens
+    _REASONING + "Step 9",
+    "The score should be in <score> tags. Step 1 reads 3 numbers and the answer is 7 hours",
+    _REASONING + "The score should be in <score> tags. Step 1 reads 3 numbers and the answer is 7 hours",
+    _REASONING + "<score>7",                                                   # long reply: no pair, no verdict
+])
+def test_critic_reasoning_without_a_verdict_is_neutral(text):
+    """A reply without a complete <score> pair is read leniently only when it is a short verdict: the numbers
+    of reasoning cut off before its verdict (steps, counts, answers) are not a score."""
+    assert len(_REASONING) > 200
+    p = parse_critic(text)
+    assert (p.fields["raw"], p.fields["score"]) == (None, 0.5)
+    assert p.format_reward == 0.0                      # the format reward is unchanged: no complete pair
+
+
+@pytest.mark.parametrize("text,raw", [
+    (_REASONING + "So the score is <score>3</score>", 3),   # a complete pair is read however long the reply
+    ("<score>7", 7),                                         # a short verdict cut off before its closing tag
+    ("Clear and solvable. <score>8/10", 8),
+    ("Fine, I would give it a 7.", 7),                       # a one-line verdict without tags (MAE)
+])
+def test_critic_short_verdicts_and_pairs_are_read(text, raw):
+    assert parse_critic(text).fields["raw"] == raw
+
+
 def test_critic_format_needs_an_integer_score():
     assert parse_critic("<score>0.7</score>").format_reward == 0.0
     assert parse_critic("<score>great</score>").reason == "<score> is not an integer 1..10"
