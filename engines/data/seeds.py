@@ -27,6 +27,7 @@ import ast
 import gzip
 import importlib.util
 import json
+import logging
 import random
 import sys
 import warnings
@@ -40,6 +41,8 @@ from sage.engines.data.files import SUFFIXES, RowFileError, read_records
 MATH_GENERATORS = ("gsm_symbolic", "basic_arithmetic", "simple_equations", "fraction_simplification", "gcd", "lcm")
 CODEIO_ENTRY = "main_solution"
 CODEIO_INPUTS_PER_TASK = 5
+
+log = logging.getLogger(__name__)
 
 
 class SeedFileError(ValueError):
@@ -334,17 +337,19 @@ def _mbpp_entry(code: str, test: str) -> str | None:
 
 def set_item(dataset: str, where: str, row: dict, split: str) -> SeedItem | None:
     """A seed item of one published row, or None when the row has nothing to check against (a MATH solution
-    without `\\boxed{}`, a GSM8K answer without `#### N`, a code task without literal test inputs). Code items
-    carry their reference solution and inputs; the seed stage computes the outputs in the sandbox."""
+    without `\\boxed{}` or `\\fbox{}`, a GSM8K answer without `#### N`, a code task without literal test inputs).
+    A MATH answer is `extract_answer` of the solution: every box of a listed answer (`$\\boxed{-1}, \\boxed{1}$` ->
+    "-1, 1"). Code items carry their reference solution and inputs; the seed stage computes the outputs in the
+    sandbox."""
     from sage.engines.data.benchmarks import gsm8k_final
     from sage.engines.data.humaneval import literal_inputs, load_humaneval
-    from sage.engines.text.answers import extract_answer, last_boxed
+    from sage.engines.text.answers import BOXED_OR_FBOX, extract_answer, last_boxed
 
     if dataset in ("math", "gsm8k"):
         question = str(row["problem" if dataset == "math" else "question"]).strip()
         if dataset == "math":
-            boxed = last_boxed(str(row["solution"]))
-            answer = extract_answer(boxed) if boxed else None
+            solution = str(row["solution"])
+            answer = extract_answer(solution) if last_boxed(solution, BOXED_OR_FBOX) else None
         else:
             answer = gsm8k_final(str(row["answer"]))
         if not question or not answer:
@@ -368,10 +373,34 @@ def set_item(dataset: str, where: str, row: dict, split: str) -> SeedItem | None
                     "inputs": inputs}, f"mbpp:{row.get('task_id', where)}", split, solution=solution, where=where)
 
 
-def set_items(dataset: str, path: str | None, seed: int) -> list[SeedItem]:
+def _row_problem(dataset: str, row: Any) -> str | None:
+    """Why `set_item` cannot read a row of a file whose first row has the dataset's fields, or None."""
+    missing = [f for f in SET_FIELDS[dataset] if not isinstance(row, dict) or f not in row]
+    return f"not a {dataset} row (no field {', '.join(missing)})" if missing else None
+
+
+def set_items(dataset: str, path: str | None, seed: int,
+              skipped: list[tuple[SeedItem, str]] | None = None) -> list[SeedItem]:
     """Every usable row of a published dataset's file as a seed item, shuffled by `seed`: the order the seed stage
-    draws from, the same for every set naming the file (each takes the next rows, with its own split)."""
-    items = [set_item(dataset, where, row, "seed") for where, row in set_rows(dataset, path)]
+    draws from, the same for every set naming the file (each takes the next rows, with its own split). A row that
+    cannot be read (a missing field, tests that do not parse) is skipped, not fatal: one bad row of a published
+    file must not stop the seed stage. Each is logged as `PATH:LINE: why` and, when `skipped` is given, appended
+    to it as `(item, why)`, the form of the seed stage's dropped rows (`item.where` names the row)."""
+    items: list[SeedItem | None] = []
+    for where, row in set_rows(dataset, path):
+        why = _row_problem(dataset, row)
+        if why is None:
+            try:
+                items.append(set_item(dataset, where, row, "seed"))
+                continue
+            except SyntaxError as e:
+                why = f"its tests do not parse: {e.msg} (line {e.lineno})"
+            except (KeyError, TypeError, ValueError, RecursionError) as e:
+                why = str(e).removeprefix(f"{where}: ") if isinstance(e, SeedFileError) else f"{type(e).__name__}: {e}"
+        log.warning("%s: skipped (%s)", where, why)
+        if skipped is not None:
+            domain = "math" if dataset in ("math", "gsm8k") else "code"
+            skipped.append((SeedItem(domain, "", {}, dataset, where=where), why))
     kept = [i for i in items if i is not None]
     random.Random(seed).shuffle(kept)
     return kept

@@ -18,6 +18,15 @@ MATH = [{"problem": f"What is ${k} + {k}$?", "level": "Level 1", "type": "Prealg
          "solution": f"Adding, ${k} + {k} = \\boxed{{{2 * k}}}$."} for k in range(1, 7)]
 MATH.append({"problem": "Prove that 2 is prime.", "level": "Level 1", "type": "Number Theory",
              "solution": "Its only divisors are 1 and 2."})                     # no \boxed{}: nothing to check
+MATH += [  # answers in several boxes, and in \fbox: the whole answer, as the verifier's extract_answer reads it
+    {"problem": "Solve $x^2 = 1$.", "level": "Level 2", "type": "Algebra",
+     "solution": "So $x = \\pm 1$, that is $\\boxed{-1}, \\boxed{1}$."},
+    {"problem": "Solve $(x-2)(x-5) = 0$.", "level": "Level 2", "type": "Algebra",
+     "solution": "Either $x=\\boxed{2}$ or $x=\\boxed{5}$."},
+    {"problem": "What is $3 + 4$?", "level": "Level 1", "type": "Prealgebra",
+     "solution": "Adding gives $\\fbox{7}$."}]
+ANSWERS = {**{f"What is ${k} + {k}$?": str(2 * k) for k in range(1, 7)}, "Solve $x^2 = 1$.": "-1, 1",
+           "Solve $(x-2)(x-5) = 0$.": "2, 5", "What is $3 + 4$?": "7"}
 GSM8K = [{"question": "Ann has 3 boxes of 400 pens. How many pens?",
           "answer": "3 * 400 = <<3*400=1200>>1200\n#### 1,200"},
          {"question": "Bo reads 5 pages a day for 4 days. How many pages?", "answer": "5 * 4 = 20\n#### 20"}]
@@ -67,8 +76,8 @@ def _cfg(tmp_path, sets, *extra):
 
 def test_each_format_becomes_a_problem_the_verifiers_read(files):
     math = set_items("math", files["math"], 0)
-    assert len(math) == 6 and all(i.domain == "math" for i in math)              # the unboxed proof is left out
-    assert {i.verifier["answer"] for i in math} == {str(2 * k) for k in range(1, 7)}
+    assert len(math) == 9 and all(i.domain == "math" for i in math)              # the unboxed proof is left out
+    assert {i.question: i.verifier["answer"] for i in math} == ANSWERS           # every box, \fbox too
     gsm = {i.question: i.verifier["answer"] for i in set_items("gsm8k", files["gsm8k"], 0)}
     assert gsm[GSM8K[0]["question"]] == "1200"                                  # `#### 1,200`
     [add] = set_items("humaneval", files["humaneval"], 0)                         # HumanEval/32 has no literal inputs
@@ -98,7 +107,7 @@ def test_sets_draw_disjoint_rows_and_code_outputs_in_the_sandbox(tmp_path, files
     val = [i for i in items if i.split == "validation"]
     assert [i.domain for i in seeds] == ["math"] * 4 + ["code"] * 3 and len(val) == 3
     assert {i.question for i in seeds}.isdisjoint({i.question for i in val})        # one file, disjoint rows
-    assert len({i.question for i in items if i.source == "math"}) == 6
+    assert len({i.question for i in items if i.source == "math"}) == 6                # 4 + 2 distinct rows
     outputs = {i.verifier["entry_point"]: i.verifier["outputs"] for i in seeds if i.domain == "code"}
     assert outputs == {"square": [9, 4], "count_words": [2, 0], "add": [3, 5]}      # from the references, run
     assert [(i.verifier["entry_point"], why.split(" (")[0]) for i, why in dropped] == [
@@ -161,3 +170,21 @@ def test_sets_and_a_source_file_are_one_or_the_other(files):
                             "seeds.source=x.jsonl"])
     with pytest.raises(ConfigError, match="a math seed set needs `path`"):
         load_config("cpu", ['seeds.sets=[{"dataset": "math", "n": 1}]'])
+
+
+def test_a_bad_row_is_skipped_and_reported_with_its_file_and_line(tmp_path, caplog):
+    bad = [{"task_id": 604, "text": "Write f.", "code": "def f(n):\n    return n",
+            "test_list": ["assert f(1) == 1", "assert f(2) == 2 =="]},          # a test that does not parse
+           {"task_id": 605, "text": "Write g.", "test_list": ["assert g(1) == 1"]}]   # no reference code
+    path = _jsonl(tmp_path / "mbpp.jsonl", [MBPP[0], *bad, MBPP[2]])
+    with caplog.at_level("WARNING", logger="sage.engines.data.seeds"):
+        items = set_items("mbpp", path, 0)                                     # was a bare SyntaxError
+    logged = [r.getMessage() for r in caplog.records]
+    skipped: list = []
+    assert set_items("mbpp", path, 0, skipped) == items
+    assert sorted(i.verifier["entry_point"] for i in items) == ["count_words", "square"]   # the good rows stay
+    assert [(i.where, why) for i, why in skipped] == [
+        (f"{path}:2", "its tests do not parse: invalid syntax (line 2)"),
+        (f"{path}:3", "not a mbpp row (no field code)")]
+    assert logged == [f"{path}:2: skipped (its tests do not parse: invalid syntax (line 2))",
+                      f"{path}:3: skipped (not a mbpp row (no field code))"]
