@@ -21,7 +21,10 @@ parallelism, all at once as concurrent async-engine requests).
   retrained adapter written to a new (or the same) directory is never served from vLLM's adapter cache; the
   same engine serves it (vLLM loads it on its first request), and the id it replaces is removed from the
   engine (`remove_lora`) before the next generate, so 200 iterations hold one adapter, not 200 (vLLM's own LRU
-  cache, `max_cpu_loras`, would evict it too, but only when the next one loads).
+  cache, `max_cpu_loras`, would evict it too, but only when the next one loads). The stage context calls
+  `use_adapter` only when the path changes, so `sleep()` (training is next) retires the current id the same
+  way and clears `adapter`: an adapter retrained in place, at an unchanged path, is set and loaded afresh after
+  the engine wakes, never served from the cache.
 - Sleep mode (`Sleeps`): the engine is built with `enable_sleep_mode=True`; `sleep()` is `LLM.sleep(level=1)`:
   the weights (LoRA slots included: vLLM allocates them with the weights) move to CPU memory, the KV cache
   is dropped and the prefix cache reset, so no block computed before training is reused after. Level 1 keeps
@@ -132,7 +135,13 @@ class VLLMLLM:
         self.adapter = str(path)
 
     def sleep(self) -> None:
-        """`LLM.sleep(level=1)`: weights to CPU memory, KV cache dropped; the next `generate` wakes it."""
+        """`LLM.sleep(level=1)`: weights to CPU memory, KV cache dropped; the next `generate` wakes it. The
+        adapter is let go too (its LoRA id retired as `use_adapter` retires a replaced one, `adapter` None):
+        training runs while the engine sleeps and may rewrite the adapter at the same path, so the next stage
+        sets it again and its first generate loads it afresh under a new id (one load an iteration)."""
+        if self._lora is not None:
+            self._retired.append(self._lora.lora_int_id)
+        self._lora, self.adapter = None, None
         if not self.asleep:
             self.engine.sleep(level=1)
             self.asleep = True

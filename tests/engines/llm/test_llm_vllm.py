@@ -392,6 +392,26 @@ def test_two_iterations_on_one_engine_that_sleeps_through_training(fake_vllm, ti
     assert engines.llm.engine is not engine and len(FakeVLLMLLM.instances) == 2  # a new one only after close
 
 
+def test_an_adapter_retrained_at_the_same_path_is_loaded_afresh_after_a_sleep(fake_vllm, tiny_model):
+    """The stage context sets the adapter only when its path changes; one retrained in place while the engine
+    slept (same path) must still get a new LoRA id, not vLLM's cached weights, and the old id is removed."""
+    from sage.stages.context import Engines, StageContext
+
+    engines = Engines(_vllm_config(tiny_model))
+    req = [GenRequest([{"role": "user", "content": "hi"}], max_new_tokens=2)]
+    for _ in range(2):                   # the same adapter path before and after training
+        for _ in range(2):
+            ctx = StageContext(cfg=engines.cfg, wh=None, adapter="/ckpt/latest", engines=engines)
+            assert ctx.llm.generate(req)[0].completions
+        engines.suspend("llm")
+    engine = FakeVLLMLLM.instances[0]
+    sleep, wake = ("sleep", 1, "abort"), ("wake_up", None)
+    assert engine.events == [("generate", 1), ("generate", 1), sleep,
+                             wake, ("remove_lora", 1, "awake"), ("generate", 2), ("generate", 2), sleep]
+    assert [c["lora"].lora_path for c in engine.calls] == ["/ckpt/latest"] * 4
+    engines.close()
+
+
 class _NoSleep:
     """A backend without sleep mode (as hf): it can only be closed."""
 
