@@ -6,16 +6,19 @@ prompt's worked example.
         [--n-roles 12] [--origin validation|seed] [--per-domain N] [--regex-tokens N] [--set section.field=value]
         [--dump generations.jsonl] [--baseline GIT_REV]
 
-Requests are built as the stages build them: `sage.stages.prompts.render`, each role's `max_new_tokens`,
+Requests are built as the stages build them: `sage.stages.prompts.render` of the config's prompt set
+(`roles.prompts`, so `--profile paper-7b` measures the reasoning prompts), each role's `max_new_tokens`,
 temperature and top_p, and its regex from `engines/text/grammar.py` when the role has `constrain: true`
 (validation: greedy with `validate.max_new_tokens`, as the validate stage does). Scoring is the verify
 stage's own `verdicts` (math-verify, the sandbox). Validation problems come from the warehouse in `--dir`
 (read-only) when it has them, else the seed stage loads them into a temporary warehouse. Challenger, Planner and
 Critic are sampled on the first `--n-roles` validation problems (half math, half code), seeded, so two
 prompt versions see the same references. `measure(..., render=f)` lets an experiment pass another prompt
-renderer; `--baseline REV` also measures the prompts of `stages/prompts` at git revision REV, side by
-side with the current ones, on the same problems and seeds. "copied ex." counts outputs that share a 5-word
-run with the worked example (not with the task), or box the example's answer. Prints one table; never run as a test.
+renderer (called as `f(kind, prompt_set=..., **fields)`); `--baseline REV` also measures the prompts of
+`stages/prompts` at git revision REV, side by side with the current ones, on the same problems and seeds (a
+revision from before prompt sets only with `roles.prompts=short`). "copied ex." counts outputs that share a
+5-word run with the worked example (not with the task), or box the example's answer. Prints one table; never
+run as a test.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from sage.configs import load_config
 from sage.engines.llm.base import GenRequest
 from sage.engines.text import tags
 from sage.engines.text.answers import last_boxed
-from sage.stages.prompts import TEMPLATE_VERSION
 from sage.stages.prompts import render as current_render
+from sage.stages.prompts import version
 from sage.stages.rollouts import question_fields as solver_fields
 
 Render = Callable[..., list[dict]]
@@ -129,13 +132,15 @@ def _request(cfg, role: str, domain: str, messages: list[dict], seed: int, greed
 
 
 def _units(cfg, problems: list[dict], roles: list[str], n_roles: int, render: Render) -> list[dict]:
-    """One unit per request: role, domain, kind, messages, the problem, and whether it is greedy validation."""
+    """One unit per request: role, domain, kind, messages, the problem, and whether it is greedy validation.
+    Prompts come from the config's prompt set (`roles.prompts`), as the stages render them."""
+    prompt_set = cfg.roles.prompts
     units = []
     if "solver" in roles:
         for p in problems:
             kind = f"solver_{p['domain']}"
             units.append(dict(role="solver", domain=p["domain"], kind=kind, problem=p, greedy=True,
-                              messages=render(kind, **solver_fields(p))))
+                              messages=render(kind, prompt_set=prompt_set, **solver_fields(p))))
     by_domain = {d: [p for p in problems if p["domain"] == d] for d in ("math", "code")}
     refs = by_domain["math"][:n_roles // 2] + by_domain["code"][:n_roles - n_roles // 2]
     for p in refs:
@@ -143,13 +148,13 @@ def _units(cfg, problems: list[dict], roles: list[str], n_roles: int, render: Re
         if "challenger" in roles:
             kind = f"challenger_{p['domain']}"
             units.append(dict(role="challenger", domain=p["domain"], kind=kind, problem=p, greedy=False,
-                              messages=render(kind, **fields)))
+                              messages=render(kind, prompt_set=prompt_set, **fields)))
         if "planner" in roles:
             units.append(dict(role="planner", domain=p["domain"], kind="planner", problem=p, greedy=False,
-                              messages=render("planner", **fields)))
+                              messages=render("planner", prompt_set=prompt_set, **fields)))
         if "critic" in roles:
             units.append(dict(role="critic", domain=p["domain"], kind="critic_question", problem=p, greedy=False,
-                              messages=render("critic_question", **fields)))
+                              messages=render("critic_question", prompt_set=prompt_set, **fields)))
     return units
 
 
@@ -250,7 +255,19 @@ def baseline_render(rev: str) -> Render:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
-    return module.render
+    import inspect
+
+    if "prompt_set" in inspect.signature(module.render).parameters:
+        return module.render
+
+    def short_only(kind: str, prompt_set: str = "short", **fields) -> list[dict]:
+        """A revision from before prompt sets (`roles.prompts`) has only the short prompts."""
+        if prompt_set != "short":
+            raise SystemExit(f"--baseline {rev}: that revision has no prompt set {prompt_set!r} (roles.prompts), "
+                             f"only the short prompts; measure it with roles.prompts=short")
+        return module.render(kind, **fields)
+
+    return short_only
 
 
 def main() -> None:
@@ -288,9 +305,9 @@ def main() -> None:
         with open(args.dump, "w") as f:
             for r in records:
                 f.write(json.dumps(r) + "\n")
-    versions = sorted({TEMPLATE_VERSION[k] for k in TEMPLATE_VERSION if k.split("_")[0] in args.roles})
-    print(f"model {cfg.model.name}, profile {args.profile}, {len(problems)} {args.origin} problems, "
-          f"templates {', '.join(versions)}, {summary['seconds']} s generating")
+    versions = sorted({version(u["kind"], cfg.roles.prompts) for u in records})
+    print(f"model {cfg.model.name}, profile {args.profile}, prompts {cfg.roles.prompts}, {len(problems)} "
+          f"{args.origin} problems, templates {', '.join(versions)}, {summary['seconds']} s generating")
     print(table(rows))
 
 
