@@ -215,7 +215,9 @@ def draw_sets(ctx: StageContext) -> tuple[list[SeedItem], list[tuple[SeedItem, s
     dropped: list[tuple[SeedItem, str]] = []
     seen: set[str] = set()
     for spec in s.sets:
-        rows = files.setdefault((spec.dataset, spec.path), deque(set_items(spec.dataset, spec.path, s.seed)))
+        # a row a file cannot give (a test that does not parse, a missing field) is reported among the dropped
+        rows = files.setdefault((spec.dataset, spec.path),
+                                deque(set_items(spec.dataset, spec.path, s.seed, skipped=dropped)))
         got: list[SeedItem] = []
         while len(got) < spec.n and rows:
             want = spec.n - len(got)

@@ -188,3 +188,9 @@ def test_a_bad_row_is_skipped_and_reported_with_its_file_and_line(tmp_path, capl
         (f"{path}:3", "not a mbpp row (no field code)")]
     assert logged == [f"{path}:2: skipped (its tests do not parse: invalid syntax (line 2))",
                       f"{path}:3: skipped (not a mbpp row (no field code))"]
+    ctx = StageContext(_cfg(tmp_path, [{"dataset": "mbpp", "path": path, "n": 2}]), None)
+    try:
+        drawn, dropped = seed.draw_sets(ctx)                                   # the seed stage reports them too
+    finally:
+        ctx.close()
+    assert len(drawn) == 2 and [i.where for i, _ in dropped] == [f"{path}:2", f"{path}:3"]
