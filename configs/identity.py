@@ -57,6 +57,9 @@ ADDED: dict[str, object] = {
     "iteration.planner": True,
     "roles.prompts": "short",
     "seeds.sets": [],
+    "train.old_policy": "auto",
+    "train.importance_correction": True,
+    "train.importance_cap": 3.0,
 }
 
 

@@ -179,6 +179,14 @@ class TrainConfig(_Section):
     clip_eps_low: float = Field(0.2, ge=0, le=1, description="PPO-style lower clip epsilon.")
     clip_eps_high: float = Field(0.28, ge=0, le=1, description="PPO-style upper clip epsilon [AZR].")
     kl_beta: float = Field(0.0, ge=0, description="KL penalty coefficient; 0 (no reference model) as AZR/MAE.")
+    old_policy: Literal["auto", "recompute", "sampler"] = Field(
+        "auto", description="Where pi_old, the old policy of the clipped ratio pi / pi_old, comes from. recompute: the "
+        "trainer's own log-probs of the adapter that generated the rows (free with one update a pass, otherwise one "
+        "forward pass over the rows before the first update, about a quarter of a CPU train stage); right on every "
+        "backend, with or without a grammar. sampler: the stored sampling log-probs, the same quantity where the "
+        "sampler reports the unmasked distribution of the same weights (the hf backend), without that pass; the "
+        "importance correction is then 1. auto: sampler on hf, recompute on vllm (whose log-probs under a grammar "
+        "are of the masked distribution).")
     importance_correction: bool = Field(
         True, description="Correct for the mismatch between the sampler (vLLM's or the hf backend's kernels) and the "
         "trainer as TRL's vLLM path does: each completion token's loss is weighted by min(pi_old / mu, "

@@ -61,6 +61,15 @@ def sampled_constrained(cfg, row: dict) -> bool:
     return bool(getattr(cfg.roles, row["role"]).constrain) if stored is None else bool(stored)
 
 
+def train_config(cfg):
+    """`train` with `old_policy` auto resolved for the backend that sampled the rows: sampler on hf (its stored
+    log-probs are the unmasked distribution of the same weights, so pi_old needs no recompute), recompute on
+    vllm (its log-probs under a grammar are of the masked distribution)."""
+    if cfg.train.old_policy != "auto":
+        return cfg.train
+    return cfg.train.model_copy(update={"old_policy": "sampler" if cfg.model.backend == "hf" else "recompute"})
+
+
 def stored_rows(wh, cfg, run_id: str, iteration: int) -> list[TrainRow]:
     """The iteration's scored rollouts of the roles `train.roles` lists, as `TrainRow`s, each at its role's
     sampling temperature and marked constrained when sampled under a grammar."""
@@ -123,7 +132,7 @@ def run(ctx: StageContext) -> StageReport:
     tracking = {"run_name": f"{ctx.run_id}/iteration-{ctx.iteration}",
                 "logging_dir": str(project_dir(ctx.wh) / "tensorboard" / run_dirname(ctx.run_id)
                                    / f"iteration-{ctx.iteration}")}
-    metrics = launch.train(model_path, ctx.adapter, str(out), rows, ctx.cfg.train, seed=ctx.cfg.run.seed +
+    metrics = launch.train(model_path, ctx.adapter, str(out), rows, train_config(ctx.cfg), seed=ctx.cfg.run.seed +
                            ctx.iteration, dtype=ctx.cfg.model.dtype, on_step=_StepWriter(ctx), tracking=tracking)
     # Per-update logs and the per-process row split stay in the adapter's metrics file, out of the warehouse.
     metrics.pop("steps", None)

@@ -136,7 +136,8 @@ def train_model(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConf
     correction weighs: stored sampling log-probs, sampled without a grammar; 0 with `train.importance_correction`
     off), importance_ratio_mean, importance_ratio_min and importance_capped_fraction (over the updates: the mean
     of the means, the least weight, the mean capped fraction; None when no token was corrected), old_logps_seconds
-    (spent scoring pi_old before the first update, 0 when the pass makes one update; see `trainer`),
+    (spent scoring pi_old before the first update, 0 when the pass makes one update; see `trainer`), old_policy
+    (where pi_old came from: sampler, the stored log-probs, or recompute; `train.old_policy`),
     temperatures ({role: temperature}), device, dtype, lr,
     loss_type, loss_weighting, seed, num_processes, distributed (accelerate's name: NO, MULTI_GPU, MULTI_CPU,
     FSDP, DEEPSPEED), rows_by_rank (per process, the indices into `rows` it trained on, in order), steps (TRL's
@@ -200,6 +201,7 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
     check_rows(usable)
     device = resolve_device(device)
     torch_dtype = model.get_base_model().dtype
+    sampler_old = cfg.old_policy == "sampler" and all(r.logprobs is not None for r in usable)  # as the trainer
     state = PartialState()
     advantages: dict[str, list[float]] = {}
     for r in usable:
@@ -209,7 +211,8 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
         "tokens": sum(len(r.prompt_ids) + len(r.completion_ids) for r in usable),
         "completion_tokens": sum(len(r.completion_ids) for r in usable),
         "adv_mean_by_role": {role: sum(v) / len(v) for role, v in sorted(advantages.items())},
-        "corrected_rows": sum(corrected(r) for r in usable) if cfg.importance_correction else 0,
+        "corrected_rows": sum(corrected(r) for r in usable) if cfg.importance_correction and not sampler_old else 0,
+        "old_policy": "sampler" if sampler_old else "recompute",
         "temperatures": {r.role: r.temperature for r in usable},
         "device": device, "dtype": str(torch_dtype).removeprefix("torch."),
         "lr": cfg.lr, "loss_type": cfg.loss_type, "seed": seed, "num_processes": state.num_processes,

@@ -30,19 +30,19 @@ private methods below. The overrides, each with its reason:
 - `create_optimizer`, `create_scheduler` (public hooks): load AdamW's and the scheduler's state carried from the
   previous iteration's adapter, so the optimisation continues across iterations.
 
-The old policy (pi_old of TRL's clipped ratio pi / pi_old) is always the trainer's own log-probs of the policy that
-generated the rows: the adapter as this pass starts, before its first update, on every backend, with or without a
-grammar. When the pass makes one update (all its micro-batches come before the only optimizer step, cpu.yaml),
-that is the detached log-probs of the loss's own forward pass (TRL's default when `old_per_token_logps` is absent):
-the ratio is exactly 1, at no cost. When it makes several, `_old_logps` scores every row this process will train
-on once, without gradients, before the first update (one forward pass over the rows), and each later generation
-batch carries them as `old_per_token_logps`. The stored sampling log-probs are never pi_old: they are the behaviour
-policy mu of TRL's capped importance correction (`train.importance_correction`, token-level truncation as TRL's
-`vllm_importance_sampling_mode="token_truncate"`): each completion token's loss is multiplied by
-min(exp(pi_old - mu), `train.importance_cap`), which corrects for the numerical mismatch between the sampler's
-kernels and the trainer's (and for vLLM's top-p truncation, which its processed log-probs include). Multiplying
-the per-token loss by a positive constant is multiplying the token's advantage by it, which TRL takes per token
-(shape (B, T)), so that is how it is applied; the KL term, as in TRL, is not weighted.
+The old policy (pi_old of TRL's clipped ratio pi / pi_old) is, with `train.old_policy` recompute, the trainer's own
+log-probs of the policy that generated the rows: the adapter as this pass starts, before its first update, on every
+backend, with or without a grammar. When the pass makes one update (all its micro-batches come before the only
+optimizer step), that is the detached log-probs of the loss's own forward pass (TRL's default when
+`old_per_token_logps` is absent): the ratio is exactly 1, at no cost. When it makes several, `_old_logps` scores
+every row this process will train on once, without gradients, before the first update (one forward pass over the
+rows), and each later generation batch carries them as `old_per_token_logps`. The stored sampling log-probs are then
+not pi_old: they are the behaviour policy mu of TRL's capped importance correction (`train.importance_correction`,
+token-level truncation as TRL's `vllm_importance_sampling_mode="token_truncate"`): each completion token's loss is
+multiplied by min(exp(pi_old - mu), `train.importance_cap`), which corrects for the numerical mismatch between the
+sampler's kernels and the trainer's (and for vLLM's top-p truncation, which its processed log-probs include).
+Multiplying the per-token loss by a positive constant is multiplying the token's advantage by it, which TRL takes
+per token (shape (B, T)), so that is how it is applied; the KL term, as in TRL, is not weighted.
 
 Under a grammar: a row sampled with its role's grammar (`TrainRow.constrained`) weighs 1, whatever it stored. The
 two backends store different things for it (vLLM's processed log-probs are of the masked, renormalised
@@ -52,6 +52,12 @@ is the probability mass the grammar allowed, which would shrink exactly the toke
 the annealed roles learn) towards zero. So a constrained row trains the same on hf and vLLM: ratio pi / pi_old,
 weight 1. A row sampled without a grammar (grammar annealing's free samples, every row of a profile without
 `constrain`) has the unmasked mu on both backends and is corrected; a row without stored log-probs weighs 1.
+
+With `train.old_policy` sampler (what `auto` is on the hf backend: `stages/train.py` resolves it), pi_old is the
+stored sampling log-probs when every row has them: the hf backend's are the unmasked distribution of the same
+weights at the row's temperature, the quantity the recompute gives up to bf16 rounding, so this saves the
+recompute's forward pass (several updates a pass, as `cpu.yaml` makes) and the importance correction is 1 (not
+applied). The trainer knows no backend: `auto` reaching it is recompute.
 """
 
 from __future__ import annotations
@@ -154,12 +160,14 @@ def importance_weights(old_logps: torch.Tensor, sampling_logps: torch.Tensor, ma
     return ratio.clamp(max=cap), on & (ratio > cap)
 
 
-def stored_batch(rows: list[TrainRow | None], pad: int, weights: list[float] | None, correct: bool) -> dict:
+def stored_batch(rows: list[TrainRow | None], pad: int, weights: list[float] | None, correct: bool,
+                 sampler_old: bool = False) -> dict:
     """The tensors (on the CPU) of a generation batch of stored rows in TRL's layout: left-padded prompts,
     right-padded completions, advantages (times `weights` when given), temperatures, and when `correct` the stored
     log-probs as `sampling_per_token_logps` (zeros for a row without) with `corrected` (1.0 for each row
-    `corrected` says the importance correction weighs, else 0.0). A None row is a dummy: one attended prompt token,
-    no completion."""
+    `corrected` says the importance correction weighs, else 0.0); when `sampler_old` the stored log-probs as
+    `old_per_token_logps` (pi_old; zeros for a dummy). A None row is a dummy: one attended prompt token, no
+    completion."""
     real = [r for r in rows if r is not None]
     size = len(rows)
     p_len = max([len(r.prompt_ids) for r in real] + [1])
@@ -173,6 +181,8 @@ def stored_batch(rows: list[TrainRow | None], pad: int, weights: list[float] | N
     if correct:
         out["sampling_per_token_logps"] = torch.zeros((size, c_len), dtype=torch.float32)
         out["corrected"] = torch.tensor([float(corrected(r)) for r in rows], dtype=torch.float32)
+    if sampler_old:
+        out["old_per_token_logps"] = torch.zeros((size, c_len), dtype=torch.float32)
     for i, r in enumerate(rows):
         if r is None:  # no fully masked sequence: attention needs one key per row
             out["prompt_mask"][i, -1] = 1
@@ -186,6 +196,8 @@ def stored_batch(rows: list[TrainRow | None], pad: int, weights: list[float] | N
         out["temperatures"][i] = float(r.temperature)
         if correct and r.logprobs is not None:
             out["sampling_per_token_logps"][i, :c] = torch.tensor(r.logprobs, dtype=torch.float32)
+        if sampler_old and r.logprobs is not None:
+            out["old_per_token_logps"][i, :c] = torch.tensor(r.logprobs, dtype=torch.float32)
     return out
 
 
@@ -238,7 +250,7 @@ class StoredRowsTrainer(GRPOTrainer):
     `rows`, -1 for the dummy row."""
 
     def __init__(self, *args, rows: list[TrainRow], role_mean: bool = False, optimizer_state: dict | None = None,
-                 compute_dtype=None, importance_cap: float | None = None, **kwargs):
+                 compute_dtype=None, importance_cap: float | None = None, sampler_old: bool = False, **kwargs):
         self.sage_rows = list(rows)
         self.sage_compute_dtype = compute_dtype  # bf16 base + float32 LoRA: the adapter computes in bf16 too
         self.sage_role_mean = role_mean
@@ -249,6 +261,11 @@ class StoredRowsTrainer(GRPOTrainer):
         # temperature, the one it trains at; each row is corrected or not on its own (`corrected`), so no
         # choice depends on how the rows are split over processes.
         self.sage_importance_cap = importance_cap
+        # pi_old from the stored sampling log-probs (`train.old_policy` sampler, every row has them): nothing to
+        # recompute, and the importance weight would be exp(mu - mu) = 1
+        self.sage_sampler_old = sampler_old and all(r.logprobs is not None for r in rows)
+        if self.sage_sampler_old:
+            self.sage_importance_cap = None
         self.sage_old: dict[int, torch.Tensor] | None = None  # row index -> pi_old, when the pass recomputes it
         self.sage_old_seconds = 0.0  # spent computing `sage_old`
         self.sage_weighing: dict | None = None  # the micro-batch `_compute_loss` is scoring, to weigh (`_weigh`)
@@ -303,8 +320,9 @@ class StoredRowsTrainer(GRPOTrainer):
         rows += [None] * (size - len(rows))
         pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
         weights = self._role_weights(rows) if self.sage_role_mean else None
-        batch = stored_batch(rows, pad, weights, self.sage_importance_cap is not None)
-        if self.args.max_steps > 1:  # several updates: pi_old is the policy before the first (`_old_logps`)
+        batch = stored_batch(rows, pad, weights, self.sage_importance_cap is not None, self.sage_sampler_old)
+        if self.args.max_steps > 1 and not self.sage_sampler_old:  # several updates: pi_old is the policy before
+            # the first (`_old_logps`)
             if self.sage_old is None:
                 self.sage_old = self._old_logps()
             old = torch.zeros_like(batch["completion_mask"], dtype=torch.float32)
@@ -520,7 +538,8 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
         processing_class=AutoTokenizer.from_pretrained(tokenizer_path), rows=rows, callbacks=[log],
         role_mean=cfg.loss_weighting == "role_mean", optimizer_state=optimizer_state,
         compute_dtype=adapter_compute_dtype(torch_dtype),
-        importance_cap=cfg.importance_cap if cfg.importance_correction else None)
+        importance_cap=cfg.importance_cap if cfg.importance_correction else None,
+        sampler_old=cfg.old_policy == "sampler")
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     logging_dir = (tracking or {}).get("logging_dir")

@@ -180,3 +180,45 @@ def test_under_a_grammar_masked_and_unmasked_stored_logprobs_train_alike(tiny_mo
     assert m_hf["corrected_rows"] == m_vllm["corrected_rows"] == 0 and m_vllm["importance_ratio_mean"] is None
     free, m_free = _train(tiny_model, _with(rows, masked, constrained=False, model=initial), _cfg())
     assert m_free["corrected_rows"] == 4 and m_free["importance_ratio_mean"] < 1.0 and not _same(free, none)
+
+
+def test_sampler_old_policy_takes_the_stored_logprobs_and_skips_the_recompute(tiny_model, initial, monkeypatch):
+    """(5) `train.old_policy` sampler (auto on the hf backend): with several updates, every micro-batch's pi_old is
+    the stored log-probs, nothing is scored before the first update and nothing is importance-weighted; a row
+    without stored log-probs makes the pass recompute as `recompute` does. `stages.train.train_config` resolves
+    auto by backend."""
+    import torch
+
+    from sage.configs import load_config
+    from sage.engines.train.trainer import StoredRowsTrainer as cls
+    from sage.stages.train import train_config
+
+    seen = []
+    original = cls._compute_loss
+
+    def spy(self, model, inputs):
+        seen.append((inputs["completion_ids"].clone(), inputs["completion_mask"].clone(),
+                     inputs.get("old_per_token_logps"), "sampling_per_token_logps" in inputs))
+        return original(self, model, inputs)
+
+    monkeypatch.setattr(cls, "_compute_loss", spy)
+    shift = lambda i, lp: torch.full_like(lp, -0.25 * (i + 1))  # noqa: E731  (stored: off the policy, known)
+    rows = _with(_rows(), shift, model=initial)
+    stored = {tuple(r.completion_ids): torch.tensor(r.logprobs) for r in rows}
+    _, m = _train(tiny_model, rows, _cfg(grad_accum=1, old_policy="sampler"))
+    assert m["n_updates"] == 2 and m["old_policy"] == "sampler" and m["old_logps_seconds"] == 0.0
+    assert m["corrected_rows"] == 0 and m["importance_ratio_mean"] is None
+    assert seen and not any(s[3] for s in seen)
+    for ids, mask, old, _ in seen:
+        for b in range(ids.size(0)):
+            n = int(mask[b].sum())
+            if n:
+                assert torch.equal(old[b, :n], stored[tuple(ids[b, :n].tolist())])
+    partial = _with(_rows(), shift, model=initial)
+    partial[0] = _with(_rows()[:1])[0]  # one row stored no log-probs
+    _, m = _train(tiny_model, partial, _cfg(grad_accum=1, old_policy="sampler"))
+    assert m["old_policy"] == "recompute" and m["old_logps_seconds"] > 0
+
+    assert train_config(load_config("cpu")).old_policy == "sampler"
+    assert train_config(load_config("cpu", ["model.backend=vllm", "train.isolate=true"])).old_policy == "recompute"
+    assert train_config(load_config("cpu", ["train.old_policy=recompute"])).old_policy == "recompute"
