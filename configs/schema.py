@@ -194,7 +194,7 @@ class TrainConfig(_Section):
         "stored sampling log-prob (token-level truncated importance sampling). Only rollouts sampled without a "
         "grammar are weighted: under a grammar the stored log-prob is of the masked distribution on vLLM and the "
         "unmasked one on hf, so the grammar is taken as part of the sampler and those rollouts weigh 1 on both. "
-        "false: every token weighs 1 (pi_old is the trainer's own either way).")
+        "false: every token weighs 1. With pi_old from the sampler (`old_policy`), the weight is 1 anyway.")
     importance_cap: float = Field(3.0, ge=1, description="Upper bound of the importance weight (TRL's "
                                   "vllm_importance_sampling_clip_max default, 3.0); a larger sampler/trainer ratio "
                                   "is truncated to it and counted in the `importance_capped_fraction` metric.")
@@ -426,6 +426,10 @@ class SageConfig(_Section):
                              "given back) the next vLLM engine then finds taken; set train.isolate=true (or "
                              "train.accelerate_config, which also trains in processes of its own), or "
                              "train.enabled=false")
+        if self.model.backend == "vllm" and self.train.old_policy == "sampler":
+            raise ValueError("train.old_policy sampler takes vLLM's log-probs as pi_old, but under a grammar or top_p "
+                             "they are of the masked or truncated distribution, not the policy the trainer scores; "
+                             "use train.old_policy auto (or recompute) with model.backend vllm")
         if self.train.clip_eps_high < self.train.clip_eps_low:
             raise ValueError("train.clip_eps_high must be >= train.clip_eps_low")
         off = self.iteration.roles_off()

@@ -201,7 +201,6 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
     check_rows(usable)
     device = resolve_device(device)
     torch_dtype = model.get_base_model().dtype
-    sampler_old = cfg.old_policy == "sampler" and all(r.logprobs is not None for r in usable)  # as the trainer
     state = PartialState()
     advantages: dict[str, list[float]] = {}
     for r in usable:
@@ -211,8 +210,8 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
         "tokens": sum(len(r.prompt_ids) + len(r.completion_ids) for r in usable),
         "completion_tokens": sum(len(r.completion_ids) for r in usable),
         "adv_mean_by_role": {role: sum(v) / len(v) for role, v in sorted(advantages.items())},
-        "corrected_rows": sum(corrected(r) for r in usable) if cfg.importance_correction and not sampler_old else 0,
-        "old_policy": "sampler" if sampler_old else "recompute",
+        "corrected_rows": sum(corrected(r) for r in usable) if cfg.importance_correction else 0,
+        "old_policy": "recompute",
         "temperatures": {r.role: r.temperature for r in usable},
         "device": device, "dtype": str(torch_dtype).removeprefix("torch."),
         "lr": cfg.lr, "loss_type": cfg.loss_type, "seed": seed, "num_processes": state.num_processes,
@@ -252,6 +251,8 @@ def _train(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainConfig, *
                                      if s.get("importance/ratio_min") is not None), default=None),
         "importance_capped_fraction": _mean([s.get("importance/capped_fraction") for s in steps]),
         "old_logps_seconds": trainer.sage_old_seconds,
+        "old_policy": "sampler" if trainer.sage_sampler_old else "recompute",
+        "corrected_rows": 0 if trainer.sage_importance_cap is None else metrics["corrected_rows"],
         "n_updates": trainer.state.global_step,
         "num_processes": trainer.accelerator.num_processes,
         "distributed": trainer.accelerator.distributed_type.value,

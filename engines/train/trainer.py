@@ -202,11 +202,11 @@ def stored_batch(rows: list[TrainRow | None], pad: int, weights: list[float] | N
 
 
 def step_record(logs: dict, step: int, updates: int, tokens: int | None, seconds: float) -> dict:
-    """One optimizer update as the train stage stores it (`train_steps`): `step` of `updates` in this pass,
-    TRL's logged loss, grad norm, entropy, clip fraction (`clip_ratio/region_mean`) and learning rate, the
-    importance weights' mean and minimum over the update's corrected tokens and the fraction the cap truncated
-    (`IMPORTANCE_LOGS`; None when no token was corrected), the tokens of the update's rows, and the wall-clock
-    seconds since the previous update ended."""
+    """One optimizer update as the train stage reports it (the display, the adapter's metrics file; `train_steps`
+    stores `TRAIN_STEP_COLUMNS` of it): `step` of `updates` in this pass, TRL's logged loss, grad norm, entropy,
+    clip fraction (`clip_ratio/region_mean`) and learning rate, the importance weights' mean and minimum over the
+    update's corrected tokens and the fraction the cap truncated (`IMPORTANCE_LOGS`; None when no token was
+    corrected), the tokens of the update's rows, and the wall-clock seconds since the previous update ended."""
     def number(key):
         value = logs.get(key)
         return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
@@ -377,6 +377,8 @@ class StoredRowsTrainer(GRPOTrainer):
                       key=lambda i: -1 if i is None else -len(rows[i].prompt_ids) - len(rows[i].completion_ids))
         pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
         bs, out = self.args.per_device_train_batch_size, {}
+        training = self.model.training
+        self.model.eval()  # pi_old without dropout (`train.lora_dropout`): the policy itself, not a sample of it
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             for start in range(0, len(mine), bs):
                 chunk = mine[start:start + bs]
@@ -391,6 +393,7 @@ class StoredRowsTrainer(GRPOTrainer):
                 for j, i in enumerate(chunk):
                     if i is not None:
                         out[i] = logps[j, :len(self.sage_rows[i].completion_ids)].clone()
+        self.model.train(training)
         self.sage_old_seconds += time.perf_counter() - t0
         return out
 

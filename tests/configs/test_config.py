@@ -57,6 +57,14 @@ def test_bad_config_names_the_field(overrides, names):
     assert names in str(e.value)
 
 
+def test_vllm_never_takes_its_own_logprobs_as_pi_old():
+    """vLLM's log-probs under a grammar or top_p are of the masked or truncated distribution: `train.old_policy`
+    sampler is refused with vllm (auto recomputes there), and allowed on hf, whose are the policy's."""
+    with pytest.raises(ConfigError, match=r"train.old_policy sampler takes vLLM's log-probs as pi_old"):
+        load_config("cpu", ["model.backend=vllm", "train.isolate=true", "train.old_policy=sampler"])
+    assert load_config("cpu", ["train.old_policy=sampler"]).train.old_policy == "sampler"
+
+
 def test_vllm_trains_in_a_process_of_its_own_or_not_at_all():
     """vLLM's GPU memory and the trainer's must not meet in the flow process: `model.backend: vllm` needs
     `train.isolate` (or an accelerate launch, also processes of their own) while training is on; every profile

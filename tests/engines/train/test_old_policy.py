@@ -214,10 +214,39 @@ def test_sampler_old_policy_takes_the_stored_logprobs_and_skips_the_recompute(ti
             n = int(mask[b].sum())
             if n:
                 assert torch.equal(old[b, :n], stored[tuple(ids[b, :n].tolist())])
+    # One row stored no log-probs: the whole pass recomputes pi_old (every micro-batch of both updates gets the
+    # initial policy's), and the importance correction weighs the other rows' tokens by exp(pi_old - mu), the
+    # initial policy against the stored log-probs, also in the second update (not the policy the first left).
     partial = _with(_rows(), shift, model=initial)
-    partial[0] = _with(_rows()[:1])[0]  # one row stored no log-probs
+    partial[0] = _with(_rows()[:1])[0]
+    by_tokens = {tuple(r.completion_ids): (i, r) for i, r in enumerate(partial)}
+    seen.clear()
+    weighed = []
+    original_weigh = cls._weigh
+
+    def spy_weigh(self, inputs, current):
+        before = inputs["advantages"].clone()
+        original_weigh(self, inputs, current)
+        weighed.append((self.state.global_step, inputs["completion_ids"].clone(), inputs["completion_mask"].clone(),
+                        before, inputs["advantages"].clone()))
+
+    monkeypatch.setattr(cls, "_weigh", spy_weigh)
     _, m = _train(tiny_model, partial, _cfg(grad_accum=1, old_policy="sampler"))
-    assert m["old_policy"] == "recompute" and m["old_logps_seconds"] > 0
+    assert m["old_policy"] == "recompute" and m["old_logps_seconds"] > 0 and m["corrected_rows"] == 3
+    for ids, mask, old, _ in seen:
+        for b in range(ids.size(0)):
+            n = int(mask[b].sum())
+            if n:
+                assert torch.allclose(old[b, :n], _logprobs(initial, by_tokens[tuple(ids[b, :n].tolist())][1]),
+                                      atol=1e-5)
+    assert {step for step, *_ in weighed} == {0, 1}
+    for _, ids, mask, before, after in weighed:
+        for b in range(ids.size(0)):
+            n = int(mask[b].sum())
+            if n:
+                i, _row = by_tokens[tuple(ids[b, :n].tolist())]
+                expected = 1.0 if i == 0 else math.exp(0.25 * (i + 1))
+                assert torch.allclose(after[b, :n], before[b] * expected, atol=1e-4)
 
     assert train_config(load_config("cpu")).old_policy == "sampler"
     assert train_config(load_config("cpu", ["model.backend=vllm", "train.isolate=true"])).old_policy == "recompute"
