@@ -283,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     vocab = AutoConfig.from_pretrained(path).vocab_size
     pad_id = AutoTokenizer.from_pretrained(path).pad_token_id or 0
     cfg = TrainConfig(lora_rank=a.rank, lora_alpha=2 * a.rank, lr=1e-5, minibatch_size=a.minibatch,
-                      grad_accum=a.grad_accum, loss_weighting="token_mean")  # the plain loop's token mean
+                      grad_accum=a.grad_accum, loss_weighting="token_mean",  # the plain loop's token mean
+                      old_policy="sampler")  # as the train stage on hf: stored log-probs as pi_old, when rows have them
     if a.from_run:
         rows = run_rows(a.from_run, a.iteration, a.overrides)[:a.rows or None]
     else:

@@ -50,7 +50,7 @@ def main() -> None:
         from sage.configs import load_config
         from sage.engines.llm.models import resolve_dtype, resolve_model, trim_heap
         from sage.engines.train import step
-        from sage.stages.train import stored_rows
+        from sage.stages.train import stored_rows, train_config
         from sage.warehouse import Warehouse
 
         cfg = load_config("cpu", args.overrides)
@@ -80,7 +80,7 @@ def main() -> None:
             print(line, flush=True)
 
         start = time.perf_counter()
-        step.train_model(model, model_path, rows, cfg.train, seed=0, device="cpu", on_step=on_step)
+        step.train_model(model, model_path, rows, train_config(cfg), seed=0, device="cpu", on_step=on_step)
         time.sleep(0.05)
     print(f"training {time.perf_counter() - start:.1f} s; peak MB by phase: "
           f"{ {phase: peak >> 20 for phase, peak in memory.peaks.items()} }")
