@@ -139,9 +139,7 @@ class VLLMLLM:
         adapter is let go too (its LoRA id retired as `use_adapter` retires a replaced one, `adapter` None):
         training runs while the engine sleeps and may rewrite the adapter at the same path, so the next stage
         sets it again and its first generate loads it afresh under a new id (one load an iteration)."""
-        if self._lora is not None:
-            self._retired.append(self._lora.lora_int_id)
-        self._lora, self.adapter = None, None
+        self.use_adapter(None)
         if not self.asleep:
             self.engine.sleep(level=1)
             self.asleep = True
