@@ -18,7 +18,9 @@ checkpoint (the run's own rule: the best validation pass@1, the earliest on ties
 interval, the exact McNemar test against the base model and against the full loop's kept checkpoint on the same
 problems, the same on the out-of-distribution set, the row's stage seconds (every iteration's stages and
 validation) and the CPU and wall time of its logged invocations (`measures.json`), and the load beside it;
-and a curve of validation pass@1 per iteration for every row (`ablation.png`).
+a section across the run seeds (the issue's goal: in how many seeds the full loop beats the Solver alone out of
+distribution with p < 0.05, and whether any ablation beats the full loop; each row's mean, min and max); and a
+curve of validation pass@1 per iteration for every row (`ablation.png`).
 """
 
 from __future__ import annotations
@@ -212,9 +214,47 @@ def write_report(out: Path, table: dict, command: str) -> None:
                      f"{e['pass1']:.3f} [{lo:.2f}, {hi:.2f}] (base {e['base']:.3f}) | {paired(e, 'vs_base')} | "
                      f"{paired(e, 'vs_full')} | {ood} | {paired(e, 'ood_vs_base')} | {paired(e, 'ood_vs_full')} | "
                      f"{e['stage_s']:.0f} | {e['cpu_s']:.0f} ({e['wall_s']:.0f}) | {load} |")
+    lines += ["", *across_seeds(table)]
     (out / "ablation.md").write_text("\n".join(lines) + "\n\n![validation pass@1 per iteration](ablation.png)\n")
     (out / "ablation.json").write_text(json.dumps(table, indent=1))
     _plot(out, table)
+
+
+def _beats(e: dict, key: str, alpha: float = 0.05) -> int:
+    """+1 where the row beats the other with exact McNemar p < alpha (c > b), -1 where it loses so, else 0."""
+    if key not in e:
+        return 0
+    b, c, p = e[key]
+    return 0 if p >= alpha or b == c else (1 if c > b else -1)
+
+
+def across_seeds(table: dict) -> list[str]:
+    """The issue's goal read off the table: in how many run seeds the full loop beats the Solver-alone baseline
+    out of distribution with p < 0.05, and whether any ablation beats the full loop (in distribution or out of
+    it, p < 0.05); then each row's mean over the seeds it ran."""
+    alone = [e for e in table.values() if e["row"] == "solver-alone" and "ood_vs_full" in e]
+    wins = [e["seed"] for e in alone if _beats(e, "ood_vs_full") == -1]
+    beaten = [f"{e['seed']}/{e['row']} ({where})" for e in table.values()
+              for key, where in (("vs_full", "validation"), ("ood_vs_full", "out of distribution"))
+              if _beats(e, key) == 1]
+    lines = ["## Across seeds", "",
+             f"- the full loop beats the Solver alone out of distribution with p < 0.05 in {len(wins)} of "
+             f"{len(alone)} run seed(s) scored{' (' + ', '.join(map(str, wins)) + ')' if wins else ''}; "
+             f"the goal is at least two of three",
+             "- an ablation beats the full loop with p < 0.05: " + (", ".join(beaten) if beaten else "none"), "",
+             "| row | seeds | kept validation pass@1: mean (min - max) | out of distribution: mean (min - max) |",
+             "|---|---:|---|---|"]
+    rows: dict[str, list[dict]] = {}
+    for e in table.values():
+        rows.setdefault(e["row"], []).append(e)
+
+    def spread(values: list[float]) -> str:
+        return "" if not values else f"{sum(values) / len(values):.3f} ({min(values):.3f} - {max(values):.3f})"
+
+    for row, es in rows.items():
+        lines.append(f"| {row} | {len(es)} | {spread([e['pass1'] for e in es])} | "
+                     f"{spread([e['ood'] for e in es if 'ood' in e])} |")
+    return lines
 
 
 def _plot(out: Path, table: dict) -> None:

@@ -61,3 +61,23 @@ def test_full_loop_and_solver_alone_drawn_alike_in_one_table(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert _read(tmp_path / "seed-0" / "full")["rollouts"] == full["rollouts"]
     assert _read(tmp_path / "seed-0" / "solver-alone")["rollouts"] == alone["rollouts"]
+
+
+def _entry(seed: int, row: str, **paired) -> dict:
+    return {"seed": seed, "row": row, "pass1": 0.5, "ood": 0.1, **paired}
+
+
+def test_across_seeds_counts_the_seeds_where_the_full_loop_wins_and_names_any_ablation_that_beats_it():
+    from experiments.ablation import across_seeds
+
+    table = {"0/full": _entry(0, "full"),
+             # b = the full loop right and this row wrong: seeds 0 and 2 lose to the full loop with p < 0.05
+             "0/solver-alone": _entry(0, "solver-alone", vs_full=(10, 12, 0.83), ood_vs_full=(20, 5, 0.004)),
+             "1/solver-alone": _entry(1, "solver-alone", vs_full=(5, 20, 0.004), ood_vs_full=(9, 8, 1.0)),
+             "2/solver-alone": _entry(2, "solver-alone", vs_full=(3, 4, 1.0), ood_vs_full=(15, 3, 0.0075)),
+             "0/no-planner": _entry(0, "no-planner", vs_full=(2, 3, 1.0), ood_vs_full=(1, 12, 0.0034))}
+    text = "\n".join(across_seeds(table))
+    assert "in 2 of 3 run seed(s) scored (0, 2)" in text
+    assert "1/solver-alone (validation)" in text and "0/no-planner (out of distribution)" in text
+    assert "0/solver-alone (" not in text  # it lost, or drew, everywhere
+    assert "| solver-alone | 3 | 0.500 (0.500 - 0.500) | 0.100 (0.100 - 0.100) |" in text
