@@ -18,7 +18,7 @@ checkpoint (the run's own rule: the best validation pass@1, the earliest on ties
 interval, the exact McNemar test against the base model and against the full loop's kept checkpoint on the same
 problems, the same on the out-of-distribution set, the row's stage seconds (every iteration's stages and
 validation) and the CPU and wall time of its logged invocations (`measures.json`), and the load beside it;
-a section across the run seeds (the issue's goal: in how many seeds the full loop beats the Solver alone out of
+a section across the run seeds (the study's goal: in how many seeds the full loop beats the Solver alone out of
 distribution with p < 0.05, and whether any ablation beats the full loop; each row's mean, min and max); and a
 curve of validation pass@1 per iteration for every row (`ablation.png`).
 """
@@ -236,9 +236,10 @@ def _beats(e: dict, key: str, alpha: float = 0.05) -> int:
 
 
 def across_seeds(table: dict) -> list[str]:
-    """The issue's goal read off the table: in how many run seeds the full loop beats the Solver-alone baseline
+    """The study's goal read off the table: in how many run seeds the full loop beats the Solver-alone baseline
     out of distribution with p < 0.05, and whether any other row beats the full loop (in distribution or out of
-    it, p < 0.05); then each row's mean over the seeds it ran."""
+    it, p < 0.05); then each row's mean over the seeds it ran. A row still at its base model is left out."""
+    table = {k: e for k, e in table.items() if e["iterations"] > 0}
     alone = [e for e in table.values() if e["row"] == "solver-alone" and "ood_vs_full" in e]
     wins = [e["seed"] for e in alone if _beats(e, "ood_vs_full") == -1]
     beaten = [f"{e['seed']}/{e['row']} ({where})" for e in table.values()

@@ -65,7 +65,7 @@ def test_full_loop_and_solver_alone_drawn_alike_in_one_table(tmp_path):
 
 
 def _entry(seed: int, row: str, **paired) -> dict:
-    return {"seed": seed, "row": row, "pass1": 0.5, "ood": 0.1, **paired}
+    return {"seed": seed, "row": row, "iterations": 5, "pass1": 0.5, "ood": 0.1, **paired}
 
 
 def test_across_seeds_counts_the_seeds_where_the_full_loop_wins_and_names_any_ablation_that_beats_it():
@@ -76,9 +76,11 @@ def test_across_seeds_counts_the_seeds_where_the_full_loop_wins_and_names_any_ab
              "0/solver-alone": _entry(0, "solver-alone", vs_full=(10, 12, 0.83), ood_vs_full=(20, 5, 0.004)),
              "1/solver-alone": _entry(1, "solver-alone", vs_full=(5, 20, 0.004), ood_vs_full=(9, 8, 1.0)),
              "2/solver-alone": _entry(2, "solver-alone", vs_full=(3, 4, 1.0), ood_vs_full=(15, 3, 0.0075)),
-             "0/no-planner": _entry(0, "no-planner", vs_full=(2, 3, 1.0), ood_vs_full=(1, 12, 0.0034))}
+             "0/no-planner": _entry(0, "no-planner", vs_full=(2, 3, 1.0), ood_vs_full=(1, 12, 0.0034)),
+             "1/full": {**_entry(1, "full"), "iterations": 0, "pass1": 0.4}}  # at its base model: left out
     text = "\n".join(across_seeds(table))
     assert "in 2 of 3 run seed(s) scored (0, 2)" in text
     assert "1/solver-alone (validation)" in text and "0/no-planner (out of distribution)" in text
     assert "0/solver-alone (" not in text  # it lost, or drew, everywhere
     assert "| solver-alone | 3 | 0.500 (0.500 - 0.500) | 0.100 (0.100 - 0.100) |" in text
+    assert "| full | 1 | 0.500 (0.500 - 0.500) |" in text
