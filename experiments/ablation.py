@@ -272,8 +272,11 @@ def _plot(out: Path, table: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    colours = {row: f"C{i}" for i, row in enumerate(ROWS)}  # one colour a row, one line style a seed
+    styles = ["-", "--", ":", "-."]
     for key, e in table.items():
-        ax.plot(range(len(e["curve"])), e["curve"], marker="o", markersize=3, label=key)
+        ax.plot(range(len(e["curve"])), e["curve"], marker="o", markersize=3, label=key, color=colours[e["row"]],
+                linestyle=styles[e["seed"] % len(styles)])
     ax.set_xlabel("iteration (0 = base model)")
     ax.set_ylabel("validation pass@1")
     ax.set_title("Ablations: validation pass@1 per iteration")
