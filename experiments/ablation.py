@@ -278,13 +278,15 @@ def _plot(out: Path, table: dict) -> None:
     colours = {row: f"C{i}" for i, row in enumerate(ROWS)}  # one colour a row, one line style a seed
     styles = ["-", "--", ":", "-."]
     for key, e in table.items():
+        if len(e["curve"]) < 2:  # a row still at its base model has no curve yet
+            continue
         ax.plot(range(len(e["curve"])), e["curve"], marker="o", markersize=3, label=key, color=colours[e["row"]],
                 linestyle=styles[e["seed"] % len(styles)])
     ax.set_xlabel("iteration (0 = base model)")
     ax.set_ylabel("validation pass@1")
     ax.set_title("Ablations: validation pass@1 per iteration")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, handlelength=4)  # long enough to show a seed's dashes
     fig.tight_layout()
     fig.savefig(out / "ablation.png", dpi=110)
     plt.close(fig)
