@@ -52,9 +52,13 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # shared adapter's update, which then is the Solver's alone.
     "untrained-planner": ("the full loop, the Planner's rollouts out of the update (`train.roles=[solver]`)",
                           ["train.roles=[solver]"]),
+    # the next candidate: the Solver rewarded for its answer and format only, so the Critic's score of the plan it
+    # was shown no longer raises or lowers every answer to a question alike
+    "unrewarded-plan": ("the full loop, the plan's score out of the Solver's reward (`rewards.solver_plan=0`)",
+                        ["rewards.solver_plan=0", "rewards.solver_gt=0.8"]),
 }
 #: the rows that are candidate changes to the loop, not ablations: run only when named in `--rows`
-CANDIDATES = {"untrained-planner"}
+CANDIDATES = {"untrained-planner", "unrewarded-plan"}
 #: the rows the command runs by default: the paper's ablations and the baseline
 ABLATIONS = [r for r in ROWS if r not in CANDIDATES]
 LOAD_EVERY_S = 30
@@ -300,7 +304,8 @@ def main() -> None:
                     help="passed to experiments.learning (tiny: the tiny random test model, a smoke test)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="run seeds, the first for every row")
     ap.add_argument("--rows", nargs="+", choices=list(ROWS), default=ABLATIONS,
-                    help="rows, in this order (default: the ablations; `untrained-planner` is a candidate change)")
+                    help="rows, in this order (default: the ablations; the candidate changes to the loop, "
+                    f"{' and '.join(sorted(CANDIDATES))}, run only when named)")
     ap.add_argument("--seeded-rows", nargs="+", choices=list(ROWS), default=["full", "solver-alone"],
                     help="the rows also run for the seeds after the first")
     ap.add_argument("--kl-sequences", type=int, default=10, help="passed to experiments.learning")

@@ -1,13 +1,16 @@
-"""experiments/ablation.py: the order of its runs, and two rows (the full loop, the Solver alone) of one iteration on
-the tiny model: drawn alike, ablated as configured, scored out of distribution, in one table, and resumed by a
-rerun that redoes nothing."""
+"""experiments/ablation.py: the order of its runs, every row a valid config, and two rows (the full loop, the
+Solver alone) of one iteration on the tiny model: drawn alike, ablated as configured, scored out of distribution, in
+one table, and resumed by a rerun that redoes nothing."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from experiments.ablation import ABLATIONS, ROWS, plan
+from sage.configs import load_config
 from sage.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,6 +21,14 @@ def test_every_row_for_the_first_seed_then_the_seeded_rows_for_the_others():
     assert set(ABLATIONS) <= set(ROWS)
     assert runs[:len(ABLATIONS)] == [(0, r) for r in ABLATIONS]
     assert runs[len(ABLATIONS):] == [(1, "full"), (1, "solver-alone"), (2, "full"), (2, "solver-alone")]
+
+
+@pytest.mark.parametrize("row", list(ROWS))
+def test_every_row_is_a_valid_config_that_differs_from_the_full_loop(row):
+    """A row's overrides load (the Solver's reward weights still sum to one, say), and all but the full loop's
+    change what they name."""
+    full, changed = load_config("cpu"), load_config("cpu", ROWS[row][1])
+    assert (changed == full) == (row == "full")
 
 
 def _ablation(out: Path) -> subprocess.CompletedProcess:
