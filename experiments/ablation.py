@@ -282,7 +282,7 @@ def _plot(out: Path, table: dict) -> None:
     colours = {row: f"C{i}" for i, row in enumerate(ROWS)}  # one colour a row, one line style a seed
     styles = ["-", "--", ":", "-."]
     for key, e in table.items():
-        if len(e["curve"]) < 2:  # a row still at its base model has no curve yet
+        if e["iterations"] == 0:  # a row still at its base model has no curve yet (as across_seeds leaves it out)
             continue
         ax.plot(range(len(e["curve"])), e["curve"], marker="o", markersize=3, label=key, color=colours[e["row"]],
                 linestyle=styles[e["seed"] % len(styles)])
