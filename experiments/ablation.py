@@ -20,7 +20,9 @@ problems, the same on the out-of-distribution set, the row's stage seconds (ever
 validation) and the CPU and wall time of its logged invocations (`measures.json`), and the load beside it;
 a section across the run seeds (the study's goal: in how many seeds the full loop beats the Solver alone out of
 distribution with p < 0.05, and whether any other row beats the full loop; each row's mean, min and max); and a
-curve of validation pass@1 per iteration for every row (`ablation.png`).
+curve of validation pass@1 per iteration for every row (`ablation.png`). Each entry of `ablation.json` keeps the kept
+checkpoint's verdict per problem, so a row whose run folder was deleted keeps its entry and later rows are still
+compared with its full loop.
 """
 
 from __future__ import annotations
@@ -173,13 +175,23 @@ def _paired(now: dict[str, bool], other: dict[str, bool]) -> tuple[int, int, flo
 
 
 def summarise(out: Path, seeds: list[int], rows: list[str]) -> dict:
-    """Every row's kept checkpoint against the base model and the full loop, per seed."""
+    """Every row's kept checkpoint against the base model and the full loop, per seed. A row whose run folder is
+    gone (its adapters take hundreds of MB) keeps its entry from the last `DIR/ablation.json`; an entry holds its
+    kept checkpoint's verdicts per problem, so later rows are still compared with a full loop read from there."""
+    recorded = json.loads((out / "ablation.json").read_text()) if (out / "ablation.json").exists() else {}
     table = {}
     for seed in seeds:
         read = {row: _read_row(row_dir(out, seed, row)) for row in rows}
         full = read.get("full")
+        if full is not None:
+            full_verdicts = {"validation": full["outcomes"][full["kept"]], "ood": full["ood"].get(full["kept"])}
+        else:
+            full_verdicts = recorded.get(f"{seed}/full", {}).get("verdicts", {})
         for row, r in read.items():
+            key = f"{seed}/{row}"
             if r is None:
+                if key in recorded:
+                    table[key] = {**recorded[key], "carried": True}
                 continue
             kept = r["kept"]
             now, base = r["outcomes"][kept], r["outcomes"][0]
@@ -190,16 +202,17 @@ def summarise(out: Path, seeds: list[int], rows: list[str]) -> dict:
                      "curve": [h["val_pass1"] for h in r["history"]], "cpu_s": r["cpu_s"], "wall_s": r["wall_s"],
                      "stage_s": r["stage_s"], "load_mean": sum(r["load"]) / len(r["load"]) if r["load"] else None,
                      "load_max": max(r["load"], default=None)}
-            if full is not None and row != "full":
-                entry["vs_full"] = _paired(now, full["outcomes"][full["kept"]])
+            if full_verdicts.get("validation") and row != "full":
+                entry["vs_full"] = _paired(now, full_verdicts["validation"])
             ood = r["ood"]
             if kept in ood and 0 in ood:
                 entry["ood"] = sum(ood[kept].values()) / len(ood[kept])
                 entry["ood_n"], entry["ood_base"] = len(ood[kept]), sum(ood[0].values()) / len(ood[0])
                 entry["ood_vs_base"] = _paired(ood[kept], ood[0])
-                if full is not None and row != "full" and full["kept"] in full["ood"]:
-                    entry["ood_vs_full"] = _paired(ood[kept], full["ood"][full["kept"]])
-            table[f"{seed}/{row}"] = entry
+                if full_verdicts.get("ood") and row != "full":
+                    entry["ood_vs_full"] = _paired(ood[kept], full_verdicts["ood"])
+            entry["verdicts"] = {"validation": now, "ood": ood.get(kept)}
+            table[key] = entry
     return table
 
 
@@ -227,6 +240,10 @@ def write_report(out: Path, table: dict, command: str) -> None:
                      f"{e['pass1']:.3f} [{lo:.2f}, {hi:.2f}] (base {e['base']:.3f}) | {paired(e, 'vs_base')} | "
                      f"{paired(e, 'vs_full')} | {ood} | {paired(e, 'ood_vs_base')} | {paired(e, 'ood_vs_full')} | "
                      f"{e['stage_s']:.0f} | {e['cpu_s']:.0f} ({e['wall_s']:.0f}) | {load} |")
+    carried = [k for k, e in table.items() if e.get("carried")]
+    if carried:
+        lines += ["", "Carried over from the previous `ablation.json` (their run folders are gone): "
+                  f"{', '.join(carried)}."]
     lines += ["", *across_seeds(table)]
     (out / "ablation.md").write_text("\n".join(lines) + "\n\n![validation pass@1 per iteration](ablation.png)\n")
     (out / "ablation.json").write_text(json.dumps(table, indent=1))

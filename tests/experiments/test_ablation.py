@@ -1,8 +1,9 @@
 """experiments/ablation.py: the order of its runs, every row a valid config, and two rows (the full loop, the
 Solver alone) of one iteration on the tiny model: drawn alike, ablated as configured, scored out of distribution, in
-one table, and resumed by a rerun that redoes nothing."""
+one table, resumed by a rerun that redoes nothing, and a row's entry kept once its run folder is deleted."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,20 @@ def test_full_loop_and_solver_alone_drawn_alike_in_one_table(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert _read(tmp_path / "seed-0" / "full")["rollouts"] == full["rollouts"]
     assert _read(tmp_path / "seed-0" / "solver-alone")["rollouts"] == alone["rollouts"]
+
+    # the full loop's run folder deleted (its adapters are the bulk of a study's disk): the table keeps its entry
+    # from ablation.json, and the Solver alone is still compared with it through the verdicts kept there
+    shutil.rmtree(tmp_path / "seed-0" / "full")
+    report = subprocess.run([sys.executable, "-m", "experiments.ablation", "--report", "--rows", "full",
+                             "solver-alone", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
+    kept = json.loads((tmp_path / "ablation.json").read_text())
+    assert kept["0/full"]["carried"] and not kept["0/solver-alone"].get("carried")
+    for key in ("vs_full", "ood_vs_full"):
+        assert kept["0/solver-alone"][key] == table["0/solver-alone"][key]
+    assert "Carried over from the previous `ablation.json` (their run folders are gone): 0/full." in \
+        (tmp_path / "ablation.md").read_text()
 
 
 def _entry(seed: int, row: str, **paired) -> dict:
