@@ -60,6 +60,7 @@ ADDED: dict[str, object] = {
     "train.old_policy": "auto",
     "train.importance_correction": True,
     "train.importance_cap": 3.0,
+    "train.role_shares": None,
 }
 
 

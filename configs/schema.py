@@ -7,6 +7,7 @@ overrides one field. The resolved config is stored with the run, so a run can al
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Literal
 
@@ -201,15 +202,21 @@ class TrainConfig(_Section):
     loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field(
         "dapo", description="TRL loss aggregation (token-level `dapo` by default). `bnpo` normalises per "
         "process, so under accelerate its update changes with the number of processes.")
-    loss_weighting: Literal["role_mean", "token_mean"] = Field(
-        "role_mean", description="How the update weighs rollouts: `role_mean` (SAGE.md step 11) takes each "
-        "role's token mean and averages over the roles in the update, so every role weighs the same whatever its "
-        "rollout count or completion length; `token_mean` is the plain mean over all completion tokens. "
-        "`role_mean` needs loss_type dapo.")
+    loss_weighting: Literal["role_share", "role_mean", "token_mean"] = Field(
+        "role_share", description="How the update weighs rollouts. `role_share` (SAGE.md step 11): each role's "
+        "tokens together weigh its share of the iteration's whole pass (`role_shares`, equal by default), however its "
+        "rows fall into optimizer updates, so a role's weight does not depend on its rollout count, its completion "
+        "lengths or the row order. `role_mean` (runs before role_share): the same, but per optimizer update, so a "
+        "role's share of the pass moves with how its rows fall into updates (an update with one Planner row gives "
+        "that row half of it). `token_mean`: the plain mean over all completion tokens (MAE's and AZR's, who give "
+        "each role the same number of rows). `role_share` and `role_mean` need loss_type dapo.")
+    role_shares: dict[Role, float] | None = Field(
+        None, description="With loss_weighting role_share, each trained role's weight in the pass, normalised over "
+        "the roles with rollouts in it: {solver: 3, planner: 1} gives the Solver three quarters. null: equal shares.")
     roles: list[Role] = Field(
         default_factory=lambda: list(Role), min_length=1, description="The roles whose rollouts the update trains "
         "on; the others' rollouts are generated, scored and stored as before, and left out of the update "
-        "(with `role_mean`, the roles listed share it equally). Default: all four, as SAGE.md.")
+        "(with `role_share` or `role_mean`, the roles listed share it). Default: all four, as SAGE.md.")
     minibatch_size: int = Field(8, ge=1, description="Rollouts per forward/backward pass (per device). On a CPU "
                                 "they are packed into one sequence without padding, each row attending to its own "
                                 "tokens: larger passes are faster and take more memory.")
@@ -262,11 +269,30 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _role_mean_needs_dapo(self) -> TrainConfig:
-        if self.loss_weighting == "role_mean" and self.loss_type != "dapo":
-            raise ValueError(f"train.loss_weighting role_mean weighs token sums, which only train.loss_type dapo "
-                             f"keeps; got loss_type {self.loss_type!r}: set train.loss_type=dapo or "
-                             f"train.loss_weighting=token_mean")
+    def _role_weighting_needs_dapo(self) -> TrainConfig:
+        if self.loss_weighting != "token_mean" and self.loss_type != "dapo":
+            raise ValueError(f"train.loss_weighting {self.loss_weighting} weighs token sums, which only "
+                             f"train.loss_type dapo keeps; got loss_type {self.loss_type!r}: set train.loss_type=dapo "
+                             f"or train.loss_weighting=token_mean")
+        return self
+
+    @model_validator(mode="after")
+    def _role_shares_of_trained_roles(self) -> TrainConfig:
+        if self.role_shares is None:
+            return self
+        if self.loss_weighting != "role_share":
+            raise ValueError(f"train.role_shares is read only with train.loss_weighting role_share (got "
+                             f"{self.loss_weighting}); set train.loss_weighting=role_share or train.role_shares=null")
+        missing = [str(r) for r in self.roles if r not in self.role_shares]
+        extra = [str(r) for r in self.role_shares if r not in self.roles]
+        bad = [f"{r}: {w}" for r, w in self.role_shares.items() if not (math.isfinite(w) and w > 0)]
+        if missing or extra or bad:
+            why = "; ".join(filter(None, [missing and f"no share for trained role(s) {', '.join(missing)}",
+                                          extra and f"a share for untrained role(s) {', '.join(extra)}",
+                                          bad and f"shares must be positive numbers ({', '.join(bad)})"]))
+            trained = ", ".join(map(str, self.roles))
+            raise ValueError(f"train.role_shares must give every role of train.roles ({trained}) a positive weight: "
+                             f"{why}")
         return self
 
 

@@ -40,7 +40,7 @@ from experiments.learning import mcnemar_exact, wilson
 
 #: name: (what the row changes, its `--set` overrides on the config). `cpu.yaml` trains the Solver and the Planner,
 #: so "no Solver training" trains the Planner alone; "Solver alone" is plain RLVR on the seed pool with the same
-#: updates (one an iteration, the same learning rate and batch).
+#: updates (one pass over an iteration's rows, ceil(rows / 8) AdamW updates, the same learning rate and batch).
 ROWS: dict[str, tuple[str, list[str]]] = {
     "full": ("the full loop", []),
     "solver-alone": ("Solver alone on the seed pool: no Challenger, no Planner, only the Solver trains",

@@ -1,5 +1,6 @@
-"""train: one TRR++ policy-gradient update of the shared LoRA adapter on all roles' rollouts together
-(`train.roles` can leave roles out).
+"""train: one TRR++ policy-gradient pass of the shared LoRA adapter over all roles' rollouts together
+(`train.roles` can leave roles out): one AdamW update per `minibatch_size * grad_accum` rows, each role weighed by
+`train.loss_weighting`.
 
 Reads: this iteration's scored rollouts (prompt and completion token ids, sampling log-probs, advantage; each
 trained at its role's sampling temperature, `roles.<role>.temperature`) and the adapter the iteration generated

@@ -1,6 +1,7 @@
 """The rows a training step learns from, as stored: `TrainRow`, their Parquet file (`read_rows` /
 `write_rows`, what the train stage hands a training process), their checks, how many optimizer updates they
-make (`rows_per_update`, `num_updates`) and the per-role weights of `train.loss_weighting: role_mean`.
+make (`rows_per_update`, `num_updates`) and the per-role weights of `train.loss_weighting` (`role_shares`,
+`pass_role_weights`; `role_weights` for the per-update `role_mean`).
 
 Nothing here imports torch or TRL, so the train stage can plan and write rows without loading either.
 """
@@ -41,12 +42,34 @@ def num_updates(n_rows: int, cfg: TrainConfig, num_processes: int = 1) -> int:
 
 
 def role_weights(roles: list[str | None], tokens_by_role: dict[str, float]) -> list[float]:
-    """Advantage multipliers that make every role weigh the same in a token-sum loss divided by all tokens N:
-    a row of role r gets N / (R * T_r), T_r being role r's completion tokens in the update and R the roles
-    with any; the loss then is the mean over roles of each role's token mean. None (a padding row) gets 0."""
+    """`train.loss_weighting: role_mean` (per update): advantage multipliers that make every role weigh the same in
+    one update's token-sum loss divided by all its tokens N: a row of role r gets N / (R * T_r), T_r being role r's
+    completion tokens in the update and R the roles with any; the update's loss then is the mean over roles of each
+    role's token mean. None (a padding row) gets 0. A role's share of the whole pass then depends on how its rows
+    fall into updates (`pass_role_weights` does not)."""
     total = sum(tokens_by_role.values())
     present = sum(1 for t in tokens_by_role.values() if t > 0)
     return [0.0 if role is None else total / (present * tokens_by_role[role]) for role in roles]
+
+
+def role_shares(tokens_by_role: dict[str, float], configured: dict[str, float] | None) -> dict[str, float]:
+    """Each role's share of the pass's loss: the configured weights (`train.role_shares`; equal when None) of the
+    roles with any completion token, normalised to sum to 1. A role without tokens gets no share."""
+    present = [r for r, t in tokens_by_role.items() if t > 0]
+    weight = {r: 1.0 if configured is None else float(configured[r]) for r in present}
+    total = sum(weight.values())
+    return {r: weight[r] / total for r in present}
+
+
+def pass_role_weights(roles: list[str | None], block_tokens: float, tokens_by_role: dict[str, float],
+                      shares: dict[str, float], updates: int) -> list[float]:
+    """`train.loss_weighting: role_share`: advantage multipliers for the rows of one update (`roles`, None for a
+    padding row) that give every role its share of the whole pass, however its rows fall into updates. An update's
+    token-sum loss is divided by its own tokens N_b (`block_tokens`, the `dapo` normaliser), so a row of role r gets
+    U * N_b * share_r / T_r, T_r being role r's completion tokens in the whole pass and U its updates: every token
+    of role r then weighs U * share_r / T_r in the sum of the updates' losses, role r's tokens together
+    U * share_r, and an update weighs 1 on average, as under the plain token mean."""
+    return [0.0 if role is None else updates * block_tokens * shares[role] / tokens_by_role[role] for role in roles]
 
 
 def check_rows(rows: list[TrainRow]) -> None:

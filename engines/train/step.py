@@ -3,9 +3,11 @@ policy (`load_policy`), train it once over the rows (`train_model`; `train_step`
 the adapter atomically with its metrics and the optimizer state.
 
 One step is one pass over the rows with a non-empty completion, one AdamW update (constant learning rate) per
-block of `minibatch_size * grad_accum * processes` rows. With the default `dapo` loss and `role_mean` weighting
-the update is the mean over roles of each role's token mean of the clipped policy-gradient loss over the block;
-with `token_mean`, the token mean over the block's completion tokens. The optimizer and scheduler state is saved
+block of `minibatch_size * grad_accum * processes` rows. With the default `dapo` loss and `role_share` weighting
+each role's tokens together weigh its share (`train.role_shares`, equal by default) of the clipped policy-gradient
+loss summed over the pass's updates, however its rows fall into blocks; with `role_mean`, each update is the mean
+over roles of each role's token mean over its block; with `token_mean`, the token mean over the block's completion
+tokens. The optimizer and scheduler state is saved
 beside the adapter (`OPTIMIZER_FILE`) and loaded by the next step that starts from it (SAGE.md step 11), so a
 step re-run after a crash starts from the same state and gives the same adapter.
 

@@ -12,7 +12,8 @@ private methods below. The overrides, each with its reason:
   `grad_accum` times in a row as TRL's `_prepare_inputs` expects, a short last block padded with a dummy index.
   Under `accelerate launch` process k gets the k-th contiguous slice of each block.
 - `_generate_and_score_completions`: the batch comes from the stored rows, not from generation (`stored_batch`:
-  TRL's layout, the stored advantage, scaled per role with `role_mean`, each row's sampling temperature, the
+  TRL's layout, the stored advantage, scaled per role (`role_share` over the pass, `role_mean` per update), each
+  row's sampling temperature, the
   stored sampling log-probs as `sampling_per_token_logps` with the rows they correct, and pi_old as
   `old_per_token_logps` when the pass makes several updates; see "The old policy" below). Dummy rows become fully
   masked rows, so every process has a batch of the same shape.
@@ -81,7 +82,7 @@ from sage.configs.schema import TrainConfig
 from sage.engines.llm.models import adapter_compute_dtype
 from sage.engines.train.attention import packs
 from sage.engines.train.logprobs import add_completion_head, completion_logprobs
-from sage.engines.train.rows import TrainRow, role_weights
+from sage.engines.train.rows import TrainRow, pass_role_weights, role_shares, role_weights
 
 #: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
@@ -249,12 +250,18 @@ class StoredRowsTrainer(GRPOTrainer):
     module docstring). The model is a `PeftModel`; the train dataset holds one column, `row`: an index into
     `rows`, -1 for the dummy row."""
 
-    def __init__(self, *args, rows: list[TrainRow], role_mean: bool = False, optimizer_state: dict | None = None,
+    def __init__(self, *args, rows: list[TrainRow], weighting: str = "token_mean",
+                 shares: dict[str, float] | None = None, optimizer_state: dict | None = None,
                  compute_dtype=None, importance_cap: float | None = None, sampler_old: bool = False, **kwargs):
         self.sage_rows = list(rows)
         self.sage_compute_dtype = compute_dtype  # bf16 base + float32 LoRA: the adapter computes in bf16 too
-        self.sage_role_mean = role_mean
+        self.sage_weighting = weighting  # train.loss_weighting
         self.sage_roles = sorted({r.role for r in rows})  # the same on every process: all read all rows
+        # role_share: each role's completion tokens in the whole pass and its share of it (every process reads
+        # every row, so these agree across processes)
+        self.sage_pass_tokens = {role: float(sum(len(r.completion_ids) for r in rows if r.role == role))
+                                 for role in self.sage_roles}
+        self.sage_shares = role_shares(self.sage_pass_tokens, shares)
         self.sage_optimizer_state = optimizer_state  # {"optimizer": ..., "scheduler": ...} carried in
         self.sage_seen: list[int] = []  # indices into `rows` this process trained on, in order
         # The importance correction's cap, None when off. The backends store log-probs at the row's sampling
@@ -319,7 +326,7 @@ class StoredRowsTrainer(GRPOTrainer):
         rows: list[TrainRow | None] = [self.sage_rows[i] if i >= 0 else None for i in indices]
         rows += [None] * (size - len(rows))
         pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
-        weights = self._role_weights(rows) if self.sage_role_mean else None
+        weights = self._role_weights(rows) if self.sage_weighting != "token_mean" else None
         batch = stored_batch(rows, pad, weights, self.sage_importance_cap is not None, self.sage_sampler_old)
         if self.args.max_steps > 1 and not self.sage_sampler_old:  # several updates: pi_old is the policy before
             # the first (`_old_logps`)
@@ -341,15 +348,19 @@ class StoredRowsTrainer(GRPOTrainer):
         return output
 
     def _role_weights(self, rows: list[TrainRow | None]) -> list[float]:
-        """Per-row advantage multipliers that give each role the same weight in the update (`rows.role_weights`),
-        from each role's completion tokens in the block over all processes. TRL's `dapo` divides the token sum by
-        the block's tokens, and the clipped loss is linear in a positive advantage scale, so this is exact."""
+        """Per-row advantage multipliers for one update: `role_share` gives each role its share of the whole pass
+        (`rows.pass_role_weights`), `role_mean` the same weight in this update (`rows.role_weights`); both from
+        the completion tokens of the update's rows over all processes. TRL's `dapo` divides the token sum by the
+        update's tokens, and the clipped loss is linear in a positive advantage scale, so this is exact."""
         counts = torch.zeros(len(self.sage_roles), dtype=torch.float64, device=self.accelerator.device)
         for r in rows:
             if r is not None:
                 counts[self.sage_roles.index(r.role)] += len(r.completion_ids)
         counts = self.accelerator.gather(counts[None, :]).sum(dim=0).tolist()
-        return role_weights([None if r is None else r.role for r in rows], dict(zip(self.sage_roles, counts)))
+        roles = [None if r is None else r.role for r in rows]
+        if self.sage_weighting == "role_share":
+            return pass_role_weights(roles, sum(counts), self.sage_pass_tokens, self.sage_shares, self.args.max_steps)
+        return role_weights(roles, dict(zip(self.sage_roles, counts)))
 
     def _process_rows(self) -> list[int | None]:
         """The rows this process trains on over the whole pass, in the sampler's order (None: a dummy): the
@@ -539,7 +550,7 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
         model=model, reward_funcs=_unused_reward, args=args,
         train_dataset=Dataset.from_dict({"row": list(range(len(rows))) + [-1]}),
         processing_class=AutoTokenizer.from_pretrained(tokenizer_path), rows=rows, callbacks=[log],
-        role_mean=cfg.loss_weighting == "role_mean", optimizer_state=optimizer_state,
+        weighting=cfg.loss_weighting, shares=cfg.role_shares, optimizer_state=optimizer_state,
         compute_dtype=adapter_compute_dtype(torch_dtype),
         importance_cap=cfg.importance_cap if cfg.importance_correction else None,
         sampler_old=cfg.old_policy == "sampler")

@@ -4,12 +4,14 @@ count) and the scheduler's carry from one iteration's adapter to the next, so a 
 from __future__ import annotations
 
 import dataclasses
+import random
 import shutil
+from collections import defaultdict
 
 import pytest
 
 from sage.configs.schema import TrainConfig
-from sage.engines.train.rows import TrainRow, role_weights
+from sage.engines.train.rows import TrainRow, pass_role_weights, role_shares, role_weights
 from sage.engines.train.step import OPTIMIZER_FILE, load_optimizer_state, load_policy, train_model, train_step
 
 
@@ -35,13 +37,89 @@ def test_role_weights_hand_computed():
     assert role_weights(["a"], {"a": 7, "b": 0}) == [1.0]              # an absent role does not count
 
 
+def test_role_shares_normalise_the_configured_weights_over_the_roles_present():
+    assert role_shares({"solver": 90, "planner": 10}, None) == {"solver": 0.5, "planner": 0.5}
+    assert role_shares({"solver": 90, "planner": 10}, {"solver": 3, "planner": 1}) == {"solver": 0.75,
+                                                                                       "planner": 0.25}
+    assert role_shares({"solver": 90, "planner": 0}, {"solver": 3, "planner": 1}) == {"solver": 1.0}
+
+
+def test_pass_role_weights_hand_computed():
+    # a pass of 2 updates; role totals T = {solver: 40, planner: 10}, shares 3/4 and 1/4; this update holds 25 tokens
+    w = pass_role_weights(["solver", "planner", None], 25, {"solver": 40, "planner": 10},
+                          {"solver": 0.75, "planner": 0.25}, updates=2)
+    assert w == pytest.approx([2 * 25 * 0.75 / 40, 2 * 25 * 0.25 / 10, 0.0])
+
+
+def _pass_shares(tiny_model, rows: list[TrainRow], cfg: TrainConfig, seed: int) -> dict[str, float]:
+    """Each role's weight in the pass as the trainer builds its updates: sum over updates of the role's
+    advantage-weighted completion tokens over the update's tokens (the `dapo` normaliser), over the updates; every
+    row's advantage is 1, so this is the share of the loss the role's tokens carry."""
+    import torch
+
+    from sage.engines.train.trainer import build_trainer
+
+    trainer, _ = build_trainer(load_policy(str(tiny_model), None, cfg, seed=seed), str(tiny_model), rows, cfg,
+                               seed=seed, device="cpu", torch_dtype=torch.float32)
+    order, n = list(trainer._get_train_sampler()), len(rows)
+    block, repeats = trainer.args.generation_batch_size, trainer.args.steps_per_generation
+    updates, weight = trainer.args.max_steps, defaultdict(float)
+    for start in range(0, len(order), block * repeats):
+        idx = order[start:start + block]
+        batch = trainer._generate_and_score_completions([{"row": i if i < n else -1} for i in idx])
+        tokens = float(batch["num_items_in_batch"])
+        for i, advantage, mask in zip(idx, batch["advantages"].tolist(), batch["completion_mask"]):
+            if i < n:
+                weight[rows[i].role] += advantage * float(mask.sum()) / tokens / updates
+    return dict(weight)
+
+
+def _mixed_rows(seed: int) -> list[TrainRow]:
+    """27 rows, most of them the Solver's, one Planner row in about nine, of random lengths, in a random order."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(27):
+        length = rng.randint(1, 30)
+        completion = [(7 * i + j) % 200 + 3 for j in range(length)]
+        role = "planner" if rng.random() < 0.12 or i == 0 else "solver"
+        rows.append(TrainRow(prompt_ids=[5 + i % 7, 7, 9], completion_ids=completion, advantage=1.0, role=role,
+                             logprobs=[-1.0] * length))
+    rng.shuffle(rows)
+    return rows
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_role_share_gives_each_role_its_configured_share_of_the_pass_whatever_the_order(tiny_model, seed):
+    rows = _mixed_rows(seed)
+    cfg = _cfg(minibatch_size=2, grad_accum=4, old_policy="sampler", roles=["solver", "planner"],
+               role_shares={"solver": 3, "planner": 1})
+    assert _pass_shares(tiny_model, rows, cfg, seed) == pytest.approx({"solver": 0.75, "planner": 0.25})
+    equal = cfg.model_copy(update={"role_shares": None})
+    assert _pass_shares(tiny_model, rows, equal, seed) == pytest.approx({"solver": 0.5, "planner": 0.5})
+    # per update (`role_mean`, before `role_share`), the roles' shares of the pass follow how the rows fell
+    per_update = _pass_shares(tiny_model, rows, equal.model_copy(update={"loss_weighting": "role_mean"}), seed)
+    assert per_update["solver"] > 0.55
+
+
+def test_role_shares_name_every_trained_role_with_a_positive_weight():
+    with pytest.raises(ValueError, match="no share for trained role"):
+        TrainConfig(roles=["solver", "planner"], role_shares={"solver": 1})
+    with pytest.raises(ValueError, match="untrained role"):
+        TrainConfig(roles=["solver"], role_shares={"solver": 1, "planner": 1})
+    with pytest.raises(ValueError, match="positive"):
+        TrainConfig(roles=["solver", "planner"], role_shares={"solver": 1, "planner": 0})
+    with pytest.raises(ValueError, match="role_share"):
+        TrainConfig(roles=["solver"], role_shares={"solver": 1}, loss_weighting="role_mean")
+
+
 def _lora(model) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
 
 
-def test_role_mean_is_token_mean_on_reweighted_advantages(tiny_model):
+@pytest.mark.parametrize("weighting", ["role_mean", "role_share"])   # the same with one update a pass
+def test_role_mean_is_token_mean_on_reweighted_advantages(tiny_model, weighting):
     rows = _rows()
-    cfg = _cfg(minibatch_size=4)                                      # one update over the whole block
+    cfg = _cfg(minibatch_size=4, loss_weighting=weighting)             # one update over the whole block
     a = load_policy(str(tiny_model), None, cfg, seed=0)
     train_model(a, str(tiny_model), rows, cfg, seed=0, device="cpu")
     w = role_weights([r.role for r in rows], {"solver": 40, "critic": 5, "planner": 5})
@@ -60,6 +138,8 @@ def test_role_mean_is_token_mean_on_reweighted_advantages(tiny_model):
 def test_role_mean_needs_dapo():
     with pytest.raises(ValueError, match="loss_type dapo"):
         TrainConfig(loss_type="grpo")
+    with pytest.raises(ValueError, match="loss_type dapo"):
+        TrainConfig(loss_type="grpo", loss_weighting="role_mean")
     assert TrainConfig(loss_type="grpo", loss_weighting="token_mean").loss_type == "grpo"
 
 
