@@ -183,7 +183,8 @@ class TrainConfig(_Section):
     old_policy: Literal["auto", "recompute", "sampler"] = Field(
         "auto", description="Where pi_old, the old policy of the clipped ratio pi / pi_old, comes from. recompute: the "
         "trainer's own log-probs of the adapter that generated the rows (free with one update a pass, otherwise one "
-        "forward pass over the rows before the first update, about a quarter of a CPU train stage); right on every "
+        "forward pass before the first update over the rows of the later ones, up to half of a CPU LoRA update's cost "
+        "a row); right on every "
         "backend, with or without a grammar. sampler: the stored sampling log-probs, the same quantity where the "
         "sampler reports the unmasked distribution of the same weights (the hf backend), without that pass; the "
         "importance correction is then 1. auto: sampler on hf, recompute on vllm (whose log-probs under a grammar "

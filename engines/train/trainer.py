@@ -33,11 +33,12 @@ private methods below. The overrides, each with its reason:
 
 The old policy (pi_old of TRL's clipped ratio pi / pi_old) is, with `train.old_policy` recompute, the trainer's own
 log-probs of the policy that generated the rows: the adapter as this pass starts, before its first update, on every
-backend, with or without a grammar. When the pass makes one update (all its micro-batches come before the only
-optimizer step), that is the detached log-probs of the loss's own forward pass (TRL's default when
-`old_per_token_logps` is absent): the ratio is exactly 1, at no cost. When it makes several, `_old_logps` scores
-every row this process will train on once, without gradients, before the first update (one forward pass over the
-rows), and each later generation batch carries them as `old_per_token_logps`. The stored sampling log-probs are then
+backend, with or without a grammar. For the rows of the pass's first update (all its micro-batches come before
+its optimizer step, the pass's first), that is the detached log-probs of the loss's own forward pass (TRL's default
+when `old_per_token_logps` is absent): the ratio is exactly 1, at no cost. When the pass makes several updates,
+`_old_logps` scores the rows of the later updates this process will train on once, without gradients, before the
+first update (one forward pass over those rows), and each later generation batch carries them as
+`old_per_token_logps`. The stored sampling log-probs are then
 not pi_old: they are the behaviour policy mu of TRL's capped importance correction (`train.importance_correction`,
 token-level truncation as TRL's `vllm_importance_sampling_mode="token_truncate"`): each completion token's loss is
 multiplied by min(exp(pi_old - mu), `train.importance_cap`), which corrects for the numerical mismatch between the
@@ -329,9 +330,11 @@ class StoredRowsTrainer(GRPOTrainer):
         weights = self._role_weights(rows) if self.sage_weighting != "token_mean" else None
         batch = stored_batch(rows, pad, weights, self.sage_importance_cap is not None, self.sage_sampler_old)
         if self.args.max_steps > 1 and not self.sage_sampler_old:  # several updates: pi_old is the policy before
-            # the first (`_old_logps`)
+            # the first (`_old_logps`, scored as the first update's batch is built); the first update's own rows
+            # take the detached log-probs of their own pass, the same policy
             if self.sage_old is None:
                 self.sage_old = self._old_logps()
+        if self.sage_old is not None and self.state.global_step > 0:
             old = torch.zeros_like(batch["completion_mask"], dtype=torch.float32)
             for i, r in enumerate(indices):
                 if r >= 0:
@@ -376,15 +379,18 @@ class StoredRowsTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _old_logps(self) -> dict[int, torch.Tensor]:
-        """pi_old of every row this process trains on: the log-probs of its completion tokens under the policy as
-        the pass starts (before any update), at the row's temperature, scored once without gradients in passes of
-        `per_device_train_batch_size` rows, longest first. Every process makes the same number of passes (a
-        sharded model needs them in step), dummy rows included. Keyed by row index, on the CPU."""
+        """pi_old of every row this process trains on after the pass's first update: the log-probs of its
+        completion tokens under the policy as the pass starts (before any update), at the row's temperature, scored
+        once without gradients in passes of `per_device_train_batch_size` rows, longest first. The first update's
+        rows are not scored: their own pass, before any update, gives the same log-probs. Every process makes the
+        same number of passes (a sharded model needs them in step), dummy rows included. Keyed by row index, on
+        the CPU."""
         if self.state.global_step:
             raise RuntimeError("pi_old must be scored before the pass's first update")
         t0 = time.perf_counter()
         rows = self.sage_rows
-        mine = sorted(self._process_rows(),  # dummies last
+        first = self.args.generation_batch_size // self.accelerator.num_processes  # this process's first block
+        mine = sorted(self._process_rows()[first:],  # dummies last
                       key=lambda i: -1 if i is None else -len(rows[i].prompt_ids) - len(rows[i].completion_ids))
         pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
         bs, out = self.args.per_device_train_batch_size, {}

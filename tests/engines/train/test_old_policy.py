@@ -88,20 +88,27 @@ def test_one_update_takes_pi_old_from_its_own_pass_whatever_was_stored(tiny_mode
 
 def test_several_updates_score_pi_old_once_before_the_first(tiny_model, initial, monkeypatch):
     """(2) Two updates (4 rows, 2 x 1): the second update's pi_old is the policy before the first update (scored
-    once, before it), not the policy the first update left, which the loss's own pass uses."""
+    once, before it), not the policy the first update left, which the loss's own pass uses. Only the second
+    update's rows are scored: the first update's pass is itself the policy before any update."""
     import torch
 
     from sage.engines.train.trainer import StoredRowsTrainer as cls
 
-    seen = []
-    original = cls._compute_loss
+    seen, scored = [], []
+    original, original_old = cls._compute_loss, cls._old_logps
 
     def spy(self, model, inputs):
         seen.append((self.state.global_step, inputs["completion_ids"].clone(), inputs["completion_mask"].clone(),
                      inputs.get("old_per_token_logps")))
         return original(self, model, inputs)
 
+    def spy_old(self):
+        out = original_old(self)
+        scored.extend(tuple(self.sage_rows[i].completion_ids) for i in out)
+        return out
+
     monkeypatch.setattr(cls, "_compute_loss", spy)
+    monkeypatch.setattr(cls, "_old_logps", spy_old)
     rows = _rows()
     cfg = _cfg(grad_accum=1)
     model = load_policy(str(tiny_model), None, cfg, seed=0)
@@ -110,7 +117,9 @@ def test_several_updates_score_pi_old_once_before_the_first(tiny_model, initial,
     by_tokens = {tuple(r.completion_ids): r for r in rows}
     after = model.eval()
     later = [s for s in seen if s[0] == 1]
-    assert later and all(s[3] is not None for s in seen)
+    assert later and all((s[3] is None) == (s[0] == 0) for s in seen)  # the first update: its own pass
+    assert sorted(scored) == sorted(tuple(ids[b, :int(mask[b].sum())].tolist()) for _, ids, mask, _ in later
+                                    for b in range(ids.size(0)) if mask[b].any())
     for _, ids, mask, old in later:
         for b in range(ids.size(0)):
             n = int(mask[b].sum())
@@ -214,9 +223,10 @@ def test_sampler_old_policy_takes_the_stored_logprobs_and_skips_the_recompute(ti
             n = int(mask[b].sum())
             if n:
                 assert torch.equal(old[b, :n], stored[tuple(ids[b, :n].tolist())])
-    # One row stored no log-probs: the whole pass recomputes pi_old (every micro-batch of both updates gets the
-    # initial policy's), and the importance correction weighs the other rows' tokens by exp(pi_old - mu), the
-    # initial policy against the stored log-probs, also in the second update (not the policy the first left).
+    # One row stored no log-probs: the whole pass recomputes pi_old (the second update's micro-batches get the
+    # initial policy's; the first's take their own pass's, the same policy), and the importance correction weighs
+    # the other rows' tokens by exp(pi_old - mu), the initial policy against the stored log-probs, in both
+    # updates (in the second, not the policy the first left).
     partial = _with(_rows(), shift, model=initial)
     partial[0] = _with(_rows()[:1])[0]
     by_tokens = {tuple(r.completion_ids): (i, r) for i, r in enumerate(partial)}
@@ -233,8 +243,9 @@ def test_sampler_old_policy_takes_the_stored_logprobs_and_skips_the_recompute(ti
     monkeypatch.setattr(cls, "_weigh", spy_weigh)
     _, m = _train(tiny_model, partial, _cfg(grad_accum=1, old_policy="sampler"))
     assert m["old_policy"] == "recompute" and m["old_logps_seconds"] > 0 and m["corrected_rows"] == 3
+    assert any(old is None for _, _, old, _ in seen) and any(old is not None for _, _, old, _ in seen)
     for ids, mask, old, _ in seen:
-        for b in range(ids.size(0)):
+        for b in range(ids.size(0) if old is not None else 0):
             n = int(mask[b].sum())
             if n:
                 assert torch.allclose(old[b, :n], _logprobs(initial, by_tokens[tuple(ids[b, :n].tolist())][1]),
