@@ -1,16 +1,17 @@
 """The training step's lead over a plain PEFT loop, checked: run before landing anything that touches
 engines/train/.
 
-    .venv/bin/python -m bench.train_check [--min-ratio 1.3] [--max-norm-diff 0.03] [--repeats 2]
+    .venv/bin/python -m bench.train_check [--min-ratio 1.3] [--max-norm-diff 0.05] [--repeats 2]
 
 Runs `bench/train.py` at the shape `cpu.yaml` trains (bf16 base, fp32 LoRA, 2 rows a pass x 4, 16 random rows of
 ~350 prompt + ~100 completion tokens, two updates, pi_old as the train stage takes it on the hf backend), the
 plain loop and the project's trainer alternated `--repeats` times in one process, and fails (exit 1) when the
 trainer's best throughput is under `--min-ratio` times the plain loop's best, or when a per-update gradient norm
-differs from the plain loop's by more than `--max-norm-diff` (relative): the two loops take the same updates, so
-a larger gap is a change of what is trained, not bf16 rounding. Both loops run on the same machine in the same
-minutes, so other load slows both; the ratio is what is compared (a 2-core machine gave 1.4-1.5x calm). It takes
-about three minutes on 2 cores.
+differs from the plain loop's by more than `--max-norm-diff` (relative). The two loops take the same updates; bf16
+rounding alone keeps them a few percent apart (the plain loop computes the LoRA in float32, ours in bf16, and ours
+takes the sampler's bf16 log-probs as pi_old: up to 4.8% on a 2-core AMD EPYC, docs/performance.md), so a larger
+gap is a change of what is trained. Both loops run on the same machine in the same minutes, so other load slows
+both; the ratio is what is compared. About three minutes on a calm 2-core machine, twice that under load.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def verdict(result: dict, min_ratio: float, max_norm_diff: float) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--min-ratio", type=float, default=1.3, help="least trainer / plain-loop throughput to pass")
-    ap.add_argument("--max-norm-diff", type=float, default=0.03,
+    ap.add_argument("--max-norm-diff", type=float, default=0.05,
                     help="largest relative difference of a per-update gradient norm from the plain loop's")
     ap.add_argument("--repeats", type=int, default=2, help="alternate the two loops this many times; best of each")
     a = ap.parse_args(argv)
