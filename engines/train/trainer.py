@@ -37,14 +37,15 @@ backend, with or without a grammar. For the rows of the pass's first update (all
 its optimizer step, the pass's first), that is the detached log-probs of the loss's own forward pass (TRL's default
 when `old_per_token_logps` is absent): the ratio is exactly 1, at no cost. When the pass makes several updates,
 `_old_logps` scores the rows of the later updates this process will train on once, without gradients, before the
-first update (one forward pass over those rows), and each later generation batch carries them as
-`old_per_token_logps`. The stored sampling log-probs are then
-not pi_old: they are the behaviour policy mu of TRL's capped importance correction (`train.importance_correction`,
-token-level truncation as TRL's `vllm_importance_sampling_mode="token_truncate"`): each completion token's loss is
-multiplied by min(exp(pi_old - mu), `train.importance_cap`), which corrects for the numerical mismatch between the
-sampler's kernels and the trainer's (and for vLLM's top-p truncation, which its processed log-probs include).
-Multiplying the per-token loss by a positive constant is multiplying the token's advantage by it, which TRL takes
-per token (shape (B, T)), so that is how it is applied; the KL term, as in TRL, is not weighted.
+first update (one forward pass over those rows: up to half the cost of training them on a CPU, where the frozen
+base takes no weight gradients), and each later generation batch carries them as `old_per_token_logps`. The stored
+sampling log-probs are then not pi_old: they are the behaviour policy mu of TRL's capped importance correction
+(`train.importance_correction`, token-level truncation as TRL's `vllm_importance_sampling_mode="token_truncate"`):
+each completion token's loss is multiplied by min(exp(pi_old - mu), `train.importance_cap`), which corrects for the
+numerical mismatch between the sampler's kernels and the trainer's (and for vLLM's top-p truncation, which its
+processed log-probs include). Multiplying the per-token loss by a positive constant is multiplying the token's
+advantage by it, which TRL takes per token (shape (B, T)), so that is how it is applied; the KL term, as in TRL, is
+not weighted.
 
 Under a grammar: a row sampled with its role's grammar (`TrainRow.constrained`) weighs 1, whatever it stored. The
 two backends store different things for it (vLLM's processed log-probs are of the masked, renormalised
@@ -382,7 +383,8 @@ class StoredRowsTrainer(GRPOTrainer):
         """pi_old of every row this process trains on after the pass's first update: the log-probs of its
         completion tokens under the policy as the pass starts (before any update), at the row's temperature, scored
         once without gradients in passes of `per_device_train_batch_size` rows, longest first. The first update's
-        rows are not scored: their own pass, before any update, gives the same log-probs. Every process makes the
+        rows are not scored: their own pass comes before any update (with `train.lora_dropout`, a dropout sample of
+        the same policy, as when a pass makes one update). Every process makes the
         same number of passes (a sharded model needs them in step), dummy rows included. Keyed by row index, on
         the CPU."""
         if self.state.global_step:
