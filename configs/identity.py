@@ -61,6 +61,9 @@ ADDED: dict[str, object] = {
     "train.importance_correction": True,
     "train.importance_cap": 3.0,
     "train.role_shares": None,
+    "train.hinted_prompt": "shown",
+    "iteration.hints": "always",
+    "iteration.hint_share": 0.5,
 }
 
 

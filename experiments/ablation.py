@@ -58,9 +58,16 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # was shown no longer raises or lowers every answer to a question alike
     "unrewarded-plan": ("the full loop, the plan's score out of the Solver's reward (`rewards.solver_plan=0`)",
                         ["rewards.solver_plan=0", "rewards.solver_gt=0.8"]),
+    # plans as hints: the Solver trains on the prompt it is tested on. Half of a passed plan's answers see it, in one
+    # TRR++ group with the plain ones; the shown ones train on the plain prompt with the plan's sampler as pi_old
+    # (Guide); the plan's score out of the Solver's reward. The roles weigh over the whole pass (role_share)
+    "hints": ("the full loop with plans as hints: half of a passed plan's answers see it and train on the plain "
+              "prompt, the plan's score out of the Solver's reward",
+              ["iteration.hints=mixed", "iteration.hint_share=0.5", "train.hinted_prompt=plain",
+               "rewards.solver_plan=0", "rewards.solver_gt=0.8", "train.loss_weighting=role_share"]),
 }
 #: the rows that are candidate changes to the loop, not ablations: run only when named in `--rows`
-CANDIDATES = {"untrained-planner", "unrewarded-plan"}
+CANDIDATES = {"untrained-planner", "unrewarded-plan", "hints"}
 #: the rows the command runs by default: the paper's ablations and the baseline
 ABLATIONS = [r for r in ROWS if r not in CANDIDATES]
 LOAD_EVERY_S = 30

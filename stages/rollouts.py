@@ -159,7 +159,8 @@ def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit
                     adapter=adapter, sample_index=j, seed=req.seed, finish_reason=comp.finish_reason,
                     prompt_tokens=len(res.prompt_ids), completion_tokens=len(comp.token_ids),
                     parsed=p.fields, format_reward=p.format_reward, format_reason=p.reason,
-                    constrained=req.regex_for(j) is not None))
+                    constrained=req.regex_for(j) is not None,
+                    plan_shown=unit.kind.endswith("_plan") if unit.role == Role.SOLVER else None))
                 tokens += len(comp.token_ids)
         written += ctx.wh.insert_batch("rollouts", rows)
         ctx.report(stage, start + len(batch), len(pending), tokens)

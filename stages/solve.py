@@ -4,7 +4,10 @@ Probe (`run_probe`): reads this iteration's generated questions that could earn 
 (valid verifier and s_q >= alpha); writes `iteration.n_probe` Solver rollouts each, without a plan
 (purpose `probe`; these measure difficulty and are not trained on); nothing with `iteration.challenger` false.
 Solve (`run_solve`): reads this iteration's plans; writes `iteration.n_solve` Solver rollouts per plan
-(purpose `solve`), shown the plan only when it passed the gate; `rollouts.plan_id` names the plan either way.
+(purpose `solve`). A plan that failed the gate is shown to none of them. One that passed is shown to all of them
+(`iteration.hints` always, SAGE.md) or, as a hint, to `hint_count` of them (`mixed`), the rest answering the plain
+question, as validation asks it, in the same TRR++ group. `rollouts.plan_id` names the plan either way and
+`rollouts.plan_shown` says whether the prompt showed it.
 With `iteration.planner` false (an ablation) it answers the pool questions the plan stage would have sampled,
 each without a plan, the prompt of a withheld plan, and `rollouts.plan_id` is NULL (so s~_p = 0).
 Idempotency key: rollout id. Fails: engine errors propagate; model output never fails the stage.
@@ -32,11 +35,20 @@ def run_probe(ctx: StageContext) -> StageReport:
     return StageReport(Stage.PROBE, rows_in=len(questions), rows_out=written)
 
 
+def hint_count(n_solve: int, hints: str, share: float) -> int:
+    """How many of a question's `n_solve` answers see its plan when the plan passed the gate: all with `always`;
+    with `mixed`, `share` of them rounded, at least one and at most all but one (the config refuses a share that
+    rounds to none or to all)."""
+    if hints == "always":
+        return n_solve
+    return min(max(round(share * n_solve), 1), n_solve - 1)
+
+
 def _units(ctx: StageContext) -> list[Unit]:
-    """One Solver unit per plan, with the plan when it passed the gate; without the Planner, one per sampled pool
-    question, without a plan."""
-    n = ctx.cfg.iteration.n_solve
-    if not ctx.cfg.iteration.planner:
+    """The Solver's units: per plan, one shown the plan (when it passed the gate, `hint_count` answers) and one
+    without it (the other answers); without the Planner, one per sampled pool question, without a plan."""
+    n, it = ctx.cfg.iteration.n_solve, ctx.cfg.iteration
+    if not it.planner:
         return [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q), n=n)
                 for q in plan.sample(ctx)]
     plans = plans_for(ctx.wh, ctx.run_id, ctx.iteration)
@@ -44,17 +56,20 @@ def _units(ctx: StageContext) -> list[Unit]:
     units = []
     for p in plans:
         q = qs[p["question_id"]]
-        if p["passed"]:
+        shown = hint_count(n, it.hints, it.hint_share) if p["passed"] else 0
+        if shown:
             plan_text = p["parsed"].get("plan") or ""
-            kind, fields = f"solver_{q['domain']}_plan", question_fields(q, plan_text)
-        else:
-            kind, fields = f"solver_{q['domain']}", question_fields(q)
-        units.append(Unit(kind, q["question_id"], q["domain"], fields, n=n, plan_id=p["plan_id"]))
+            units.append(Unit(f"solver_{q['domain']}_plan", q["question_id"], q["domain"],
+                              question_fields(q, plan_text), n=shown, plan_id=p["plan_id"]))
+        if n - shown:
+            units.append(Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q),
+                              n=n - shown, plan_id=p["plan_id"]))
     return units
 
 
 def run_solve(ctx: StageContext) -> StageReport:
     units = _units(ctx)
     _, written = generate(ctx, Stage.SOLVE, Purpose.SOLVE, units)
-    return StageReport(Stage.SOLVE, rows_in=len(units), rows_out=written,
-                       info={"with_plan": sum(u.kind.endswith("_plan") for u in units)})
+    return StageReport(Stage.SOLVE, rows_in=len({(u.question_id, u.plan_id) for u in units}), rows_out=written,
+                       info={"with_plan": sum(u.n for u in units if u.kind.endswith("_plan")),
+                             "without": sum(u.n for u in units if not u.kind.endswith("_plan"))})

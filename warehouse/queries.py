@@ -365,10 +365,11 @@ def iteration_samples(wh: Warehouse, run_id: str, iteration: int, per_role: int 
 def training_rows(wh: Warehouse, run_id: str, iteration: int, reward_version: int,
                   roles: list[str] | None = None) -> list[dict]:
     """Every rollout of the iteration scored under `reward_version` (of `roles` only, when given), with its
-    token ids, sampling log-probs, whether it was sampled under its role's grammar (NULL: stored before that
-    was recorded) and TRR++ advantage."""
+    question, token ids, sampling log-probs, whether it was sampled under its role's grammar (NULL: stored before
+    that was recorded), whether its prompt showed a plan (Solver rollouts) and TRR++ advantage."""
     return wh.rows("""
-        SELECT r.rollout_id, r.role, r.prompt_ids, r.completion_ids, r.logprobs, r.constrained, s.advantage
+        SELECT r.rollout_id, r.role, r.question_id, r.prompt_ids, r.completion_ids, r.logprobs, r.constrained,
+               r.plan_shown, s.advantage
         FROM scores s JOIN rollouts r USING (rollout_id)
         WHERE s.run_id = ? AND s.iteration = ? AND s.reward_version = ? AND r.run_id = ? AND r.iteration = ?
           AND (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], r.role))
