@@ -114,15 +114,19 @@ class IterationConfig(_Section):
                          "s_q >= alpha (and a valid verifier) to be admitted and to earn the difficulty term.")
     beta: float = Field(0.3, ge=0, le=1, description="Plan gate: the Solver sees the plan only when "
                         "s_p >= beta.")
-    hints: Literal["always", "mixed"] = Field(
+    hints: Literal["always", "mixed", "on_failure"] = Field(
         "always", description="How the Solver's training answers use a plan that passed the gate. `always` "
         "(SAGE.md): every answer to the question is shown it. `mixed`: plans are hints: `hint_share` of a question's "
         "`n_solve` answers are shown it and the others answer the plain question, as validation and benchmarks ask "
         "it, in the same TRR++ group and rewarded alike (a shown plan never changes an answer's reward), so the "
         "Solver trains on the prompt it is tested on (self-hinting RL, arXiv 2602.03143; Guide, arXiv 2506.13923). "
-        "`train.hinted_prompt` says which prompt the shown answers train on.")
+        "`on_failure`: every answer is plain, and only a question whose plain answers all failed gets hint_share x "
+        "n_solve more answers shown its plan (Guide's adaptive hints). `train.hinted_prompt` says which prompt the "
+        "shown answers train on.")
     hint_share: float = Field(0.5, gt=0, lt=1, description="With hints mixed, the share of a question's n_solve "
-                              "answers shown its plan (rounded; at least one, and at least one without).")
+                              "answers shown its plan (rounded; at least one, and at least one without); with "
+                              "on_failure, the hinted answers a failed question gets, as a share of n_solve (at "
+                              "least one).")
     domains: list[Literal["math", "code"]] = Field(["math", "code"], min_length=1,
                                                    description="Domains sampled from the pool.")
     math_labels: Literal["agreement", "program", "answer"] = Field(
@@ -227,7 +231,8 @@ class TrainConfig(_Section):
         "sampled with, plan included (on-policy; SAGE.md). `plain`: its question's plain prompt, the one validation "
         "asks (Guide's off-policy hint, arXiv 2506.13923): the clipped ratio is pi(answer | question) over the "
         "sampler's pi_old(answer | question, plan), so the no-plan policy learns from answers found with the plan. "
-        "Needs iteration.hints mixed (the plain prompt is the one the question's unhinted answers had) and pi_old "
+        "Needs iteration.hints mixed or on_failure (the plain prompt is the one the question's unhinted answers "
+        "had) and pi_old "
         "from the sampler (train.old_policy auto or sampler on the hf backend).")
     roles: list[Role] = Field(
         default_factory=lambda: list(Role), min_length=1, description="The roles whose rollouts the update trains "
@@ -321,6 +326,12 @@ class ValidateConfig(_Section):
         None, ge=1, description="Validation answer length (greedy, pass@1). null: the Solver's "
         "roles.solver.max_new_tokens, so validation scores answers as long as the ones training rewards; set a "
         "number only to validate at another length on purpose.")
+    pipeline: bool = Field(
+        False, description="Also validate the Planner -> gate -> Solver pipeline: the model's own greedy plan for "
+        "every validation question, its Critic score, and the Solver's answer shown it; the checkpoint gets "
+        "val_plan_shown (every plan shown), val_pipeline (shown where s_p >= iteration.beta, the plain answer "
+        "elsewhere) and val_plans_passed. Plain validation still decides early stopping. About three times the "
+        "validation's generation.")
 
     def answer_tokens(self, solver: RoleConfig) -> int:
         """The validation answers' token budget: `max_new_tokens`, else the Solver's."""
@@ -479,10 +490,10 @@ class SageConfig(_Section):
                                  f"{self.iteration.n_solve} answers, which leaves no answer with or none without "
                                  f"it; raise iteration.n_solve or move iteration.hint_share towards 0.5")
         if self.train.hinted_prompt == "plain":
-            if self.iteration.hints != "mixed":
+            if self.iteration.hints == "always":
                 raise ValueError("train.hinted_prompt plain trains a shown answer on the prompt of its question's "
-                                 "unhinted answers, which only iteration.hints mixed writes; set iteration.hints=mixed "
-                                 "or train.hinted_prompt=shown")
+                                 "unhinted answers, which iteration.hints always does not write; set iteration.hints "
+                                 "to mixed or on_failure, or train.hinted_prompt=shown")
             if self.model.backend == "vllm" or self.train.old_policy == "recompute":
                 raise ValueError("train.hinted_prompt plain takes pi_old from the sampler's log-probs of the answer "
                                  "under the plan (the hf backend's, train.old_policy auto or sampler); with "

@@ -99,7 +99,7 @@ def plain_prompt(row: dict, plain: dict[str, list[int]]) -> list[int]:
     if row["question_id"] not in plain:
         raise RuntimeError(f"train: Solver answer {row['rollout_id']} was shown its plan, but question "
                            f"{row['question_id']} has no answer without one to take the plain prompt from "
-                           f"(train.hinted_prompt plain needs iteration.hints mixed)")
+                           f"(train.hinted_prompt plain needs iteration.hints mixed or on_failure)")
     if row["logprobs"] is None:
         raise RuntimeError(f"train: Solver answer {row['rollout_id']} was shown its plan and has no stored sampling "
                            f"log-probs, which train.hinted_prompt plain takes as pi_old")

@@ -194,6 +194,14 @@ def unverified_rollouts(wh: Warehouse, run_id: str, iteration: int, purpose: Pur
         ORDER BY r.rollout_id""", [run_id, iteration, purpose])
 
 
+def best_plain_answers(wh: Warehouse, run_id: str, iteration: int) -> dict[str, float]:
+    """{plan id: the best s_gt of the verified Solver answers to its question shown no plan} this iteration."""
+    return dict(wh.execute("""
+        SELECT r.plan_id, max(v.s_gt) FROM rollouts r JOIN verdicts v USING (rollout_id)
+        WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'solve' AND NOT r.plan_shown AND r.plan_id IS NOT NULL
+        GROUP BY r.plan_id""", [run_id, iteration]))
+
+
 def set_difficulty_from_probes(wh: Warehouse, run_id: str, iteration: int) -> None:
     """r_d = 1 - mean s_gt of the question's probe answers."""
     wh.execute("""

@@ -42,8 +42,10 @@ _FORGET: dict[Stage, list[str]] = {
     Stage.SCORE: [f"DELETE FROM scores WHERE {_OF_RUN}"],
     Stage.TRAIN: [f"DELETE FROM checkpoints WHERE {_OF_RUN}", f"DELETE FROM train_steps WHERE {_OF_RUN}",
                   "UPDATE iterations SET adapter_out = NULL WHERE run_id = $run AND iteration = $it"],
-    Stage.VALIDATE: [*_rollouts("validate"),
-                     f"UPDATE checkpoints SET val_accuracy = NULL, val_math = NULL, val_code = NULL WHERE {_OF_RUN}"],
+    Stage.VALIDATE: [*_rollouts("validate"), *_rollouts("validate_plan"), *_rollouts("validate_critique"),
+                     *_rollouts("validate_hinted"),
+                     f"UPDATE checkpoints SET val_accuracy = NULL, val_math = NULL, val_code = NULL, "
+                     f"val_plan_shown = NULL, val_pipeline = NULL, val_plans_passed = NULL WHERE {_OF_RUN}"],
 }
 
 

@@ -168,6 +168,48 @@ def test_a_shown_plan_never_changes_an_answers_reward(scripted_stage):
         assert shown[0]["components"]["s_p_tilde"] == plain[0]["components"]["s_p_tilde"] == pytest.approx(0.9)
 
 
+class EqualChecker:
+    """The math checker's interface: an answer is right when it is the gold answer's text."""
+
+    def check_many(self, pairs: list[tuple[str, str]]) -> list[float]:
+        return [float(bool(gold) and gold == pred) for gold, pred in pairs]
+
+
+def hinted_or_not(req) -> str | list[str]:
+    """The Planner plans; shown a plan the Solver is right; plainly it is wrong on 2+2 and 10-3, right on 6*7."""
+    task = prompt_text(req)
+    if "numbered plan" in task:
+        return f"<plan>\n{plan_of(problem_of(task))}\n</plan>"
+    right = "Plan (follow it)" in task or "6*7" in task
+    return ["<answer>\\boxed{7}</answer>" if right else "<answer>\\boxed{5}</answer>"] * req.n
+
+
+def test_hints_on_failure_show_the_plan_only_where_every_plain_answer_failed(scripted_stage):
+    """`iteration.hints` on_failure: every question gets n_solve plain answers, verified in the stage; only a question
+    whose plan passed and whose plain answers all failed (2+2; 10-3's plan was withheld, 6*7 was solved) gets
+    hint_share x n_solve more answers shown its plan. A re-run generates and verifies nothing."""
+    ctx, llm = scripted_stage(hinted_or_not, "iteration.n_plan=10", "iteration.n_solve=4", "iteration.hints=on_failure",
+                              "iteration.hint_share=0.5", mathcheck=EqualChecker())
+    ctx.wh.insert_batch("questions", [question(f"p{k}", t, "seed") for k, t in enumerate(GATED)])
+    plan.run(ctx)
+    plans = ctx.wh.rows("SELECT r.rollout_id, q.text FROM rollouts r JOIN questions q USING (question_id) "
+                        "WHERE r.purpose = 'plan'")
+    ctx.wh.insert_batch("plans", [dict(plan_id=p["rollout_id"], run_id="r", iteration=1, question_id=f"p{k}",
+                                       s_p=0.9 if GATED[p["text"]] else 0.1, passed=GATED[p["text"]])
+                                  for p in plans for k, t in enumerate(GATED) if t == p["text"]])
+    report = solve.run_solve(ctx)
+    rows = ctx.wh.rows("""SELECT q.text, r.plan_shown, count(*) AS n, count(v.rollout_id) AS verified
+                          FROM rollouts r JOIN questions q USING (question_id)
+                          LEFT JOIN verdicts v ON v.rollout_id = r.rollout_id
+                          WHERE r.purpose = 'solve' GROUP BY ALL ORDER BY ALL""")
+    assert [(r["text"], r["plan_shown"], r["n"], r["verified"]) for r in rows] == [
+        ("Compute 6*7.", False, 4, 4), ("What is 10-3?", False, 4, 4), ("What is 2+2?", False, 4, 4),
+        ("What is 2+2?", True, 2, 0)]                       # the hinted answers are left to the verify stage
+    assert report.rows_out == 14 and report.info == {"with_plan": 2, "without": 12}
+    calls = len(llm.calls)
+    assert solve.run_solve(ctx).rows_out == 0 and len(llm.calls) == calls
+
+
 @pytest.mark.parametrize("share, n_solve", [(0.1, 4), (0.9, 4), (0.5, 1)])
 def test_mixed_hints_need_answers_with_and_without_the_plan(share, n_solve):
     from sage.configs import load_config

@@ -86,7 +86,7 @@ def test_hinted_prompt_plain_needs_mixed_hints_and_the_samplers_logprobs():
 
     from sage.configs import ConfigError
 
-    with pytest.raises(ConfigError, match="only iteration.hints mixed writes"):
+    with pytest.raises(ConfigError, match="iteration.hints always does not write"):
         load_config(overrides=["train.hinted_prompt=plain"])
     with pytest.raises(ConfigError, match="use train.hinted_prompt=shown"):
         load_config(overrides=["train.hinted_prompt=plain", "iteration.hints=mixed", "train.old_policy=recompute"])
