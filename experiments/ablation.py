@@ -65,9 +65,16 @@ ROWS: dict[str, tuple[str, list[str]]] = {
               "prompt, the plan's score out of the Solver's reward",
               ["iteration.hints=mixed", "iteration.hint_share=0.5", "train.hinted_prompt=plain",
                "rewards.solver_plan=0", "rewards.solver_gt=0.8", "train.loss_weighting=role_share"]),
+    # one change each, to tell the parts of `hints` apart: the roles weighed over the whole pass; hints only where the
+    # plain answers all failed (Guide's adaptive hints) with the rest of `hints`
+    "role-share": ("the full loop, each role weighed over the whole pass (`train.loss_weighting=role_share`)",
+                   ["train.loss_weighting=role_share"]),
+    "hints-on-failure": ("`hints` with a plan shown only to questions whose plain answers all failed",
+                         ["iteration.hints=on_failure", "iteration.hint_share=0.5", "train.hinted_prompt=plain",
+                          "rewards.solver_plan=0", "rewards.solver_gt=0.8", "train.loss_weighting=role_share"]),
 }
 #: the rows that are candidate changes to the loop, not ablations: run only when named in `--rows`
-CANDIDATES = {"untrained-planner", "unrewarded-plan", "hints"}
+CANDIDATES = {"untrained-planner", "unrewarded-plan", "hints", "role-share", "hints-on-failure"}
 #: the rows the command runs by default: the paper's ablations and the baseline
 ABLATIONS = [r for r in ROWS if r not in CANDIDATES]
 LOAD_EVERY_S = 30
