@@ -311,6 +311,7 @@ def _enter_root(os, root, uid, gid, job):
         os.makedirs(root + extra, exist_ok=True)
         bind_ro(extra, root + extra)
     mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)
+    bind_ro(root + "/proc/sys", root + "/proc/sys")  # kernel settings: see `isolation.command`
     size = f"size={job['tmpfs_bytes']},nr_inodes={job['tmpfs_inodes']}"
     mount("tmpfs", root + "/tmp", "tmpfs", NOSUID | NODEV, size + ",mode=1777")
     # root-owned like /tmp: a job may write in it, never change its mode, times or attributes for the next job
