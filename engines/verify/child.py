@@ -459,50 +459,63 @@ def _stay_init(os, fd_out):
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF if hasattr(os, "waitstatus_to_exitcode") else 1)
 
 
-# Syscalls a job may not make, per architecture: (AUDIT_ARCH, denied, self-only (arg 0 is a pid), self-only with
-# a "which" in arg 0 and the pid in arg 1 (setpriority: PRIO_PROCESS 0; ioprio_set: IOPRIO_WHO_PROCESS 1)). Kernel
-# keys are not namespaced (a key planted under a pooled uid outlives the job, Docker's default profile denies the
-# same three calls); the others would reach another process of the job's uid, its slot's zygote above all, whose
-# limits, priority, scheduling and affinity every later job in the slot inherits.
+# What a job's syscalls may do, per architecture: (AUDIT_ARCH, denied, calls whose arg 0 is a pid, calls with a
+# "which" in arg 0 and the pid in arg 1 (setpriority: PRIO_PROCESS 0; ioprio_set: IOPRIO_WHO_PROCESS 1), calls
+# made no-ops that succeed). Kernel keys are not namespaced (a key planted under a pooled uid outlives the job,
+# Docker's default profile denies the same three calls). The pid calls (prlimit64, sched_setaffinity,
+# sched_setscheduler, sched_setparam, sched_setattr, setpriority, ioprio_set) would reach another process of the
+# job's uid: in a pid namespace the only one is pid 1, the slot's zygote above all, whose limits, priority,
+# scheduling and affinity every later job in the slot inherits; so they may name any pid but 1 (0, the job's own
+# pid, its children's, its threads'). setsid succeeds without leaving the job's session: a session is a
+# scheduler autogroup, and a job whose 31 children each started one took 31 shares of the CPU from a neighbour.
 _SECCOMP = {
-    "x86_64": (0xC000003E, (248, 249, 250), (302, 203, 144, 142, 314), ((141, 0), (251, 1))),
-    "aarch64": (0xC00000B7, (217, 218, 219), (261, 122, 119, 118, 274), ((140, 0), (30, 1))),
+    "x86_64": (0xC000003E, (248, 249, 250), (302, 203, 144, 142, 314), ((141, 0), (251, 1)), (112,)),
+    "aarch64": (0xC00000B7, (217, 218, 219), (261, 122, 119, 118, 274), ((140, 0), (30, 1)), (157,)),
 }
 
 
-def _seccomp_program(machine):
+def _seccomp_program(machine, own_pid=None):
     """The classic-BPF seccomp filter for `machine` as (code, jt, jf, k) tuples, or None for an architecture
     without a table. Any other architecture's calls (x86's 32-bit and x32 ABIs) are denied; pid arguments are
-    `pid_t`, of which the kernel reads the low 32 bits, so only that word is checked."""
+    `pid_t`, of which the kernel reads the low 32 bits, so only that word is checked. With `own_pid` (a job
+    outside a pid namespace, where pid 1 is not the only other process of its uid) the pid calls may name only
+    0 and `own_pid`."""
     if machine not in _SECCOMP:
         return None
-    arch, denied, self_only, which_self = _SECCOMP[machine]
+    arch, denied, pid_first, which_pid, no_ops = _SECCOMP[machine]
     LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
-    ALLOW, DENY = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    # SECCOMP_RET_ALLOW; SECCOMP_RET_ERRNO | EPERM; SECCOMP_RET_ERRNO | 0: the call returns 0 without being made
+    ALLOW, DENY, NO_OP = 0x7FFF0000, 0x00050000 | 1, 0x00050000
+
+    def pid_allowed(offset):  # the pid argument at `offset` (16: arg 0, 24: arg 1), then ALLOW or DENY
+        if own_pid is None:
+            return [(LD, 0, 0, offset), (JEQ, 0, 1, 1), (RET, 0, 0, DENY), (RET, 0, 0, ALLOW)]
+        return [(LD, 0, 0, offset), (JEQ, 2, 0, 0), (JEQ, 1, 0, own_pid & 0xFFFFFFFF), (RET, 0, 0, DENY),
+                (RET, 0, 0, ALLOW)]
+
     head = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, DENY), (LD, 0, 0, 0), (JGE, 0, 1, 0x40000000),
             (RET, 0, 0, DENY)]
-    tails = [[(LD, 0, 0, 16), (JEQ, 1, 0, 0), (RET, 0, 0, DENY), (RET, 0, 0, ALLOW)]] * len(self_only)
-    tails += [[(LD, 0, 0, 16), (JEQ, 1, 0, which), (RET, 0, 0, DENY), (LD, 0, 0, 24), (JEQ, 1, 0, 0),
-               (RET, 0, 0, DENY), (RET, 0, 0, ALLOW)] for _, which in which_self]
-    checks = [nr for nr, _ in which_self]
-    dispatch = []
-    n_checks = len(denied) + len(self_only) + len(checks)
-    for i, nr in enumerate(denied):  # jump to the DENY after the dispatch table
-        dispatch.append((JEQ, n_checks - i, 0, nr))
-    offset = 2  # past ALLOW and DENY, which follow the dispatch table
-    for j, nr in enumerate(list(self_only) + checks):
-        k = len(denied) + j
-        dispatch.append((JEQ, n_checks - k + offset - 1, 0, nr))
-        offset += len(tails[j])
-    return head + dispatch + [(RET, 0, 0, ALLOW), (RET, 0, 0, DENY)] + [i for t in tails for i in t]
+    tails = [(nr, pid_allowed(16)) for nr in pid_first]
+    tails += [(nr, [(LD, 0, 0, 16), (JEQ, 1, 0, which), (RET, 0, 0, DENY)] + pid_allowed(24))
+              for nr, which in which_pid]
+    n_dispatch = len(denied) + len(no_ops) + len(tails)
+    allow_at = len(head) + n_dispatch  # ALLOW, DENY, NO_OP follow the dispatch table, then the tails
+    targets = [(nr, allow_at + 1) for nr in denied] + [(nr, allow_at + 2) for nr in no_ops]
+    at = allow_at + 3
+    for nr, tail in tails:
+        targets.append((nr, at))
+        at += len(tail)
+    dispatch = [(JEQ, target - (len(head) + k + 1), 0, nr) for k, (nr, target) in enumerate(targets)]
+    return head + dispatch + [(RET, 0, 0, ALLOW), (RET, 0, 0, DENY), (RET, 0, 0, NO_OP)] + \
+        [i for _, tail in tails for i in tail]
 
 
-def _seccomp(os):
+def _seccomp(os, own_pid=None):
     """Install the seccomp filter (`_seccomp_program`) on this process and every process it starts; raises
     OSError when the kernel refuses it, so no job runs without it."""
     import ctypes
 
-    program = _seccomp_program(os.uname().machine)
+    program = _seccomp_program(os.uname().machine, own_pid)
     if program is None:
         return
     libc = ctypes.CDLL(None, use_errno=True)
@@ -551,7 +564,7 @@ def run(job, fd_out):
     import sys
 
     _set_limits(resource, job["limits"])
-    _seccomp(os)
+    _seccomp(os, os.getpid() if job.get("parent") is not None else None)  # "parent": no pid namespace (rlimit)
     if "random" in sys.modules:  # imported by a warm slot's zygote: seeded afresh, as a fresh import would be
         sys.modules["random"].seed()
 

@@ -217,3 +217,22 @@ def test_a_handle_is_the_harness_s_alone():
     assert isinstance(decode_value({"t": "fraction", "v": encode_value([big + 1, big])}), Opaque)
     with pytest.raises(ProtocolError):
         decode_value({"t": "fraction", "v": [1, 0]})
+
+
+# ---------------------------------------------------------------------------------- fair shares
+
+SESSIONS = ("import os, subprocess\ndef f():\n    def mine():\n"
+            "        return [os.getsid(0), open('/proc/self/autogroup').read().split()[0]]\n"
+            "    r, w = os.pipe()\n    child = os.fork()\n    if child == 0:\n        os.setsid()\n"
+            "        os.write(w, repr(mine()).encode())\n        os._exit(0)\n    os.waitpid(child, 0)\n"
+            "    started = subprocess.run(['true'], start_new_session=True).returncode\n"
+            "    return [eval(os.read(r, 200)) == mine(), started]\n")
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, pytest.param("rlimit", marks=pytest.mark.skipif(
+    "rlimit" not in AVAILABLE, reason="rlimit does not run jobs here"))])
+def test_a_job_s_processes_stay_in_its_session(backend):
+    """A session is a scheduler autogroup, which the kernel gives a fair share of the CPU: setsid succeeds for a
+    job's processes (so `start_new_session=True` still works) but leaves them in the job's own session."""
+    res = _sandbox(backend, 1).execute([Job(SESSIONS, "f", [[]])])[0]
+    assert (res.status, res.outputs) == ("ok", [[True, 0]]), (res.errors, res.stderr[-300:])
