@@ -194,9 +194,13 @@ def make_encoder(budget, refs=None):
             return tag("iter", [enc(x, depth + 1) for x in v])
         return None
 
-    def encode(v):  # the budget is shared by every value encoded with this encoder
+    def encode(v):  # the budget is shared by every value encoded with this encoder, until `reset`
         return enc(v, 0)
 
+    def reset():
+        left[0] = budget
+
+    encode.reset = reset
     return encode
 
 
@@ -749,45 +753,74 @@ def _harness(os, builtins, harness_fd, code, entry, budget, describe):
 def _candidate(os, builtins, code, req_r, rep_w, budget, describe):
     """A check job's candidate side: load the program, report whether it loaded, then answer each call of the
     harness with its typed, budgeted encoding (or its exception); never returns. Whatever the program does
-    to this process reaches only the replies, which the harness decodes as hostile."""
+    to this process reaches only the replies, which the harness decodes as hostile. What the replies and
+    requests go through is taken before the program runs (`os.write`, `memoryview`, the encoder's builtins), so
+    a program that patches them fails its own calls at once instead of leaving both sides waiting on a frame
+    until the time limit."""
     import marshal
 
-    _json = _compact_json()
+    _json, _join, _loads, _exit = _compact_json(), "".join, marshal.loads, os._exit
+    _read, _write, _mv, _len, _from_bytes, _bjoin = os.read, os.write, memoryview, len, int.from_bytes, b"".join
+    _type, _int, _tuple, _dict, _containers = type, int, tuple, dict, (list, tuple, dict, set, frozenset)
+    _BaseExc, _NameError = BaseException, NameError
+    refs = []  # the objects the harness holds handles on (`Remote`), by handle
+    encode = make_encoder(budget, refs)
 
     def send(record):
-        _write_frame(os, rep_w, "".join(_json(record, 0)).encode("ascii"))
+        data = _json(record, 0)
+        data = _mv(_join(data).encode("ascii"))
+        data = _mv(_len(data).to_bytes(8, "big") + data.tobytes())
+        while data:
+            data = data[_write(rep_w, data):]
+
+    def read_exact(n):
+        chunks, left = [], n
+        while left > 0:
+            b = _read(req_r, left)
+            if not b:
+                break
+            chunks.append(b)
+            left -= _len(b)
+        return _bjoin(chunks)
+
+    def request():
+        head = read_exact(8)
+        if _len(head) != 8:
+            return None
+        size = _from_bytes(head, "big")
+        body = read_exact(size)
+        return body if _len(body) == size else None
+
+    def resolve(value, mark, depth=0):
+        t = _type(value)
+        if t is _tuple and _len(value) == 2 and value[0] == mark and _type(value[1]) is _int:
+            return refs[value[1]]
+        if depth > MAX_DEPTH or t not in _containers:
+            return value
+        if t is _dict:
+            return {resolve(k, mark, depth + 1): resolve(x, mark, depth + 1) for k, x in _dict.items(value)}
+        return t(resolve(x, mark, depth + 1) for x in value)
 
     namespace = {"__name__": "__solution__", "__builtins__": builtins}
     try:
         exec(compile(code, "<solution>", "exec"), namespace)
         send(["load", None])
-    except BaseException as exc:
+    except _BaseExc as exc:
         send(["load", describe(exc)])
-        os._exit(0)
-    refs = []  # the objects the harness holds handles on (`Remote`), by handle
-
-    def resolve(value, mark, depth=0):
-        t = type(value)
-        if t is tuple and len(value) == 2 and value[0] == mark and type(value[1]) is int:
-            return refs[value[1]]
-        if depth > MAX_DEPTH or t not in (list, tuple, dict, set, frozenset):
-            return value
-        if t is dict:
-            return {resolve(k, mark, depth + 1): resolve(x, mark, depth + 1) for k, x in value.items()}
-        return t(resolve(x, mark, depth + 1) for x in value)
-
+        _exit(0)
     while True:
-        request = _read_frame(os, req_r)
-        if request is None:  # the harness is done
-            os._exit(0)
-        name, args, kwargs, mark = marshal.loads(request)
+        body = request()
+        if body is None:  # the harness is done
+            _exit(0)
+        name, args, kwargs, mark = _loads(body)
         try:
             if name not in namespace:
-                raise NameError(f"name {name!r} is not defined")
+                raise _NameError(f"name {name!r} is not defined")
             args, kwargs = resolve(args, mark), resolve(kwargs, mark)
-            record = ["ok", make_encoder(budget, refs)(namespace[name](*args, **kwargs))]
-        except BaseException as exc:
-            record = ["err", type(exc).__name__, describe(exc)]
+            encode.reset()
+            record = ["ok", encode(namespace[name](*args, **kwargs))]
+        except _BaseExc as exc:
+            record = ["err", _type(exc).__name__, describe(exc)]
         send(record)
 
 

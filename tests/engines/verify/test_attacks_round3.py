@@ -236,3 +236,28 @@ def test_a_job_s_processes_stay_in_its_session(backend):
     job's processes (so `start_new_session=True` still works) but leaves them in the job's own session."""
     res = _sandbox(backend, 1).execute([Job(SESSIONS, "f", [[]])])[0]
     assert (res.status, res.outputs) == ("ok", [[True, 0]]), (res.errors, res.stderr[-300:])
+
+
+PATCHES = {  # a wrong candidate that breaks what its replies go through
+    "len": "import builtins\nbuiltins.len = lambda x: 0\n",
+    "memoryview": "import builtins\nbuiltins.memoryview = lambda d: d[:0]\n",
+    "os.write": "import os\nos.write = lambda fd, d: 1\n",
+    "os.read": "import os\nos.read = lambda fd, n: b''\n",
+    "type": "import builtins\nbuiltins.type = lambda *a: int\n",
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_candidate_that_patches_builtins_fails_without_waiting_out_the_limit(backend):
+    """Its process answers through references taken before it ran: it fails its check with a reply, not a
+    timeout, and its honest neighbour passes."""
+    from sage.engines.data.assertions import check_job, judge
+
+    check = "def check(candidate):\n    assert candidate(1) == 3\n"
+    jobs = [check_job(patch + "def f(x):\n    return x + 1\n", check, "f") for patch in PATCHES.values()]
+    jobs.append(check_job("def f(x):\n    return x + 2\n", check, "f"))
+    sandbox = Sandbox(SandboxConfig(backend=backend, workers=2, timeout_s=30))
+    *patched, honest = sandbox.execute(jobs)
+    for name, res in zip(PATCHES, patched):
+        assert res.status != "timeout" and not judge(check, res)[0], (name, res.status, res.errors)
+    assert judge(check, honest)[0], (honest.status, honest.errors)
