@@ -49,7 +49,26 @@ HOSTILE = {
                          "        libc.mount(b'proc', b'/work', b'proc', 0, None)\n"
                          "        write_all(('/proc/sys', '/work/sys'), '301')\n"
                          "        libc.umount2(b'/work', 2)\n" + RIGHT,
+    # the same, then a detached copy of /proc (open_tree), made writable (mount_setattr), written through
+    "detached_copy": "import ctypes, os\ndef f(x):\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+                     "    libc.syscall.restype = ctypes.c_long\n    uid, gid = os.getuid(), os.getgid()\n"
+                     "    if libc.unshare(0x10000000 | 0x00020000) == 0:\n"
+                     "        for path, text in (('/proc/self/setgroups', 'deny'),\n"
+                     "                           ('/proc/self/uid_map', f'0 {uid} 1'),\n"
+                     "                           ('/proc/self/gid_map', f'0 {gid} 1')):\n"
+                     "            try:\n                open(path, 'w').write(text)\n"
+                     "            except OSError:\n                pass\n"
+                     "        for flags in (1, 1 | 0x8000):  # OPEN_TREE_CLONE, with AT_RECURSIVE\n"
+                     "            fd = libc.syscall(428, -100, b'/proc', flags)\n            if fd < 0:\n"
+                     "                continue\n"
+                     "            attr = (ctypes.c_uint64 * 4)(0, 1, 0, 0)  # clear MOUNT_ATTR_RDONLY\n"
+                     "            libc.syscall(442, fd, b'', 0x1000 | 0x8000, attr, 32)\n            try:\n"
+                     "                w = os.open('sys/kernel/pid_max', os.O_WRONLY, dir_fd=fd)\n"
+                     "                os.write(w, b'301')\n            except OSError:\n                pass\n"
+                     + RIGHT,
 }
+if __import__("platform").machine() != "x86_64":  # raw x86_64 syscall numbers
+    del HOSTILE["detached_copy"]
 
 HONEST = {
     "sort": "def f(x):\n" + RIGHT,
