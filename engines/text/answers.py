@@ -109,8 +109,9 @@ _HEDGES = re.compile(
     # negating relations in LaTeX, and any relation with nothing on its left (`\geq 3`, `> 3`)
     r"|\\(?:neg|lnot|not|nleq|ngeq|nless|ngtr)(?![A-Za-z])"
     r"|^\s*(?:\\(?:geq?|leq?|neq?|geqslant|leqslant|lt|gt)(?![A-Za-z])|[<>≤≥≠~!])")
-#: A remark in parentheses that names a value: a word (not a LaTeX command) and a digit inside one pair.
-_REMARK = re.compile(r"\((?=[^()]*(?<![\\A-Za-z])[A-Za-z]{2,})(?=[^()]*\d)[^()]*\)")
+#: A remark in parentheses that names a value: a word (not a LaTeX command) and a digit (not a unit's power,
+#: `(in cm^2)`) inside one pair.
+_REMARK = re.compile(r"\((?=[^()]*(?<![\\A-Za-z])[A-Za-z]{2,})(?=[^()]*(?<![\^{\d])\d)[^()]*\)")
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")

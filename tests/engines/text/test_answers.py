@@ -111,7 +111,9 @@ def test_many_unclosed_boxes():
     # one value, however it is written
     ("3", False), ("x \\geq 3", False), ("x \\notin \\{3\\}", False), ("\\left(\\frac{1}{2}\\right)", False),
     ("f(1) = 1", False), ("No.", False), ("There are no solutions.", False), ("So he needs 100 more dollars.", False),
-    ("\\boxed{7} \\quad \\text{(checked by substitution)}", False),
+    ("\\boxed{7} \\quad \\text{(checked by substitution)}", False), ("12 \\text{ (in cm}^2)", False),
+    ("12 (in cm^{2})", False),
+    ("3 (or 4)", True), ("It is 4 (first 13)", True),
     # rejected values in the reasoning before the final sentence do not count
     ("There are $6! = 720$ arrangements, but half are repeats, so 360.", False),
     ("We test 4: not a root. Trying 5 works.\nSo x = 5.", False),
