@@ -142,8 +142,9 @@ def sql(query: Annotated[str | None, typer.Argument(
                  "standard input: an interactive shell at a terminal (end each with `;`, leave with Ctrl-D or "
                  "`.quit`), else a script such as `sage sql < queries.sql`.", show_default=False)] = None,
         directory: DirOpt = Path("./sage-runs"),
-        fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: long cells cut, middle "
-                                         "columns hidden when they do not fit), line (one `column = value` per "
+        fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: long cells cut; when the "
+                                         "columns do not fit, ids and timestamps hidden first, then text cut, then "
+                                         "columns on the right hidden, each named), line (one `column = value` per "
                                          "line: every column, whole), csv or json.")] = "table",
         write: Annotated[bool, typer.Option("--write", help="Open the warehouse for writing (default read-only).")]
         = False) -> None:
@@ -232,8 +233,8 @@ def _sql_shell(path: Path, fmt: str, write: bool) -> None:
 @app.command()
 def status(directory: DirOpt = Path("./sage-runs"),
            run: Annotated[str | None, typer.Option("--run", help="Show only this run.")] = None,
-           fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: middle columns hidden "
-                                            "when they do not fit) or line (one `column = value` per line).")]
+           fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: columns that do not fit "
+                                            "hidden, and named) or line (one `column = value` per line).")]
            = "table") -> None:
     """List runs, their iterations and each stage's state."""
     from sage.warehouse.queries import question_counts, run_ids, runs_overview, stage_states
@@ -242,9 +243,9 @@ def status(directory: DirOpt = Path("./sage-runs"),
     if fmt not in ("table", "line"):
         fail(f"--format {fmt!r}: use table or line")
     path = warehouse_path(directory)
-    if not path.exists():
-        console.print(f"no warehouse at {path}. Start with `sage seed` (load problems) or `make run`.")
-        return
+    if not path.exists():  # a mistyped --dir, or no run yet: the state to fix, as `sage sql` says it
+        fail(f"no warehouse at {path}: start a project there with `sage run` (`make run` sets up and runs the "
+             f"defaults), or give --dir of an existing one")
     with _open(path, read_only=True) as wh, wh.held():  # one connection: every table from the same state
         runs = [r for r in runs_overview(wh) if run is None or r["run_id"] == run]
         names = run_ids(wh) if run is not None and not runs else []
@@ -419,12 +420,16 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
                                                        "1 (default: run.iterations).")] = None,
         run_id: Annotated[str | None, typer.Option("--run", help="Run name (default: run-<config hash>, so the same "
                                                    "config resumes).")] = None,
+        directory: Annotated[Path | None, typer.Option("--dir", help="Project directory holding warehouse.duckdb "
+                                                       "(default: run.dir, ./sage-runs); the same as --set "
+                                                       "run.dir=DIR.")] = None,
         quiet: QuietOpt = False, verbose: VerboseOpt = False) -> None:
     """Seed if needed, then run SAGE iterations as Prefect flows; resumes a run where it stopped."""
     from sage.flows.evolve import evolve_flow
     from sage.flows.session import Session
 
-    cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else [])])
+    cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else []),
+                           *([f"run.dir={directory}"] if directory is not None else [])])
     n = iterations or cfg.run.iterations
     directory = str(Path(cfg.run.dir).expanduser())
     _check_prefect()
