@@ -1,12 +1,14 @@
 """The Prefect API a `sage` command reports to.
 
-With `PREFECT_API_URL` set, the user's own server. Without it, a private temporary server for this process
-(`prefect server start` on a free local port, no UI, no background services), started in its own session so
-that the terminal's Ctrl-C reaches only `sage`, which then records the interruption through the still-running
-API and stops the server itself; and with a parent-death signal, so the server dies with `sage` even when `sage`
-is killed outright. (Prefect's own temporary server shares the terminal's process group: Ctrl-C killed it first,
-and the flow then retried the dead API for minutes.) The private server serves no UI, so it needs no
-`PREFECT_UI_API_URL`.
+With `PREFECT_API_URL` set, the user's own server, which keeps the runs' history. Without it, a private temporary
+server for this process (`prefect server start` on a free local port, no UI, no background services, no
+telemetry), whose Prefect home (its database) is a temporary folder removed when it stops: a private server's runs
+never reach `~/.prefect/prefect.db`, so a later `prefect server start` of the user's lists none of them. It is
+started in its own session so that the terminal's Ctrl-C reaches only `sage`, which then records the interruption
+through the still-running API and stops the server itself; and with a parent-death signal, so the server dies with
+`sage` even when `sage` is killed outright. (Prefect's own temporary server shares the terminal's process group:
+Ctrl-C killed it first, and the flow then retried the dead API for minutes.) The private server serves no UI, so
+it needs no `PREFECT_UI_API_URL`.
 
 A configured server is asked for its health before any work (`check_api`, a 3 s timeout): one that is not up
 is `PrefectUnreachable`, one sentence with the fix, not the Prefect client's retries and a long traceback.
@@ -15,9 +17,11 @@ is `PrefectUnreachable`, one sentence with the fix, not the Prefect client's ret
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -106,7 +110,8 @@ def prefect_api(say: Callable[[str], object] | None = None) -> Iterator[str]:
     if say is not None:
         say(STARTING)
     port = _free_port()
-    env = {**os.environ, "PREFECT_SERVER_UI_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
+    home = tempfile.mkdtemp(prefix="sage-prefect-")  # its database and settings: gone with it
+    env = {**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_UI_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
                              str(port), "--no-services"], env=env, stdin=subprocess.DEVNULL,
@@ -131,3 +136,4 @@ def prefect_api(say: Callable[[str], object] | None = None) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        shutil.rmtree(home, ignore_errors=True)

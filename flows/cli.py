@@ -31,6 +31,12 @@ from sage.flows.terminal import (
 )
 from sage.warehouse.db import warehouse_path
 
+try:  # typer 0.29 runs commands on a bundled copy of click, whose exceptions are its own classes
+    from typer._click.exceptions import UsageError as _BundledUsageError
+except ImportError:
+    _BundledUsageError = click.UsageError
+_USAGE_ERRORS = (click.UsageError, _BundledUsageError)
+
 
 class _Commands(TyperGroup):
     """Every command ends an expected failure the same way: one sentence on stderr saying what is wrong and what
@@ -40,6 +46,12 @@ class _Commands(TyperGroup):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except _USAGE_ERRORS as e:  # a bad option or argument: the usage line, then `error:` as every command
+            if e.ctx is not None:
+                err.print(Text(e.ctx.get_usage()), highlight=False)
+                err.print(Text(f"Try '{e.ctx.command_path} --help' for help."), highlight=False)
+            err.print("[bold red]error:[/]", Text(e.format_message()), highlight=False)
+            ctx.exit(e.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:
@@ -301,14 +313,12 @@ def _say_dead(run: dict, stages: list[dict], dead: dict) -> None:
         _sentence(f"{line}Resume it with the -c and --set it was started with:", f"sage run --run {shlex.quote(rid)}")
 
 
-def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
+def _summary(wh, run_id: str, iteration: int) -> None:
     from sage.warehouse.queries import iteration_summary
 
     for name, rows in iteration_summary(wh, run_id, iteration).items():
         if rows:
             print_rows(rows, title=f"iteration {iteration}: {name}")
-    _sentence(f"warehouse: {warehouse_path(directory)}; its numbers per iteration:",
-         f"sage sql \"select * from curriculum_drift where run_id = '{run_id}'\" --dir {directory}")
 
 
 def _best(wh, run_id: str, directory: str) -> None:
@@ -443,7 +453,9 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
     wh = _open(warehouse_path(directory), read_only=True)
     try:
         for k in range(1, len(summaries) + 1):  # early stopping may end the run before n
-            _summary(wh, rid, k, directory)
+            _summary(wh, rid, k)
+        _sentence(f"warehouse: {warehouse_path(directory)}; its numbers per iteration:",
+                  f"sage sql \"select * from curriculum_drift where run_id = '{rid}'\" --dir {directory}")
         _best(wh, rid, directory)
     finally:
         wh.close()

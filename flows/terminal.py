@@ -38,11 +38,13 @@ def _escape(char: str) -> str:
 
 
 def cell(value) -> str:
-    """A value as a table cell: None empty, floats to 4 significant digits, and every control character
-    escaped (`\\n`, `\\x1b`, `\\u202e`, ...): cells can hold model output, whose escape sequences must not reach
-    the terminal and whose newlines would break the table."""
+    """A value as a table cell: None empty, floats to 4 significant digits (zero never `-0`), and every control
+    character escaped (`\\n`, `\\x1b`, `\\u202e`, ...): cells can hold model output, whose escape sequences must
+    not reach the terminal and whose newlines would break the table."""
     if value is None:
         return ""
+    if isinstance(value, float) and value == 0:
+        value = 0.0  # a mean of tiny negatives rounds to -0.0: shown as 0, not `-0`
     text = f"{value:.4g}" if isinstance(value, float) else str(value)
     return _CONTROL.sub(lambda m: _escape(m.group()), text)
 

@@ -183,3 +183,16 @@ def test_the_stage_deployment_takes_only_a_stage_it_can_run():
     assert stage_flow.validate_parameters({**params, "stage": "verify"})["stage"] == "verify"
     with pytest.raises(ParameterTypeError, match="stage: Input should be 'challenge'.*'verify'.*or 'validate'"):
         stage_flow.validate_parameters({**params, "stage": "verfy"})
+
+
+def test_a_zero_is_never_minus_zero():
+    from sage.flows.terminal import cell
+
+    assert cell(-0.0) == "0" and cell(-0.00012) == "-0.00012" and cell(0.5) == "0.5"
+
+
+def test_a_bad_option_says_error_as_every_command_does(project):
+    """A usage error (typer's) reads as the commands' own errors: `error:` on stderr after the usage line, exit 2."""
+    r = sage("status", "--bogus", "--dir", project)
+    assert r.returncode == 2 and "error: No such option: --bogus" in r.stderr, r.stderr
+    assert "Error" not in r.stderr and "Usage: " in r.stderr
