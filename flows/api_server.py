@@ -137,3 +137,28 @@ def prefect_api(say: Callable[[str], object] | None = None) -> Iterator[str]:
             proc.kill()
             proc.wait()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def cancel_interrupted(flow_run_ids: set, message: str) -> int:
+    """Mark the flow runs `flow_run_ids` and their task runs that Prefect recorded as Crashed when a signal stopped
+    them (it records any KeyboardInterrupt so) as Cancelled with `message`, so the UI says a user stopped them;
+    returns how many it marked. Best effort: an API that does not answer leaves them Crashed."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.states import Cancelled
+
+    if not flow_run_ids:
+        return 0
+    marked = 0
+    try:
+        with get_client(sync_client=True) as client:
+            mine = FlowRunFilter(id=FlowRunFilterId(any_=list(flow_run_ids)))
+            runs = [(client.set_flow_run_state, r) for r in client.read_flow_runs(flow_run_filter=mine)]
+            runs += [(client.set_task_run_state, r) for r in client.read_task_runs(flow_run_filter=mine)]
+            for set_state, run in runs:
+                if run.state is not None and run.state.is_crashed():
+                    set_state(run.id, Cancelled(message=message), force=True)
+                    marked += 1
+    except Exception:  # the server went away meanwhile: the runs stay Crashed, nothing else is lost
+        return marked
+    return marked

@@ -404,23 +404,33 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None, display=No
     reporting to the Prefect API of `flows/api_server.py`. SIGINT and SIGTERM stop it within seconds: the stage in
     flight ends `interrupted` (its committed batches are kept), every helper this process started stops, and the
     command says how to resume and exits 130 or 143."""
-    from sage.flows.api_server import prefect_api
+    from sage.flows.api_server import cancel_interrupted, prefect_api
     from sage.flows.progress import Display
     from sage.flows.record import Interrupted, ended, stopped_by_signals
     from sage.flows.session import Session
 
+    def signal_name(e: BaseException) -> str:
+        return signal.Signals(Interrupted.received or getattr(e, "signal", signal.SIGINT)).name
+
+    resume = " ".join(["sage", *sys.argv[1:]])
     with stopped_by_signals():
         try:
             with prefect_api(_say(display)), display or Display(err) as shown, \
-                    Session(directory, display=shown, engines=engines):
+                    Session(directory, display=shown, engines=engines) as session:
                 quiet_prefect_tracebacks()
-                return fn(*args)
+                try:
+                    return fn(*args)
+                except BaseException as e:  # Prefect recorded the runs a signal stopped as Crashed: say Cancelled
+                    if ended(e) == "interrupted":
+                        cancel_interrupted(session.flow_runs, f"interrupted ({signal_name(e)}); committed work is "
+                                                              f"kept; resume with: {resume}")
+                    raise
         except BaseException as e:
             if ended(e) != "interrupted":
                 raise
-            signum = Interrupted.received or getattr(e, "signal", signal.SIGINT)
-            err.print(f"interrupted ({signal.Signals(signum).name}): committed work is kept, the batch in flight was "
-                      f"dropped; resume with: {' '.join(['sage', *sys.argv[1:]])}", highlight=False, soft_wrap=True)
+            signum = signal.Signals[signal_name(e)]
+            err.print(f"interrupted ({signum.name}): committed work is kept, the batch in flight was "
+                      f"dropped; resume with: {resume}", highlight=False, soft_wrap=True)
             raise typer.Exit(128 + signum) from None
 
 
