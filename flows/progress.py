@@ -187,7 +187,8 @@ class Display:
             rate = _tok_s(float(own.group(1))) if own else task.fields.get("tok", "")
             self.progress.update(task_id, total=total, completed=total if ok else task.completed,
                                  mark="[green]✓" if ok else "[red]✗", description=task.fields["full"].ljust(30),
-                                 rate=" ".join(p for p in (task.fields.get("note", ""), rate) if p))
+                                 # the last update's loss only where no summary gives the stage's own numbers
+                                 rate=" ".join(p for p in ("" if ok else task.fields.get("note", ""), rate) if p))
             self.progress.stop_task(task_id)
             self.console.print(self._frozen(task, summary))
         with self._lock:

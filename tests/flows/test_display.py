@@ -257,7 +257,7 @@ def test_no_eta_before_a_stage_has_done_anything(monkeypatch):
         display._live.refresh()
         shown = screen(out.getvalue())
     line = next(x for x in reversed(shown) if "0/16 rows" in x)
-    assert "ETA" not in line and line.endswith("1:05"), line
+    assert "ETA" not in line and re.search(r"  \d+:\d\d$", line), line  # the time taken (rich's own clock)
 
 
 def test_a_finished_line_names_one_throughput():
