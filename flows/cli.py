@@ -31,6 +31,12 @@ from sage.flows.terminal import (
 )
 from sage.warehouse.db import warehouse_path
 
+try:  # typer 0.29 runs commands on a bundled copy of click, whose exceptions are its own classes
+    from typer._click.exceptions import UsageError as _BundledUsageError
+except ImportError:
+    _BundledUsageError = click.UsageError
+_USAGE_ERRORS = (click.UsageError, _BundledUsageError)
+
 
 class _Commands(TyperGroup):
     """Every command ends an expected failure the same way: one sentence on stderr saying what is wrong and what
@@ -40,6 +46,12 @@ class _Commands(TyperGroup):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except _USAGE_ERRORS as e:  # a bad option or argument: the usage line, then `error:` as every command
+            if e.ctx is not None:
+                err.print(Text(e.ctx.get_usage()), highlight=False)
+                err.print(Text(f"Try '{e.ctx.command_path} --help' for help."), highlight=False)
+            err.print("[bold red]error:[/]", Text(e.format_message()), highlight=False)
+            ctx.exit(e.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:
@@ -142,8 +154,9 @@ def sql(query: Annotated[str | None, typer.Argument(
                  "standard input: an interactive shell at a terminal (end each with `;`, leave with Ctrl-D or "
                  "`.quit`), else a script such as `sage sql < queries.sql`.", show_default=False)] = None,
         directory: DirOpt = Path("./sage-runs"),
-        fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: long cells cut, middle "
-                                         "columns hidden when they do not fit), line (one `column = value` per "
+        fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: long cells cut; when the "
+                                         "columns do not fit, ids and timestamps hidden first, then text cut, then "
+                                         "columns on the right hidden, each named), line (one `column = value` per "
                                          "line: every column, whole), csv or json.")] = "table",
         write: Annotated[bool, typer.Option("--write", help="Open the warehouse for writing (default read-only).")]
         = False) -> None:
@@ -232,8 +245,8 @@ def _sql_shell(path: Path, fmt: str, write: bool) -> None:
 @app.command()
 def status(directory: DirOpt = Path("./sage-runs"),
            run: Annotated[str | None, typer.Option("--run", help="Show only this run.")] = None,
-           fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: middle columns hidden "
-                                            "when they do not fit) or line (one `column = value` per line).")]
+           fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: columns that do not fit "
+                                            "hidden, and named) or line (one `column = value` per line).")]
            = "table") -> None:
     """List runs, their iterations and each stage's state."""
     from sage.warehouse.queries import question_counts, run_ids, runs_overview, stage_states
@@ -242,9 +255,9 @@ def status(directory: DirOpt = Path("./sage-runs"),
     if fmt not in ("table", "line"):
         fail(f"--format {fmt!r}: use table or line")
     path = warehouse_path(directory)
-    if not path.exists():
-        console.print(f"no warehouse at {path}. Start with `sage seed` (load problems) or `make run`.")
-        return
+    if not path.exists():  # a mistyped --dir, or no run yet: the state to fix, as `sage sql` says it
+        fail(f"no warehouse at {path}: start a project there with `sage run` (`make run` sets up and runs the "
+             f"defaults), or give --dir of an existing one")
     with _open(path, read_only=True) as wh, wh.held():  # one connection: every table from the same state
         runs = [r for r in runs_overview(wh) if run is None or r["run_id"] == run]
         names = run_ids(wh) if run is not None and not runs else []
@@ -300,14 +313,12 @@ def _say_dead(run: dict, stages: list[dict], dead: dict) -> None:
         _sentence(f"{line}Resume it with the -c and --set it was started with:", f"sage run --run {shlex.quote(rid)}")
 
 
-def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
+def _summary(wh, run_id: str, iteration: int) -> None:
     from sage.warehouse.queries import iteration_summary
 
     for name, rows in iteration_summary(wh, run_id, iteration).items():
         if rows:
             print_rows(rows, title=f"iteration {iteration}: {name}")
-    _sentence(f"warehouse: {warehouse_path(directory)}; its numbers per iteration:",
-         f"sage sql \"select * from curriculum_drift where run_id = '{run_id}'\" --dir {directory}")
 
 
 def _best(wh, run_id: str, directory: str) -> None:
@@ -393,23 +404,33 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None, display=No
     reporting to the Prefect API of `flows/api_server.py`. SIGINT and SIGTERM stop it within seconds: the stage in
     flight ends `interrupted` (its committed batches are kept), every helper this process started stops, and the
     command says how to resume and exits 130 or 143."""
-    from sage.flows.api_server import prefect_api
+    from sage.flows.api_server import cancel_interrupted, prefect_api
     from sage.flows.progress import Display
     from sage.flows.record import Interrupted, ended, stopped_by_signals
     from sage.flows.session import Session
 
+    def signal_name(e: BaseException) -> str:
+        return signal.Signals(Interrupted.received or getattr(e, "signal", signal.SIGINT)).name
+
+    resume = " ".join(["sage", *sys.argv[1:]])
     with stopped_by_signals():
         try:
             with prefect_api(_say(display)), display or Display(err) as shown, \
-                    Session(directory, display=shown, engines=engines):
+                    Session(directory, display=shown, engines=engines) as session:
                 quiet_prefect_tracebacks()
-                return fn(*args)
+                try:
+                    return fn(*args)
+                except BaseException as e:  # Prefect recorded the runs a signal stopped as Crashed: say Cancelled
+                    if ended(e) == "interrupted":
+                        cancel_interrupted(session.flow_runs, f"interrupted ({signal_name(e)}); committed work is "
+                                                              f"kept; resume with: {resume}")
+                    raise
         except BaseException as e:
             if ended(e) != "interrupted":
                 raise
-            signum = Interrupted.received or getattr(e, "signal", signal.SIGINT)
-            err.print(f"interrupted ({signal.Signals(signum).name}): committed work is kept, the batch in flight was "
-                      f"dropped; resume with: {' '.join(['sage', *sys.argv[1:]])}", highlight=False, soft_wrap=True)
+            signum = signal.Signals[signal_name(e)]
+            err.print(f"interrupted ({signum.name}): committed work is kept, the batch in flight was "
+                      f"dropped; resume with: {resume}", highlight=False, soft_wrap=True)
             raise typer.Exit(128 + signum) from None
 
 
@@ -419,12 +440,16 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
                                                        "1 (default: run.iterations).")] = None,
         run_id: Annotated[str | None, typer.Option("--run", help="Run name (default: run-<config hash>, so the same "
                                                    "config resumes).")] = None,
+        directory: Annotated[Path | None, typer.Option("--dir", help="Project directory holding warehouse.duckdb "
+                                                       "(default: run.dir, ./sage-runs); the same as --set "
+                                                       "run.dir=DIR.")] = None,
         quiet: QuietOpt = False, verbose: VerboseOpt = False) -> None:
     """Seed if needed, then run SAGE iterations as Prefect flows; resumes a run where it stopped."""
     from sage.flows.evolve import evolve_flow
     from sage.flows.session import Session
 
-    cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else [])])
+    cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else []),
+                           *([f"run.dir={directory}"] if directory is not None else [])])
     n = iterations or cfg.run.iterations
     directory = str(Path(cfg.run.dir).expanduser())
     _check_prefect()
@@ -438,7 +463,9 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
     wh = _open(warehouse_path(directory), read_only=True)
     try:
         for k in range(1, len(summaries) + 1):  # early stopping may end the run before n
-            _summary(wh, rid, k, directory)
+            _summary(wh, rid, k)
+        _sentence(f"warehouse: {warehouse_path(directory)}; its numbers per iteration:",
+                  f"sage sql \"select * from curriculum_drift where run_id = '{rid}'\" --dir {directory}")
         _best(wh, rid, directory)
     finally:
         wh.close()
