@@ -1,4 +1,4 @@
-"""Every view the README lists comes back in a stable order (`warehouse/migrations/013_view_order.sql`): rows
+"""Every view the README lists comes back in a stable order (`warehouse/migrations/015_view_order.sql`): rows
 written out of order are read in order, and each definition ends with its ORDER BY."""
 
 from __future__ import annotations

@@ -158,6 +158,7 @@ FROM iterations i LEFT JOIN gen g USING (run_id, iteration)
 ORDER BY run_id, iteration;
 
 CREATE OR REPLACE VIEW validation_curve AS
-SELECT run_id, iteration, val_accuracy, val_math, val_code, is_best, adapter_path, val_mean_s_gt, adapter_pruned_at
+SELECT run_id, iteration, val_accuracy, val_math, val_code, is_best, adapter_path, val_mean_s_gt, adapter_pruned_at,
+       val_plan_shown, val_pipeline, val_plans_passed
 FROM checkpoints WHERE val_accuracy IS NOT NULL
 ORDER BY run_id, iteration;
