@@ -90,16 +90,47 @@ def _config(config: str, overrides: list[str] | None):
 
 def _check_seed_file(cfg) -> None:
     """A user's seed file is read and checked before anything is written, so a bad row (SeedFileError, with
-    file and line) leaves the warehouse as it was; so are `seeds.math_generators` (ConfigError naming the
-    generator or setting). (A missing file is the seed stage's to report: a run whose seeds are loaded never
-    reads it again.)"""
+    file and line, or a question longer than the model can read) leaves the warehouse as it was; so are
+    `seeds.math_generators` (ConfigError naming the generator or setting) and the validation size they must give
+    (ConfigError naming the generators short and their counts). (A missing file is the seed stage's to report: a
+    run whose seeds are loaded never reads it again.)"""
     from sage.engines.data.seeds import default_math, load_file
+    from sage.stages.seed import check_sizes, refuse_unreadable
 
+    _check_file_size_limit()
     source = Path(cfg.seeds.source)
     if source.is_file():
-        load_file(source)
+        refuse_unreadable(cfg, load_file(source), cfg.seeds.source)
     if cfg.seeds.source == "default" and cfg.seeds.math_generators is not None:
         default_math(len(cfg.seeds.math_generators), cfg.seeds.seed, "seed", cfg.seeds.math_generators)
+    check_sizes(cfg)
+
+
+def _check_model(cfg) -> None:
+    """The model resolves (bundled and installed, or an existing directory; a Hugging Face id is looked up when it
+    loads) before a run is recorded: a missing one is one sentence (ModelNotFoundError), not a run recorded
+    `failed` after seeding and a Prefect start."""
+    from sage.engines.llm.models import resolve_model
+
+    resolve_model(cfg.model.name, cfg.model.cache_dir)
+
+
+#: The smallest file-size limit (`ulimit -f`) a run starts under: the warehouse, the Prefect server's database,
+#: converted models and adapters are written as files of hundreds of megabytes and more.
+MIN_FILE_SIZE_LIMIT = 1 << 30
+
+
+def _check_file_size_limit() -> None:
+    """A file-size limit (RLIMIT_FSIZE) below `MIN_FILE_SIZE_LIMIT` ends the command before anything is written:
+    under it each file stops growing at the limit, and the Prefect server, the sandbox and the warehouse fail
+    one after another, each in its own words."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft != resource.RLIM_INFINITY and soft < MIN_FILE_SIZE_LIMIT:
+        fail(f"a file-size limit of {soft:,} bytes is set (ulimit -f), below the {MIN_FILE_SIZE_LIMIT >> 30} GiB "
+             f"the warehouse, the Prefect server's database and the models need; nothing was written. Raise it "
+             f"(`ulimit -f unlimited`) and run the command again")
 
 
 def _open(path: Path, read_only: bool = False):
@@ -123,10 +154,18 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = 
     from sage.warehouse.queries import question_counts
 
     cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else [])])
-    with Session(cfg.run.dir) as s, console.status("loading seeds (code tasks run in the sandbox)..."):
-        ctx = s.context_for(cfg, None)
-        report = run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
-        counts = question_counts(s.warehouse)
+    _check_seed_file(cfg)
+    path = warehouse_path(cfg.run.dir)
+    fresh, made = not path.exists(), [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    try:
+        with Session(cfg.run.dir) as s, console.status("loading seeds (code tasks run in the sandbox)..."):
+            ctx = s.context_for(cfg, None)
+            report = run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
+            counts = question_counts(s.warehouse)
+    except BaseException:
+        if fresh:
+            _remove_new(path, made)
+        raise
     if report is None:
         console.print("seeds already loaded (nothing to do)")
     else:
@@ -134,6 +173,24 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = 
         for line in report.info.get("skipped", []):
             err.print(f"skipped {line}", highlight=False, markup=False)
     print_rows(counts, title=f"questions in {warehouse_path(cfg.run.dir)}")
+
+
+def _remove_new(path: Path, made: list[Path]) -> None:
+    """After a failed `sage seed` in a new directory: remove the warehouse it made there (it holds no question:
+    the seeds commit in one transaction, at the end) and the directories it made, so the failure leaves no file
+    behind, as its sentence says."""
+    from sage.warehouse import snapshot_path
+
+    with suppress(Exception):
+        from sage.warehouse import Warehouse
+
+        with Warehouse.open(path, read_only=True) as wh:
+            if wh.count("questions"):
+                return
+    for p in (path, path.with_name(path.name + ".wal"), path.with_name(path.name + ".writer"), snapshot_path(path),
+              *made):  # the directories innermost first
+        with suppress(OSError):
+            p.rmdir() if p in made else p.unlink(missing_ok=True)
 
 
 @app.command()
@@ -429,6 +486,7 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
     directory = str(Path(cfg.run.dir).expanduser())
     _check_prefect()
     _check_seed_file(cfg)
+    _check_model(cfg)
     with Session(directory) as s:
         rid = s.create_run(cfg, run_id)
     console.print(f"run {rid}: {n} iteration(s) of {cfg.model.name} ({cfg.model.backend}); "
@@ -462,6 +520,7 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
         fail(f"unknown stage {name!r}; one of: {', '.join(RUNNABLE)}")
     if not warehouse_path(directory).exists():
         fail(f"no warehouse at {warehouse_path(directory)}")
+    _check_file_size_limit()
     _check_prefect()
     with Session(str(directory)) as s:  # refused here, before a flow run starts or a row is written
         check_stage_target(s.warehouse, run_id, iteration, name, force)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.checkpoints import check_retained
-from sage.warehouse.errors import is_interrupt
+from sage.warehouse.errors import WarehouseUnwritable, is_interrupt
 from sage.warehouse.queries import mark_stage_finished, mark_stage_running, stage_status
 from sage.warehouse.redo import forget_outputs, mark_later_stale
 
@@ -130,12 +130,13 @@ def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], Sta
 
 def publish(wh, snapshot: bool) -> None:
     """Checkpoint the warehouse and, with `run.snapshot`, refresh its read-only copy for other DuckDB clients
-    (`Warehouse.snapshot`). A copy that cannot be written (a full disk) is said in the log and fails nothing: the
-    warehouse itself is committed."""
+    (`Warehouse.snapshot`). A checkpoint that fails (a full disk) fails the stage; a copy that cannot be written is
+    said in the log (which file, how much space it needs) and fails nothing: the part copy is removed, so it takes
+    no space the next commit needs, and the warehouse itself is committed."""
+    wh.checkpoint()
     if not snapshot:
-        wh.checkpoint()
         return
     try:
         wh.snapshot()
-    except OSError as e:
+    except (OSError, WarehouseUnwritable) as e:
         logging.getLogger(__name__).warning("the warehouse's read-only copy was not refreshed: %s", e)
