@@ -293,7 +293,7 @@ def status(directory: DirOpt = Path("./sage-runs"),
                                             "when they do not fit) or line (one `column = value` per line).")]
            = "table") -> None:
     """List runs, their iterations and each stage's state."""
-    from sage.warehouse.queries import question_counts, run_ids, runs_overview, stage_states
+    from sage.warehouse.queries import question_counts, run_config, run_ids, runs_overview, stage_states
     from sage.warehouse.runs import dead_rows
 
     if fmt not in ("table", "line"):
@@ -308,6 +308,7 @@ def status(directory: DirOpt = Path("./sage-runs"),
         counts = question_counts(wh)
         stages = {r["run_id"]: stage_states(wh, r["run_id"]) for r in runs}
         dead = dead_rows(wh)  # recorded `running`, but the process that ran them is gone: shown `dead`
+        configs = {rid: (run_config(wh, rid) or (None,))[0] for (rid, it, _) in dead if it is None}
     for r in runs:
         if (r["run_id"], None, None) in dead:
             r["status"] = "dead"
@@ -327,7 +328,7 @@ def status(directory: DirOpt = Path("./sage-runs"),
         rows = stages[r["run_id"]]
         if fmt == "line":
             print_rows(rows, fmt, title="stages")
-            _say_dead(r, rows, dead)
+            _say_dead(r, rows, dead, configs.get(r["run_id"]), directory)
             continue
         # Errors are sentences: printed whole under the table, which then fits a narrower terminal.
         print_rows([{k: v for k, v in row.items() if k != "error"} for row in rows], title="stages", more=more)
@@ -335,10 +336,10 @@ def status(directory: DirOpt = Path("./sage-runs"),
             if row.get("error"):
                 console.print(Text(f"error in iteration {row['iteration']} {cell(row['stage'])}: {cell(row['error'])}"),
                               soft_wrap=True)
-        _say_dead(r, rows, dead)
+        _say_dead(r, rows, dead, configs.get(r["run_id"]), directory)
 
 
-def _say_dead(run: dict, stages: list[dict], dead: dict) -> None:
+def _say_dead(run: dict, stages: list[dict], dead: dict, config: str | None, directory: Path) -> None:
     """Under a run's tables, for what `sage status` shows `dead`: whose process is gone, and the command that
     resumes (the same `sage run` resumes a run; a lone `sage stage` is resumed by itself, or by `sage run`)."""
     rid = run["run_id"]
@@ -353,8 +354,46 @@ def _say_dead(run: dict, stages: list[dict], dead: dict) -> None:
         _sentence(f"{line}Resume the stage with the command below, or the whole run with `sage run --run "
                   f"{shlex.quote(rid)}` and the -c and --set it was started with:",
                   f"sage stage {gone[0]['stage']} --run {shlex.quote(rid)} --iteration {gone[0]['iteration']}")
+    elif command := resume_command(config, rid, directory):
+        _sentence(f"{line}Resume it, with the config it was started with, by:", command)
     else:
         _sentence(f"{line}Resume it with the -c and --set it was started with:", f"sage run --run {shlex.quote(rid)}")
+
+
+def resume_command(config: str | None, run_id: str, directory: Path) -> str | None:
+    """The whole `sage run` that resumes run `run_id` from its stored config (JSON): the profile it differs least
+    from, a --set for each field that differs, and run.dir; None when the stored config is empty or does not load
+    (one written by another version)."""
+    import yaml
+    from pydantic import BaseModel
+
+    from sage.configs import _profiles, config_from_dict, load_config
+    from sage.configs.schema import SageConfig
+
+    try:
+        data = json.loads(config or "null")
+        if not data or not isinstance(data, dict):
+            return None
+        stored = config_from_dict(data).model_dump(mode="json")
+    except ValueError:
+        return None
+
+    def differ(model, base: dict, mine: dict, prefix: str) -> list[str]:
+        found = []
+        for name, info in model.model_fields.items():
+            kind = info.annotation if isinstance(info.annotation, type) else None
+            if kind is not None and issubclass(kind, BaseModel):
+                found += differ(kind, base[name], mine[name], f"{prefix}{name}.")
+            elif base[name] != mine[name] and f"{prefix}{name}" != "run.dir":
+                value = yaml.safe_dump(mine[name], default_flow_style=True, width=10**6).strip()
+                found.append(f"{prefix}{name}={value.removesuffix(chr(10) + '...')}")
+        return found
+
+    profile, sets = min(((p, differ(SageConfig, load_config(p).model_dump(mode="json"), stored, ""))
+                         for p in _profiles()), key=lambda found: len(found[1]))
+    words = ["sage", "run", "--run", run_id, "-c", profile,
+             *(w for a in [*sets, f"run.dir={directory}"] for w in ("--set", a))]
+    return " ".join(map(shlex.quote, words))
 
 
 def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
