@@ -355,3 +355,16 @@ def test_a_seed_question_longer_than_the_model_can_read(project):
              "--set", "model.max_model_len=1024")
     assert r.returncode == 0 and "1 new question(s) of 2 loaded" in r.stdout and f"skipped {seeds}:2" in r.stderr, \
         r.stdout + r.stderr
+
+
+def test_a_full_disk_during_a_run_is_said_once(project, tmp_path):
+    """Prefect logged the failure three times (ERROR lines of the task and the flow) before the sentence."""
+    cli = f"{sys.executable} -m sage.flows.cli"
+    mnt = tmp_path / "mnt"
+    fill = (f"avail=$(df -k {mnt} | tail -1 | awk '{{print $4}}'); "
+            f"dd if=/dev/zero of={mnt}/fill bs=1k count=$((avail - 8)) 2>/dev/null")
+    r = _mounted(tmp_path, f"cp {project}/warehouse.duckdb {mnt}/ && {fill}; "
+                           f"{cli} run -n 1 --set run.dir={mnt} --set seeds.n_math=200 --set seeds.n_code=0 "
+                           f"--set validate.n_math=100 --set validate.n_code=0; echo rc=$?")
+    assert "rc=2" in r.stdout, r.stdout + r.stderr
+    assert r.stderr.count("no space left") == 1 and "ERROR" not in r.stderr and "Traceback" not in r.stderr, r.stderr
