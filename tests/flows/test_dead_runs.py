@@ -159,3 +159,29 @@ def test_the_resume_command_of_a_dead_run_is_whole():
         assert command.startswith(f"sage run --run 'r 1' -c {profile} --set ")
         assert _resumed_hash(command) == config_hash(cfg) and "--set 'run.dir=/tmp/a dir'" in command
     assert resume_command("{}", "r", Path(".")) is None and resume_command("not json", "r", Path(".")) is None
+
+
+def test_a_resumed_stage_counts_the_rows_of_every_attempt(tmp_path):
+    """A critique_question stopped after committing its 4 rollouts, then resumed, wrote nothing more: `sage status`
+    showed `4 in, 0 out` beside 4 rows. Its counts now cover every attempt."""
+    from sage.configs.names import Purpose, Role, Stage
+
+    rows = [dict(rollout_id=f"r{k}", run_id="r", iteration=1, stage=Stage.CRITIQUE_QUESTION, role=Role.CRITIC,
+                 purpose=Purpose.CRITIQUE_QUESTION, question_id=f"q{k}", template="critic@1", prompt_text="p",
+                 completion_text="c", prompt_ids=[1], completion_ids=[2], sample_index=0, seed=0) for k in range(4)]
+
+    def stopped(ctx):
+        ctx.wh.insert_batch("rollouts", rows)
+        raise RuntimeError("stopped after its last batch")
+
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
+        ctx = SimpleNamespace(wh=wh, cfg=SimpleNamespace(run=SimpleNamespace(snapshot=False)))
+        try:
+            run_recorded(ctx, Stage.CRITIQUE_QUESTION, stopped, run_id="r", iteration=1)
+        except RuntimeError:
+            pass
+        report = run_recorded(ctx, Stage.CRITIQUE_QUESTION, lambda ctx: StageReport(Stage.CRITIQUE_QUESTION, 4, 0),
+                              run_id="r", iteration=1)
+        assert (report.rows_in, report.rows_out) == (4, 4)
+        assert wh.rows("SELECT status, rows_in, rows_out, attempts FROM stage_runs") == \
+            [{"status": "done", "rows_in": 4, "rows_out": 4, "attempts": 2}]
