@@ -85,8 +85,11 @@ def _gather(ctx: StageContext) -> list[SeedItem]:
     seeds = default_math(s.n_math, s.seed, "seed", s.math_generators)
     items = seeds + held_out_math(ctx, {norm_hash(i.question) for i in seeds})
     # Twice the candidates: tasks whose generator or solution fails in the sandbox are dropped.
-    for n, split in ((s.n_code, "seed"), (v.n_code, "validation")):
+    for n, split, name in ((s.n_code, "seed", "seeds.n_code"), (v.n_code, "validation", "validate.n_code")):
         candidates = default_code(2 * n, s.seed, split)
+        if len(candidates) < n:  # before any sandbox run: the set cannot give n
+            raise ConfigError(f"{name}={n}: reasoning_gym:codeio has {len(candidates)} tasks for the {split} set "
+                              f"(those importing only the standard library, half of them each set); lower {name}")
         items += _complete_code(ctx, candidates)[0][:n]
     return items
 

@@ -192,14 +192,16 @@ def function_params(source: str, name: str) -> list[str] | None:
 
 
 def default_code(n: int, seed: int, split: str) -> list[SeedItem]:
-    """Codeio tasks that import only the standard library; seed and validation take disjoint tasks."""
+    """Up to `n` codeio tasks that import only the standard library, from the half of them `split` draws from (seed
+    and validation take disjoint tasks; fewer when the half has fewer)."""
     rows = [r for r in _codeio_rows()
             if _stdlib_only(r["code_sample"]) and _stdlib_only(r["input_generator"])
             and function_params(r["code_sample"], CODEIO_ENTRY)]
     random.Random(seed).shuffle(rows)
-    start = 0 if split == "seed" else len(rows) // 2
+    half = len(rows) // 2
+    start, end = (0, half) if split == "seed" else (half, len(rows))  # never past its half: disjoint splits
     items = []
-    for r in rows[start:start + n]:
+    for r in rows[start:min(start + n, end)]:
         question = (f"Write a Python function `{CODEIO_ENTRY}` that solves this task.\n\n"
                     f"{r['task_description'].strip()}\n\n{r['input_output_spec'].strip()}")
         items.append(SeedItem("code", question, {"entry_point": CODEIO_ENTRY}, "reasoning_gym:codeio", split,

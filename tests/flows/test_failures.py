@@ -368,3 +368,11 @@ def test_a_full_disk_during_a_run_is_said_once(project, tmp_path):
                            f"--set validate.n_math=100 --set validate.n_code=0; echo rc=$?")
     assert "rc=2" in r.stdout, r.stdout + r.stderr
     assert r.stderr.count("no space left") == 1 and "ERROR" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_more_code_tasks_than_the_set_holds(tmp_path):
+    """seeds.n_code beyond the codeio tasks of its half loaded fewer in silence (and the seed half ran into the
+    validation half's tasks): refused before any sandbox run, naming the count."""
+    r = sage("seed", "--set", f"run.dir={tmp_path}/new", "--set", "seeds.n_code=5000", "--set", "seeds.n_math=2")
+    _assert_sentence(r, "seeds.n_code=5000: reasoning_gym:codeio has", "tasks for the seed set", "lower seeds.n_code")
+    assert not (tmp_path / "new").exists()

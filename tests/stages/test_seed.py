@@ -219,6 +219,13 @@ def test_validation_math_never_repeats_a_seed_or_itself():
         [i.question for i in default_math(40, 0, "validation")]
 
 
+def test_code_splits_stay_disjoint_however_many_are_asked_for():
+    """Each split draws from its own half of the tasks, however many are asked for (the seed split ran on into
+    the validation half)."""
+    seed, validation = default_code(10_000, 0, "seed"), default_code(10_000, 0, "validation")
+    assert len(seed) <= len(validation) <= len(seed) + 1 and len(seed) > 1000
+
+
 def test_a_space_too_small_is_named_after_a_few_draws(monkeypatch):
     """`validate.n_math=100000` over small spaces drew 64 x 100,000 problems (minutes, gigabytes) before saying so:
     a generator is drawn until a thousand draws in a row bring nothing new."""
