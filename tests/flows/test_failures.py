@@ -170,15 +170,26 @@ def test_a_full_disk_during_a_commit(project, tmp_path):
     mnt = tmp_path / "mnt"
     fill = (f"avail=$(df -k {mnt} | tail -1 | awk '{{print $4}}'); "
             f"dd if=/dev/zero of={mnt}/fill bs=1k count=$((avail - 8)) 2>/dev/null")
-    r = _mounted(tmp_path, f"cp {project}/warehouse.duckdb {mnt}/ && {fill}; "
-                           f"{cli} seed --set run.dir={mnt} --set seeds.n_math=200 --set seeds.n_code=0 "
-                           f"--set validate.n_math=100 --set validate.n_code=0; echo rc=$?; rm {mnt}/fill; "
-                           f"{cli} sql 'select count(*) AS n from questions' --dir {mnt} --format csv")
+    seed = (f"{cli} seed --set seeds.n_math=200 --set seeds.n_code=0 --set validate.n_math=100 "
+            f"--set validate.n_code=0 --set run.dir=")
+    ids = "sql 'select question_id, origin from questions order by 1' --format csv --dir"
+    r = _mounted(tmp_path, f"cp {project}/warehouse.duckdb {mnt}/ && {fill}; {seed}{mnt}; echo rc=$?; "
+                           f"{cli} sql 'select count(*) AS n from questions' --dir {mnt} --format csv; rm {mnt}/fill; "
+                           f"{seed}{mnt} > /dev/null; echo rc=$?; {cli} {ids} {mnt}")
     assert "rc=2" in r.stdout, r.stdout + r.stderr
     assert "no space left" in r.stderr and "Traceback" not in r.stderr
     said = " ".join(r.stderr.split())
     assert f"the warehouse {mnt}/warehouse.duckdb" in said and "free at least" in said, r.stderr
-    assert r.stdout.strip().splitlines()[-1] == "200"  # everything committed before is intact
+    out = r.stdout.split("rc=")
+    assert out[1].split()[-1] == "200"  # everything committed before is intact
+    # the same command on the freed disk: the seeds of an uninterrupted seeding, row for row
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    shutil.copy(project / "warehouse.duckdb", clean)
+    assert subprocess.run(f"{seed}{clean}", shell=True, capture_output=True).returncode == 0
+    uninterrupted = sage("sql", "select question_id, origin from questions order by 1", "--format", "csv",
+                         "--dir", str(clean)).stdout.split()
+    assert out[2].split()[0] == "0" and out[2].split()[1:] == uninterrupted and len(uninterrupted) > 301
 
 
 def test_iterations_must_be_at_least_one(tmp_path):
