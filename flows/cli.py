@@ -151,6 +151,7 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = 
     from sage.flows.record import run_recorded
     from sage.flows.session import Session
     from sage.stages import seed as seed_stage
+    from sage.warehouse import WarehouseBusy
     from sage.warehouse.queries import question_counts
 
     cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else [])])
@@ -162,8 +163,8 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = 
             ctx = s.context_for(cfg, None)
             report = run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
             counts = question_counts(s.warehouse)
-    except BaseException:
-        if fresh:
+    except BaseException as e:
+        if fresh and not isinstance(e, WarehouseBusy):  # a busy file is another process's: never removed
             _remove_new(path, made)
         raise
     if report is None:
@@ -179,14 +180,14 @@ def _remove_new(path: Path, made: list[Path]) -> None:
     """After a failed `sage seed` in a new directory: remove the warehouse it made there (it holds no question:
     the seeds commit in one transaction, at the end) and the directories it made, so the failure leaves no file
     behind, as its sentence says."""
-    from sage.warehouse import snapshot_path
+    from sage.warehouse import Warehouse, snapshot_path
 
-    with suppress(Exception):
-        from sage.warehouse import Warehouse
-
+    try:
         with Warehouse.open(path, read_only=True) as wh:
             if wh.count("questions"):
                 return
+    except Exception:  # what it holds cannot be read: left as it is
+        return
     for p in (path, path.with_name(path.name + ".wal"), path.with_name(path.name + ".writer"), snapshot_path(path),
               *made):  # the directories innermost first
         with suppress(OSError):
