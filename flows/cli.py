@@ -110,9 +110,15 @@ def _check_model(cfg) -> None:
     """The model resolves (bundled and installed, or an existing directory; a Hugging Face id is looked up when it
     loads) before a run is recorded: a missing one is one sentence (ModelNotFoundError), not a run recorded
     `failed` after seeding and a Prefect start."""
-    from sage.engines.llm.models import resolve_model
+    from sage.engines.llm.models import ModelNotFoundError, resolve_model
 
-    resolve_model(cfg.model.name, cfg.model.cache_dir)
+    try:
+        resolve_model(cfg.model.name, cfg.model.cache_dir)
+    except ModelNotFoundError:
+        raise
+    except OSError as e:  # the bundled model is converted into model.cache_dir on first use
+        fail(f"model.cache_dir {cfg.model.cache_dir}: the converted model cannot be written there ({e.strerror or e}"
+             f"{f': {e.filename}' if e.filename else ''}); pick a writable directory (--set model.cache_dir=DIR)")
 
 
 #: The smallest file-size limit (`ulimit -f`) a run starts under: the warehouse, the Prefect server's database,

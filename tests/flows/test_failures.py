@@ -345,6 +345,10 @@ def test_a_missing_model_before_anything_starts(project):
     _assert_sentence(r, f"model path '{project}/no-such-model' does not exist")
     assert "Prefect" not in r.stderr and r.stderr.count("error:") == 1
     assert digest(project / "warehouse.duckdb") == before
+    (project / "a-file").write_text("")  # where the bundled model would be converted to: a file
+    r = sage(*RUN, "--set", f"run.dir={project}", "--set", f"model.cache_dir={project}/a-file")
+    _assert_sentence(r, f"model.cache_dir {project}/a-file: the converted model cannot be written there")
+    assert digest(project / "warehouse.duckdb") == before
 
 
 def test_a_seed_question_longer_than_the_model_can_read(project):
