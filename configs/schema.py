@@ -17,7 +17,9 @@ from sage.configs.names import Role
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: every float is finite. `gt=0` admits infinity, and `lr=.inf` trains an adapter of NaNs,
+    # `sandbox.timeout_s=.inf` overflows the sandbox's timer.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):

@@ -149,8 +149,7 @@ class Display:
         try:
             yield summary.append
         except BaseException as e:
-            self._end(key, f"{'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'}: "
-                           f"{type(e).__name__}", ok=False)
+            self._end(key, _ended(e), ok=False)
             raise
         self._end(key, summary[-1] if summary else "done", ok=True)
 
@@ -289,3 +288,14 @@ class _ConsoleHandler(logging.Handler):
             self.console.print(Text(plain(self.format(record)), style=style), soft_wrap=True)
         except Exception:
             self.handleError(record)
+
+
+def _ended(e: BaseException) -> str:
+    """How a stage's bar ends when `e` stops it: "interrupted (SIGTERM)" for a signal (its name, not the exception's:
+    that is `Interrupted`), else "failed: " and the exception's type."""
+    if isinstance(e, KeyboardInterrupt):
+        import signal
+
+        signum = getattr(e, "signum", None)
+        return f"interrupted ({signal.Signals(signum).name})" if signum else "interrupted"
+    return f"failed: {type(e).__name__}"

@@ -268,10 +268,27 @@ def verbose() -> bool:
     return bool(ctx and ctx.find_root().params.get("verbose"))
 
 
+#: The start of each expected failure's sentence Prefect logged in this process (up to its first quote, which
+#: Prefect's reprs escape): the command prints the sentence itself, so the terminal drops Prefect's lines that
+#: repeat it ("Task run failed with exception: ...", "Finished in state Failed(...)").
+_SAID: set[str] = set()
+
+
+def _said(exc: BaseException | None) -> bool:
+    """Whether `exc` is a signal or an expected failure (remembering its sentence for `_HideSignalCrashes`)."""
+    if exc is None:
+        return False
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    known = expected_error(exc)
+    if known:
+        _SAID.add(re.split("['\"]", str(exc), maxsplit=1)[0][:80])
+    return bool(known)
+
+
 class _HideExpectedTracebacks(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None and (isinstance(exc, KeyboardInterrupt) or expected_error(exc)):
+        if _said(record.exc_info[1] if record.exc_info else None):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -279,7 +296,8 @@ class _HideExpectedTracebacks(logging.Filter):
 class _HideSignalCrashes(logging.Filter):
     """Once a signal stopped the command, Prefect reports each run it cut short as an error ("Crash detected!
     Execution was aborted by an interrupt signal", or, when the signal landed inside a DuckDB query, "Query
-    interrupted" with a traceback); the command says it in one line, so the terminal drops Prefect's errors."""
+    interrupted" with a traceback); the command says it in one line, so the terminal drops Prefect's errors. So
+    it does for an expected failure (a full disk): the command's sentence says it once."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         from sage.flows.record import Interrupted
@@ -287,8 +305,9 @@ class _HideSignalCrashes(logging.Filter):
         if not record.name.startswith("prefect") or record.levelno < logging.ERROR:
             return True
         text = record.getMessage()
+        expected = _said(record.exc_info[1] if record.exc_info else None) or any(s and s in text for s in _SAID)
         return not (Interrupted.received is not None or "Execution was aborted by an interrupt signal" in text
-                    or "Execution was aborted by a termination signal" in text)
+                    or "Execution was aborted by a termination signal" in text or expected)
 
 
 def quiet_prefect_tracebacks() -> None:

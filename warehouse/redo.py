@@ -8,7 +8,7 @@ not `done`: the next `sage run` redoes it the same way, replacing its rows.
 
 from __future__ import annotations
 
-from sage.configs.names import Stage
+from sage.configs.names import Purpose, Stage
 from sage.warehouse.db import Warehouse
 
 #: The stages of one iteration in the order they run; validation of the iteration's adapter comes last.
@@ -54,6 +54,16 @@ def forget_outputs(wh: Warehouse, run_id: str, iteration: int, stage: str) -> No
     with wh.transaction():
         for sql in _FORGET.get(stage, []):
             wh.execute(sql, {"run": run_id, "it": iteration})
+
+
+def written_before(wh: Warehouse, run_id: str, iteration: int, stage: str) -> int:
+    """The rollouts `stage` holds for (run, iteration) before an attempt starts: what earlier attempts (failed,
+    interrupted, killed) committed, which a resumed generation stage does not write again, so its `rows_out`
+    (what it wrote) adds them to cover every attempt. 0 for a stage that writes no rollouts of its own."""
+    if stage not in {str(p) for p in Purpose}:
+        return 0
+    return wh.scalar("SELECT count(*) FROM rollouts WHERE run_id = ? AND iteration = ? AND purpose = ?",
+                     [run_id, iteration, stage])
 
 
 def mark_later_stale(wh: Warehouse, run_id: str, iteration: int, stage: str) -> list[str]:

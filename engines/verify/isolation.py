@@ -217,8 +217,9 @@ def _system_links() -> list[str]:
 
 
 #: What the sandbox makes in the temp directory, each name `<prefix><owner PID>-<random>`: the child module's
-#: dir, each job's or slot's scratch root, the user-namespace probe's mount point.
-TEMP_PREFIXES = ("sage-sandbox-child-", "sage-sbx-", "sage-sandbox-probe-")
+#: dir, each job's or slot's scratch root, the user-namespace probe's mount point; and a training child's folder
+#: (engines/train/launch.py), which holds the trainer's own.
+TEMP_PREFIXES = ("sage-sandbox-child-", "sage-sbx-", "sage-sandbox-probe-", "sage-train-")
 _SWEPT: list[bool] = []
 _SWEEP_LOCK = threading.Lock()
 

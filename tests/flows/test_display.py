@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ from rich.console import Console
 
 from sage.flows.iteration import STAGE_NAMES
 from sage.flows.progress import LINES, LIVE, QUIET, Display
+from sage.flows.record import Interrupted
 from tests.flows import scripted_run
 
 WIDTH = 140
@@ -118,6 +120,11 @@ def test_log_records_and_summaries_reach_the_terminal_escaped():
             with pytest.raises(RuntimeError), display.stage(1, "solve"):
                 display.report(1, "solve", 1, 4, 0)
                 raise RuntimeError("boom")
+            try:
+                with pytest.raises(Interrupted), display.stage(1, "train"):
+                    raise Interrupted(signal.SIGTERM)
+            finally:
+                Interrupted.received = None  # what a command's `stopped_by_signals` puts back
         assert log.handlers == [handler]  # restored
     finally:
         log.removeHandler(handler)
@@ -129,6 +136,8 @@ def test_log_records_and_summaries_reach_the_terminal_escaped():
     assert any(line.startswith("✓ iteration 1 challenge") and "note \\x1b]0;title\\x07" in line for line in lines)
     assert any(line.startswith("✗ iteration 1 solve") and "1/4 rows" in line and "failed: RuntimeError" in line
                for line in lines), lines
+    assert any(line.startswith("✗ iteration 1 train") and line.endswith("interrupted (SIGTERM)") for line in lines), \
+        lines  # not "interrupted: Interrupted"
 
 
 def test_plain_lines_mode_when_the_console_is_not_a_terminal():
