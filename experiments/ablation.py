@@ -58,9 +58,23 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # was shown no longer raises or lowers every answer to a question alike
     "unrewarded-plan": ("the full loop, the plan's score out of the Solver's reward (`rewards.solver_plan=0`)",
                         ["rewards.solver_plan=0", "rewards.solver_gt=0.8"]),
+    # plans as hints: the Solver trains on the prompt it is tested on. Half of a passed plan's answers see it, in one
+    # TRR++ group with the plain ones; the shown ones train on the plain prompt with the plan's sampler as pi_old
+    # (Guide); the plan's score out of the Solver's reward. The roles weigh over the whole pass (role_share)
+    "hints": ("the full loop with plans as hints: half of a passed plan's answers see it and train on the plain "
+              "prompt, the plan's score out of the Solver's reward",
+              ["iteration.hints=mixed", "iteration.hint_share=0.5", "train.hinted_prompt=plain",
+               "rewards.solver_plan=0", "rewards.solver_gt=0.8", "train.loss_weighting=role_share"]),
+    # one change each, to tell the parts of `hints` apart: the roles weighed over the whole pass; hints only where the
+    # plain answers all failed (Guide's adaptive hints) with the rest of `hints`
+    "role-share": ("the full loop, each role weighed over the whole pass (`train.loss_weighting=role_share`)",
+                   ["train.loss_weighting=role_share"]),
+    "hints-on-failure": ("`hints` with a plan shown only to questions whose plain answers all failed",
+                         ["iteration.hints=on_failure", "iteration.hint_share=0.5", "train.hinted_prompt=plain",
+                          "rewards.solver_plan=0", "rewards.solver_gt=0.8", "train.loss_weighting=role_share"]),
 }
 #: the rows that are candidate changes to the loop, not ablations: run only when named in `--rows`
-CANDIDATES = {"untrained-planner", "unrewarded-plan"}
+CANDIDATES = {"untrained-planner", "unrewarded-plan", "hints", "role-share", "hints-on-failure"}
 #: the rows the command runs by default: the paper's ablations and the baseline
 ABLATIONS = [r for r in ROWS if r not in CANDIDATES]
 LOAD_EVERY_S = 30
@@ -112,12 +126,13 @@ def run_row(args, seed: int, row: str) -> int:
 
 
 def ood_command(folder: Path) -> list[str]:
-    """`experiments.heldout --ood` on the row's kept checkpoint (its last one when validation kept the base
-    model, so the base model's answers are there to compare with); it answers only what is missing."""
+    """`experiments.heldout --ood` on the row's kept checkpoint and its last one (the run-level comparison is at a
+    fixed iteration; the last alone when validation kept the base model); it answers only what is missing."""
     r = _read_row(folder)
-    kept = r["kept"] if r and r["kept"] else max((r or {}).get("outcomes", {0: {}}))
+    last = max((r or {}).get("outcomes", {0: {}}))
+    scored = sorted({k for k in ((r or {}).get("kept"), last) if k})
     return [sys.executable, "-m", "experiments.heldout", "--out", str(folder), "--ood",
-            *(["--iteration", str(kept)] if kept else [])]
+            *[a for k in scored for a in ("--iteration", str(k))]]
 
 
 # -- the table ---------------------------------------------------------------------------------------------------
@@ -211,6 +226,7 @@ def summarise(out: Path, seeds: list[int], rows: list[str]) -> dict:
                 entry["ood_vs_base"] = _paired(ood[kept], ood[0])
                 if full_verdicts.get("ood") and row != "full":
                     entry["ood_vs_full"] = _paired(ood[kept], full_verdicts["ood"])
+            entry["ood_curve"] = {str(k): sum(v.values()) / len(v) for k, v in sorted(ood.items())}
             entry["verdicts"] = {"validation": now, "ood": ood.get(kept)}
             table[key] = entry
     return table
@@ -244,7 +260,8 @@ def write_report(out: Path, table: dict, command: str) -> None:
     if carried:
         lines += ["", "Carried over from the previous `ablation.json` (their run folders are gone): "
                   f"{', '.join(carried)}."]
-    lines += ["", *across_seeds(table)]
+    at = max((e["iterations"] for e in table.values()), default=0)
+    lines += ["", *run_level_lines(table, at), "", *across_seeds(table)]
     (out / "ablation.md").write_text("\n".join(lines) + "\n\n![validation pass@1 per iteration](ablation.png)\n")
     (out / "ablation.json").write_text(json.dumps(table, indent=1))
     _plot(out, table)
@@ -257,6 +274,55 @@ def _beats(e: dict, key: str, alpha: float = 0.05) -> int:
         return 0
     b, c, p = e[key]
     return 0 if p >= alpha else (1 if c > b else -1)
+
+
+def run_level(table: dict, row: str, at: int, baseline: str = "solver-alone") -> dict:
+    """`row` against `baseline` at iteration `at` with the run seed as the unit: per seed both ran, the difference of
+    their pass@1 on validation and, where both scored iteration `at` out of distribution, on the OOD set; per
+    measure its mean, the paired t-test across seeds (two-sided; df = seeds - 1) and the 95% t interval of the mean
+    difference. With three seeds an exact sign-flip test cannot go below p = 0.25, so the t-test is what can speak,
+    and it assumes the differences are roughly normal."""
+    from scipy import stats
+
+    by_seed = {e["seed"]: e for e in table.values() if e["row"] == row}
+    base = {e["seed"]: e for e in table.values() if e["row"] == baseline}
+    out = {}
+    for measure in ("validation", "ood"):
+        diffs = {}
+        for seed in sorted(by_seed.keys() & base.keys()):
+            a, b = by_seed[seed], base[seed]
+            if measure == "validation":
+                if len(a["curve"]) > at and len(b["curve"]) > at:
+                    diffs[seed] = a["curve"][at] - b["curve"][at]
+            elif str(at) in a.get("ood_curve", {}) and str(at) in b.get("ood_curve", {}):
+                diffs[seed] = a["ood_curve"][str(at)] - b["ood_curve"][str(at)]
+        d = list(diffs.values())
+        result = {"seeds": list(diffs), "diffs": d, "mean": sum(d) / len(d) if d else None, "p": None, "ci": None}
+        if len(d) >= 2 and len(set(d)) > 1:  # the paired t-test is the one-sample test of the differences
+            half = stats.t.ppf(0.975, len(d) - 1) * stats.tstd(d) / len(d) ** 0.5
+            result.update(p=float(stats.ttest_1samp(d, 0.0).pvalue), ci=(result["mean"] - half, result["mean"] + half))
+        out[measure] = result
+    return out
+
+
+def run_level_lines(table: dict, at: int) -> list[str]:
+    """The primary comparison: every row against the Solver alone at iteration `at`, the run seed as the unit."""
+    rows = [r for r in dict.fromkeys(e["row"] for e in table.values()) if r != "solver-alone"]
+    lines = [f"## Against the Solver alone at iteration {at}, across run seeds (the primary comparison)", "",
+             f"Per seed the difference of pass@1 at iteration {at} (this row minus the Solver alone), its mean over "
+             "the seeds both ran, the 95% t interval and the paired t-test across seeds (the seed is the unit; with "
+             "three seeds an exact sign-flip test cannot go below p = 0.25). The kept checkpoints above are the best "
+             "of six validations, so their comparisons are secondary and optimistic.", "",
+             "| row | measure | seeds | differences | mean [95% t] | paired t-test p |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        for measure, r in run_level(table, row, at).items():
+            if not r["seeds"]:
+                continue
+            ci = "" if r["ci"] is None else f" [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]"
+            p = "" if r["p"] is None else f"{r['p']:.2g}"
+            lines.append(f"| {row} | {measure} | {', '.join(map(str, r['seeds']))} | "
+                         f"{', '.join(f'{x:+.3f}' for x in r['diffs'])} | {r['mean']:+.3f}{ci} | {p} |")
+    return lines
 
 
 def across_seeds(table: dict) -> list[str]:

@@ -1,6 +1,7 @@
 """The checkpoint a learning run keeps, against the base model, on a fresh test set it was never chosen on.
 
-    .venv/bin/python -m experiments.heldout --out DIR [--n N | --ood] [--iteration K ... | --all]
+    .venv/bin/python -m experiments.heldout --out DIR [--n N | --ood | --validation] [--pipeline]
+        [--iteration K ... | --all]
 
 `experiments/learning.py` picks the best checkpoint on its validation set, so that set's score of the pick is
 biased upwards (the best of N noisy scores) and its McNemar test against the base model is too optimistic. This
@@ -18,6 +19,12 @@ third split (their second half is the validation set). Reports, for every checkp
 with 95% Wilson intervals, per generator, and the exact McNemar test against the base model on the problems
 whose outcome differs, beside its validation pass@1. Rerunning generates nothing already answered. Writes
 `DIR/heldout-<n>.md` and `DIR/heldout-<n>.json`.
+
+`--pipeline` also answers through the Planner -> gate -> Solver pipeline (`validate.pipeline`: each checkpoint's own
+greedy plan, its Critic score and the answer shown it) and reports, per checkpoint, pass@1 with every plan shown and
+with the gate, against the plain answers on the same problems (exact McNemar): whether plans help at inference.
+`--validation` answers the run's own validation problems (in `DIR/heldout-validation/`), which are no test of a
+kept checkpoint but are where the base model's answers with and without its plans are measured before training.
 
 `--ood` tests on the fixed out-of-distribution set instead (`experiments/ood.py`: kinds of problem no seed or
 validation problem has, which the base model partly solves), in `DIR/heldout-ood/`, writing `heldout-ood.md` and
@@ -94,6 +101,8 @@ def _read_run(out: Path) -> dict:
                     [run_id])},
                 "kept": wh.scalar("SELECT iteration FROM checkpoints WHERE run_id = ? AND is_best", [run_id]),
                 "seen": {r["norm_hash"] for r in wh.rows("SELECT norm_hash FROM questions")},
+                "validation_rows": wh.rows("SELECT * EXCLUDE (created_at) FROM questions WHERE origin = 'validation' "
+                                           "ORDER BY question_id"),
                 "trained_texts": [r["text"] for r in wh.rows(
                     "SELECT text FROM questions WHERE origin = 'seed' OR (origin = 'generated' AND admitted)")],
                 "validation": {r["iteration"]: r["val_accuracy"] for r in wh.rows(
@@ -110,11 +119,17 @@ def ood_overlap(items: list, trained_texts: list[str]) -> int:
     return sum(bool({norm_hash(i.question), content_key(i.question)} & pool) for i in items)
 
 
+def test_set(ood: bool, validation: bool, n: int | None) -> str:
+    """The name of the problem set and of its folder's suffix: `ood`, `validation` or the number of fresh ones."""
+    return "ood" if ood else "validation" if validation else str(n)
+
+
 def evaluate(out: Path, n: int | None, iterations: list[int] | None = None, every: bool = False,
-             ood: bool = False) -> dict:
+             ood: bool = False, validation_set: bool = False, pipeline: bool = False) -> dict:
     """Answer the test set of `n` problems (None: `fitting_n`; with `ood`, the fixed out-of-distribution set
-    instead) with the base model and the checkpoints asked for (default: the kept one; `every`: all trained ones),
-    only what is missing, and the results of every checkpoint answered so far."""
+    instead; with `validation_set`, the run's validation problems) with the base model and the checkpoints asked for
+    (default: the kept one; `every`: all trained ones; [0]: the base model alone), through the pipeline too with
+    `pipeline`, only what is missing, and the results of every checkpoint answered so far."""
     from sage.flows.session import Session
     from sage.stages import validate
     from sage.stages.seed import question_row
@@ -125,6 +140,8 @@ def evaluate(out: Path, n: int | None, iterations: list[int] | None = None, ever
     run_id, adapters = run["run_id"], run["adapters"]
     if every:
         iterations = sorted(adapters)
+    elif iterations == [0]:
+        iterations = []
     elif not iterations:
         if not run["kept"]:
             kept = "the base model" if run["kept"] == 0 else "not chosen yet"
@@ -140,19 +157,23 @@ def evaluate(out: Path, n: int | None, iterations: list[int] | None = None, ever
 
         ood_items = load_ood()
         n = len(ood_items)
+    elif validation_set:
+        n = len(run["validation_rows"])
     elif n is None:
         n, short = fitting_n(run["cfg"], run["seen"])
         if short:
             print(f"[heldout] {n} test problems, not {DEFAULT_N}: the generators have too few the run has not seen "
                   f"({short}); --n sets the number", flush=True)
-    folder = out / ("heldout-ood" if ood else f"heldout-{n}")
+    folder = out / f"heldout-{test_set(ood, validation_set, n)}"
+    validate_cfg = {"n_math": n, "n_code": 0, "pipeline": pipeline}
     cfg = run["cfg"].model_copy(update={"run": run["cfg"].run.model_copy(update={"dir": str(folder.resolve())}),
-                                        "validate": run["cfg"].validate.model_copy(update={"n_math": n, "n_code": 0})})
+                                        "validate": run["cfg"].validate.model_copy(update=validate_cfg)})
     with Session(folder) as s:
         wh = s.warehouse
         s.create_run(cfg, run_id)
         if not count_validation_questions(wh):  # drawn once: the run may have generated more questions since
-            wh.insert_batch("questions", [question_row(i) for i in ood_items or fresh_problems(cfg, run["seen"], n)])
+            wh.insert_batch("questions", run["validation_rows"] if validation_set else
+                            [question_row(i) for i in ood_items or fresh_problems(cfg, run["seen"], n)])
         for k in [0, *iterations]:
             start_iteration(wh, run_id, k, None)
             if k:
@@ -164,10 +185,35 @@ def evaluate(out: Path, n: int | None, iterations: list[int] | None = None, ever
                   f"{time.perf_counter() - start:.1f} s", flush=True)
         answered = [r["iteration"] for r in wh.rows(
             "SELECT DISTINCT iteration FROM rollouts WHERE run_id = ? AND purpose = 'validate' ORDER BY 1", [run_id])]
-        return {"run_id": run_id, "n": n, "set": "ood" if ood else "fresh", "kept": run["kept"],
-                "in_pool": ood_overlap(ood_items, run["trained_texts"]) if ood_items else 0, "iterations": {
-            k: {"adapter": adapters.get(k), "validation": run["validation"].get(k), "test": validation(wh, run_id, k),
-                "sources": _source_rows(wh, run_id, k)} for k in answered}}
+        return {"run_id": run_id, "n": n, "set": "ood" if ood else "validation" if validation_set else "fresh",
+                "kept": run["kept"], "in_pool": ood_overlap(ood_items, run["trained_texts"]) if ood_items else 0,
+                "iterations": {k: {"adapter": adapters.get(k), "validation": run["validation"].get(k),
+                                   "test": validation(wh, run_id, k), "sources": _source_rows(wh, run_id, k),
+                                   "pipeline": plans_at_inference(wh, run_id, k, cfg.iteration.beta)}
+                               for k in answered}}
+
+
+def plans_at_inference(wh, run_id: str, k: int, beta: float) -> dict | None:
+    """Checkpoint k's answers through the pipeline against its plain ones on the same problems: pass@1 with every
+    plan shown and with the gate, each with the exact McNemar test against the plain answers (b / c: lost / gained);
+    None where the pipeline was not answered."""
+    from experiments.learning import mcnemar_exact
+    from sage.stages.score import critic_score, gate
+    from sage.warehouse.validate_queries import pipeline_rows
+
+    rows = pipeline_rows(wh, run_id, k)
+    if not rows:
+        return None
+    plain = [bool(r["plain_passed"]) for r in rows]
+    shown = [bool(r["hinted_passed"]) for r in rows]
+    passed = [gate(critic_score(r["parsed"]), beta) for r in rows]
+    gated = [s if p else a for s, a, p in zip(shown, plain, passed)]
+    out = {"n": len(rows), "plain": sum(plain), "plans_passed": sum(passed)}
+    for name, answers in (("shown", shown), ("pipeline", gated)):
+        b = sum(a and not x for a, x in zip(plain, answers))
+        c = sum(x and not a for a, x in zip(plain, answers))
+        out[name] = {"passed": sum(answers), "lost": b, "gained": c, "p": mcnemar_exact(b, c)}
+    return out
 
 
 def report(result: dict, command: str) -> str:
@@ -185,7 +231,7 @@ def report(result: dict, command: str) -> str:
         return f"| {name} | " + " | ".join(cells) + " |"
 
     kept = result["kept"]
-    kind = "out-of-distribution" if result.get("set") == "ood" else "fresh"
+    kind = {"ood": "out-of-distribution", "validation": "validation"}.get(result.get("set"), "fresh")
     lines = [f"# Checkpoints against the base model on {total(0)[1]} {kind} test problems (run {result['run_id']})",
              "", f"- command: `.venv/bin/python -m experiments.heldout {command}`",
              f"- test problems the run's pool (seeds and admitted questions) also holds: {result.get('in_pool', 0)}",
@@ -198,6 +244,19 @@ def report(result: dict, command: str) -> str:
                  ["" if k == 0 else f"{its[k]['test']['mcnemar_c']} / {its[k]['test']['mcnemar_b']}, "
                                     f"{its[k]['test']['mcnemar_p']:.3g}" for k in ks])]
     lines += [row(src, [share(*its[k]["sources"].get(src, (0, 0))) for k in ks]) for src in sorted(its[0]["sources"])]
+    if any(its[k].get("pipeline") for k in ks):
+        def through(k: int, name: str) -> str:
+            p = its[k].get("pipeline")
+            if not p:
+                return "-"
+            s = p[name]
+            return f"{share(s['passed'], p['n'])}; vs plain {s['lost']} / {s['gained']}, {s['p']:.3g}"
+
+        lines += [row("every plan shown: pass@1 [95%]; vs plain answers lost / gained, p", [through(k, "shown")
+                                                                                            for k in ks]),
+                  row("pipeline (shown where the gate passed): pass@1; vs plain", [through(k, "pipeline") for k in ks]),
+                  row("plans that passed the gate", [f"{its[k]['pipeline']['plans_passed']} / {its[k]['pipeline']['n']}"
+                                                     if its[k].get("pipeline") else "-" for k in ks])]
     return "\n".join(lines) + "\n"
 
 
@@ -210,19 +269,25 @@ def main() -> None:
     ap.add_argument("--n", type=int, help=f"test problems (default {DEFAULT_N}, or as many as every generator "
                                            f"has left, balanced)")
     ap.add_argument("--iteration", type=int, action="append", default=[],
-                    help="a checkpoint to test (repeatable; default: the one validation kept)")
+                    help="a checkpoint to test (repeatable; default: the one validation kept; 0: the base model alone)")
     ap.add_argument("--all", action="store_true", help="test every trained checkpoint")
     ap.add_argument("--ood", action="store_true", help="test on the fixed out-of-distribution set "
                     "(experiments/ood_math.jsonl) instead of fresh problems of the run's generators")
+    ap.add_argument("--validation", action="store_true", help="answer the run's own validation problems (no test "
+                    "of a kept checkpoint: where plans at inference are measured, with --pipeline)")
+    ap.add_argument("--pipeline", action="store_true", help="also answer through the Planner -> gate -> Solver "
+                    "pipeline and report it against the plain answers")
     args = ap.parse_args()
-    if args.ood and args.n is not None:
-        ap.error("--ood tests on the whole fixed set; --n does not apply")
+    if (args.ood or args.validation) and args.n is not None:
+        ap.error("--ood and --validation test on a whole fixed set; --n does not apply")
+    if args.ood and args.validation:
+        ap.error("--ood and --validation name two different sets; give one")
     if args.n is not None and args.n < 1:
         ap.error("--n must be at least 1")
     out = Path(args.out)
-    result = evaluate(out, args.n, args.iteration, args.all, args.ood)
+    result = evaluate(out, args.n, args.iteration, args.all, args.ood, args.validation, args.pipeline)
     text = report(result, shlex.join(sys.argv[1:]))
-    name = "heldout-ood" if args.ood else f"heldout-{result['n']}"
+    name = f"heldout-{test_set(args.ood, args.validation, result['n'])}"
     (out / f"{name}.json").write_text(json.dumps(result, indent=1, default=str))
     (out / f"{name}.md").write_text(text)
     print(text)

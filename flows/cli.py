@@ -31,6 +31,12 @@ from sage.flows.terminal import (
 )
 from sage.warehouse.db import warehouse_path
 
+try:  # typer 0.29 runs commands on a bundled copy of click, whose exceptions are its own classes
+    from typer._click.exceptions import UsageError as _BundledUsageError
+except ImportError:
+    _BundledUsageError = click.UsageError
+_USAGE_ERRORS = (click.UsageError, _BundledUsageError)
+
 
 class _Commands(TyperGroup):
     """Every command ends an expected failure the same way: one sentence on stderr saying what is wrong and what
@@ -40,6 +46,12 @@ class _Commands(TyperGroup):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except _USAGE_ERRORS as e:  # a bad option or argument: the usage line, then `error:` as every command
+            if e.ctx is not None:
+                err.print(Text(e.ctx.get_usage()), highlight=False)
+                err.print(Text(f"Try '{e.ctx.command_path} --help' for help."), highlight=False)
+            err.print("[bold red]error:[/]", Text(e.format_message()), highlight=False)
+            ctx.exit(e.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:
@@ -90,16 +102,53 @@ def _config(config: str, overrides: list[str] | None):
 
 def _check_seed_file(cfg) -> None:
     """A user's seed file is read and checked before anything is written, so a bad row (SeedFileError, with
-    file and line) leaves the warehouse as it was; so are `seeds.math_generators` (ConfigError naming the
-    generator or setting). (A missing file is the seed stage's to report: a run whose seeds are loaded never
-    reads it again.)"""
+    file and line, or a question longer than the model can read) leaves the warehouse as it was; so are
+    `seeds.math_generators` (ConfigError naming the generator or setting) and the validation size they must give
+    (ConfigError naming the generators short and their counts). (A missing file is the seed stage's to report: a
+    run whose seeds are loaded never reads it again.)"""
     from sage.engines.data.seeds import default_math, load_file
+    from sage.stages.seed import check_sizes, refuse_unreadable
 
+    _check_file_size_limit()
     source = Path(cfg.seeds.source)
     if source.is_file():
-        load_file(source)
+        refuse_unreadable(cfg, load_file(source), cfg.seeds.source)
     if cfg.seeds.source == "default" and cfg.seeds.math_generators is not None:
         default_math(len(cfg.seeds.math_generators), cfg.seeds.seed, "seed", cfg.seeds.math_generators)
+    check_sizes(cfg)
+
+
+def _check_model(cfg) -> None:
+    """The model resolves (bundled and installed, or an existing directory; a Hugging Face id is looked up when it
+    loads) before a run is recorded: a missing one is one sentence (ModelNotFoundError), not a run recorded
+    `failed` after seeding and a Prefect start."""
+    from sage.engines.llm.models import ModelNotFoundError, resolve_model
+
+    try:
+        resolve_model(cfg.model.name, cfg.model.cache_dir)
+    except ModelNotFoundError:
+        raise
+    except OSError as e:  # the bundled model is converted into model.cache_dir on first use
+        fail(f"model.cache_dir {cfg.model.cache_dir}: the converted model cannot be written there ({e.strerror or e}"
+             f"{f': {e.filename}' if e.filename else ''}); pick a writable directory (--set model.cache_dir=DIR)")
+
+
+#: The smallest file-size limit (`ulimit -f`) a run starts under: the warehouse, the Prefect server's database,
+#: converted models and adapters are written as files of hundreds of megabytes and more.
+MIN_FILE_SIZE_LIMIT = 1 << 30
+
+
+def _check_file_size_limit() -> None:
+    """A file-size limit (RLIMIT_FSIZE) below `MIN_FILE_SIZE_LIMIT` ends the command before anything is written:
+    under it each file stops growing at the limit, and the Prefect server, the sandbox and the warehouse fail
+    one after another, each in its own words."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft != resource.RLIM_INFINITY and soft < MIN_FILE_SIZE_LIMIT:
+        fail(f"a file-size limit of {soft:,} bytes is set (ulimit -f), below the {MIN_FILE_SIZE_LIMIT >> 30} GiB "
+             f"the warehouse, the Prefect server's database and the models need; nothing was written. Raise it "
+             f"(`ulimit -f unlimited`) and run the command again")
 
 
 def _open(path: Path, read_only: bool = False):
@@ -120,13 +169,22 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = 
     from sage.flows.record import run_recorded
     from sage.flows.session import Session
     from sage.stages import seed as seed_stage
+    from sage.warehouse import WarehouseBusy
     from sage.warehouse.queries import question_counts
 
     cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else [])])
-    with Session(cfg.run.dir) as s, console.status("loading seeds (code tasks run in the sandbox)..."):
-        ctx = s.context_for(cfg, None)
-        report = run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
-        counts = question_counts(s.warehouse)
+    _check_seed_file(cfg)
+    path = warehouse_path(cfg.run.dir)
+    fresh, made = not path.exists(), [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    try:
+        with Session(cfg.run.dir) as s, console.status("loading seeds (code tasks run in the sandbox)..."):
+            ctx = s.context_for(cfg, None)
+            report = run_recorded(ctx, Stage.SEED, seed_stage.run, run_id=seed_stage.seeds_key(ctx), iteration=0)
+            counts = question_counts(s.warehouse)
+    except BaseException as e:
+        if fresh and not isinstance(e, WarehouseBusy):  # a busy file is another process's: never removed
+            _remove_new(path, made)
+        raise
     if report is None:
         console.print("seeds already loaded (nothing to do)")
     else:
@@ -136,14 +194,33 @@ def seed(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = 
     print_rows(counts, title=f"questions in {warehouse_path(cfg.run.dir)}")
 
 
+def _remove_new(path: Path, made: list[Path]) -> None:
+    """After a failed `sage seed` in a new directory: remove the warehouse it made there (it holds no question:
+    the seeds commit in one transaction, at the end) and the directories it made, so the failure leaves no file
+    behind, as its sentence says."""
+    from sage.warehouse import Warehouse, snapshot_path
+
+    try:
+        with Warehouse.open(path, read_only=True) as wh:
+            if wh.count("questions"):
+                return
+    except Exception:  # what it holds cannot be read: left as it is
+        return
+    for p in (path, path.with_name(path.name + ".wal"), path.with_name(path.name + ".writer"), snapshot_path(path),
+              *made):  # the directories innermost first
+        with suppress(OSError):
+            p.rmdir() if p in made else p.unlink(missing_ok=True)
+
+
 @app.command()
 def sql(query: Annotated[str | None, typer.Argument(
             help="SQL to run, e.g. \"select * from curriculum_drift\". Without it, statements are read from "
                  "standard input: an interactive shell at a terminal (end each with `;`, leave with Ctrl-D or "
                  "`.quit`), else a script such as `sage sql < queries.sql`.", show_default=False)] = None,
         directory: DirOpt = Path("./sage-runs"),
-        fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: long cells cut, middle "
-                                         "columns hidden when they do not fit), line (one `column = value` per "
+        fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: long cells cut; when the "
+                                         "columns do not fit, ids and timestamps hidden first, then text cut, then "
+                                         "columns on the right hidden, each named), line (one `column = value` per "
                                          "line: every column, whole), csv or json.")] = "table",
         write: Annotated[bool, typer.Option("--write", help="Open the warehouse for writing (default read-only).")]
         = False) -> None:
@@ -232,25 +309,26 @@ def _sql_shell(path: Path, fmt: str, write: bool) -> None:
 @app.command()
 def status(directory: DirOpt = Path("./sage-runs"),
            run: Annotated[str | None, typer.Option("--run", help="Show only this run.")] = None,
-           fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: middle columns hidden "
-                                            "when they do not fit) or line (one `column = value` per line).")]
+           fmt: Annotated[str, typer.Option("--format", "-f", help="table (fits the terminal: columns that do not fit "
+                                            "hidden, and named) or line (one `column = value` per line).")]
            = "table") -> None:
     """List runs, their iterations and each stage's state."""
-    from sage.warehouse.queries import question_counts, run_ids, runs_overview, stage_states
+    from sage.warehouse.queries import question_counts, run_config, run_ids, runs_overview, stage_states
     from sage.warehouse.runs import dead_rows
 
     if fmt not in ("table", "line"):
         fail(f"--format {fmt!r}: use table or line")
     path = warehouse_path(directory)
-    if not path.exists():
-        console.print(f"no warehouse at {path}. Start with `sage seed` (load problems) or `make run`.")
-        return
+    if not path.exists():  # a mistyped --dir, or no run yet: the state to fix, as `sage sql` says it
+        fail(f"no warehouse at {path}: start a project there with `sage run` (`make run` sets up and runs the "
+             f"defaults), or give --dir of an existing one")
     with _open(path, read_only=True) as wh, wh.held():  # one connection: every table from the same state
         runs = [r for r in runs_overview(wh) if run is None or r["run_id"] == run]
         names = run_ids(wh) if run is not None and not runs else []
         counts = question_counts(wh)
         stages = {r["run_id"]: stage_states(wh, r["run_id"]) for r in runs}
         dead = dead_rows(wh)  # recorded `running`, but the process that ran them is gone: shown `dead`
+        configs = {rid: (run_config(wh, rid) or (None,))[0] for (rid, it, _) in dead if it is None}
     for r in runs:
         if (r["run_id"], None, None) in dead:
             r["status"] = "dead"
@@ -270,7 +348,7 @@ def status(directory: DirOpt = Path("./sage-runs"),
         rows = stages[r["run_id"]]
         if fmt == "line":
             print_rows(rows, fmt, title="stages")
-            _say_dead(r, rows, dead)
+            _say_dead(r, rows, dead, configs.get(r["run_id"]), directory)
             continue
         # Errors are sentences: printed whole under the table, which then fits a narrower terminal.
         print_rows([{k: v for k, v in row.items() if k != "error"} for row in rows], title="stages", more=more)
@@ -278,10 +356,10 @@ def status(directory: DirOpt = Path("./sage-runs"),
             if row.get("error"):
                 console.print(Text(f"error in iteration {row['iteration']} {cell(row['stage'])}: {cell(row['error'])}"),
                               soft_wrap=True)
-        _say_dead(r, rows, dead)
+        _say_dead(r, rows, dead, configs.get(r["run_id"]), directory)
 
 
-def _say_dead(run: dict, stages: list[dict], dead: dict) -> None:
+def _say_dead(run: dict, stages: list[dict], dead: dict, config: str | None, directory: Path) -> None:
     """Under a run's tables, for what `sage status` shows `dead`: whose process is gone, and the command that
     resumes (the same `sage run` resumes a run; a lone `sage stage` is resumed by itself, or by `sage run`)."""
     rid = run["run_id"]
@@ -296,18 +374,54 @@ def _say_dead(run: dict, stages: list[dict], dead: dict) -> None:
         _sentence(f"{line}Resume the stage with the command below, or the whole run with `sage run --run "
                   f"{shlex.quote(rid)}` and the -c and --set it was started with:",
                   f"sage stage {gone[0]['stage']} --run {shlex.quote(rid)} --iteration {gone[0]['iteration']}")
+    elif command := resume_command(config, rid, directory):
+        _sentence(f"{line}Resume it, with the config it was started with, by:", command)
     else:
         _sentence(f"{line}Resume it with the -c and --set it was started with:", f"sage run --run {shlex.quote(rid)}")
 
 
-def _summary(wh, run_id: str, iteration: int, directory: str) -> None:
+def resume_command(config: str | None, run_id: str, directory: Path) -> str | None:
+    """The whole `sage run` that resumes run `run_id` from its stored config (JSON): the profile it differs least
+    from, a --set for each field that differs, and run.dir; None when the stored config is empty or does not load
+    (one written by another version)."""
+    import yaml
+    from pydantic import BaseModel
+
+    from sage.configs import _profiles, config_from_dict, load_config
+    from sage.configs.schema import SageConfig
+
+    try:
+        data = json.loads(config or "null")
+        if not data or not isinstance(data, dict):
+            return None
+        stored = config_from_dict(data).model_dump(mode="json")
+    except ValueError:
+        return None
+
+    def differ(model, base: dict, mine: dict, prefix: str) -> list[str]:
+        found = []
+        for name, info in model.model_fields.items():
+            kind = info.annotation if isinstance(info.annotation, type) else None
+            if kind is not None and issubclass(kind, BaseModel):
+                found += differ(kind, base[name], mine[name], f"{prefix}{name}.")
+            elif base[name] != mine[name] and f"{prefix}{name}" != "run.dir":
+                value = yaml.safe_dump(mine[name], default_flow_style=True, width=10**6).strip()
+                found.append(f"{prefix}{name}={value.removesuffix(chr(10) + '...')}")
+        return found
+
+    profile, sets = min(((p, differ(SageConfig, load_config(p).model_dump(mode="json"), stored, ""))
+                         for p in _profiles()), key=lambda found: len(found[1]))
+    words = ["sage", "run", "--run", run_id, "-c", profile,
+             *(w for a in [*sets, f"run.dir={directory}"] for w in ("--set", a))]
+    return " ".join(map(shlex.quote, words))
+
+
+def _summary(wh, run_id: str, iteration: int) -> None:
     from sage.warehouse.queries import iteration_summary
 
     for name, rows in iteration_summary(wh, run_id, iteration).items():
         if rows:
             print_rows(rows, title=f"iteration {iteration}: {name}")
-    _sentence(f"warehouse: {warehouse_path(directory)}; its numbers per iteration:",
-         f"sage sql \"select * from curriculum_drift where run_id = '{run_id}'\" --dir {directory}")
 
 
 def _best(wh, run_id: str, directory: str) -> None:
@@ -393,23 +507,33 @@ def _run_flow(directory: str, fn, *args, engines: dict | None = None, display=No
     reporting to the Prefect API of `flows/api_server.py`. SIGINT and SIGTERM stop it within seconds: the stage in
     flight ends `interrupted` (its committed batches are kept), every helper this process started stops, and the
     command says how to resume and exits 130 or 143."""
-    from sage.flows.api_server import prefect_api
+    from sage.flows.api_server import cancel_interrupted, prefect_api
     from sage.flows.progress import Display
     from sage.flows.record import Interrupted, ended, stopped_by_signals
     from sage.flows.session import Session
 
+    def signal_name(e: BaseException) -> str:
+        return signal.Signals(Interrupted.received or getattr(e, "signal", signal.SIGINT)).name
+
+    resume = " ".join(["sage", *sys.argv[1:]])
     with stopped_by_signals():
         try:
             with prefect_api(_say(display)), display or Display(err) as shown, \
-                    Session(directory, display=shown, engines=engines):
+                    Session(directory, display=shown, engines=engines) as session:
                 quiet_prefect_tracebacks()
-                return fn(*args)
+                try:
+                    return fn(*args)
+                except BaseException as e:  # Prefect recorded the runs a signal stopped as Crashed: say Cancelled
+                    if ended(e) == "interrupted":
+                        cancel_interrupted(session.flow_runs, f"interrupted ({signal_name(e)}); committed work is "
+                                                              f"kept; resume with: {resume}")
+                    raise
         except BaseException as e:
             if ended(e) != "interrupted":
                 raise
-            signum = Interrupted.received or getattr(e, "signal", signal.SIGINT)
-            err.print(f"interrupted ({signal.Signals(signum).name}): committed work is kept, the batch in flight was "
-                      f"dropped; resume with: {' '.join(['sage', *sys.argv[1:]])}", highlight=False, soft_wrap=True)
+            signum = signal.Signals[signal_name(e)]
+            err.print(f"interrupted ({signum.name}): committed work is kept, the batch in flight was "
+                      f"dropped; resume with: {resume}", highlight=False, soft_wrap=True)
             raise typer.Exit(128 + signum) from None
 
 
@@ -419,16 +543,21 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
                                                        "1 (default: run.iterations).")] = None,
         run_id: Annotated[str | None, typer.Option("--run", help="Run name (default: run-<config hash>, so the same "
                                                    "config resumes).")] = None,
+        directory: Annotated[Path | None, typer.Option("--dir", help="Project directory holding warehouse.duckdb "
+                                                       "(default: run.dir, ./sage-runs); the same as --set "
+                                                       "run.dir=DIR.")] = None,
         quiet: QuietOpt = False, verbose: VerboseOpt = False) -> None:
     """Seed if needed, then run SAGE iterations as Prefect flows; resumes a run where it stopped."""
     from sage.flows.evolve import evolve_flow
     from sage.flows.session import Session
 
-    cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else [])])
+    cfg = _config(config, [*(set_ or []), *(["seeds.skip_bad=true"] if skip_bad else []),
+                           *([f"run.dir={directory}"] if directory is not None else [])])
     n = iterations or cfg.run.iterations
     directory = str(Path(cfg.run.dir).expanduser())
     _check_prefect()
     _check_seed_file(cfg)
+    _check_model(cfg)
     with Session(directory) as s:
         rid = s.create_run(cfg, run_id)
     console.print(f"run {rid}: {n} iteration(s) of {cfg.model.name} ({cfg.model.backend}); "
@@ -438,7 +567,9 @@ def run(config: ConfigOpt = "cpu", set_: SetOpt = None, skip_bad: SkipBadOpt = F
     wh = _open(warehouse_path(directory), read_only=True)
     try:
         for k in range(1, len(summaries) + 1):  # early stopping may end the run before n
-            _summary(wh, rid, k, directory)
+            _summary(wh, rid, k)
+        _sentence(f"warehouse: {warehouse_path(directory)}; its numbers per iteration:",
+                  f"sage sql \"select * from curriculum_drift where run_id = '{rid}'\" --dir {directory}")
         _best(wh, rid, directory)
     finally:
         wh.close()
@@ -462,6 +593,7 @@ def stage(name: Annotated[str, typer.Argument(help="Stage to run, e.g. verify (s
         fail(f"unknown stage {name!r}; one of: {', '.join(RUNNABLE)}")
     if not warehouse_path(directory).exists():
         fail(f"no warehouse at {warehouse_path(directory)}")
+    _check_file_size_limit()
     _check_prefect()
     with Session(str(directory)) as s:  # refused here, before a flow run starts or a row is written
         check_stage_target(s.warehouse, run_id, iteration, name, force)

@@ -117,7 +117,7 @@ def eval_command(
 
     from sage.configs import load_config
     from sage.flows import session
-    from sage.flows.api_server import check_api
+    from sage.flows.api_server import check_api, prefect_api
     from sage.flows.evaluate import DEFAULT_BENCHMARKS, DEFAULT_CHECKPOINTS, eval_flow
     from sage.flows.progress import Display
     from sage.flows.terminal import console, err, fail, quiet_prefect_tracebacks
@@ -136,7 +136,8 @@ def eval_command(
         check_api()  # a configured Prefect server that is down: PrefectUnreachable, before any work
         check_hub_benchmarks(benchmarks)
         directory = str(Path(directory or cfg.run.dir).expanduser())
-        with Display(err) as display, session.Session(directory, display=display):
+        say = lambda line: err.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
+        with prefect_api(say), Display(err) as display, session.Session(directory, display=display):
             quiet_prefect_tracebacks()
             rows = eval_flow(directory, run_id, checkpoints, benchmarks, limit, n, k, config, set_)
     except ValueError as e:  # a benchmark spec or value the stage refuses

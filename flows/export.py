@@ -93,6 +93,7 @@ def export_command(
                                             "model directory (with tokenizer) that transformers and vLLM load.")]
         = False) -> None:
     """Export a checkpoint's LoRA adapter as peft saved it, or with --merge a merged model directory."""
+    from sage.flows.progress import QUIET, Display
     from sage.flows.terminal import console, fail
     from sage.warehouse import warehouse_path
     from sage.warehouse.runs import run_dirname
@@ -105,7 +106,8 @@ def export_command(
         if dest is None:
             dest = (Path(directory).expanduser() / "exports"
                     / f"{run_dirname(run_id)}-{checkpoint}{'-merged' if merge else ''}")
-        out = export_adapter(wh, run_id, checkpoint, dest, merge)
+        with Display(mode=QUIET):  # transformers' and the hub's progress bars off while it loads and saves
+            out = export_adapter(wh, run_id, checkpoint, dest, merge)
         target = resolve_checkpoint(wh, run_id, checkpoint)
     except ValueError as e:  # ExportError, an unknown run or checkpoint
         fail(str(e))

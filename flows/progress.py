@@ -2,8 +2,12 @@
 
 On a terminal, a live region at the bottom: a header (run, `iteration k/n`, time so far) and one bar per
 (iteration, stage) in flight with rows done, tokens per second and ETA (training counts optimizer steps and
-shows the last update's loss); a stage that does not report progress (scoring, admission) shows an
-indeterminate bar with its elapsed time. When a stage ends, its bar is
+shows the last update's loss), on one line at any width from 80 columns (under `WIDE` the bar is short and the
+label is the stage's name: the header names the iteration); a stage that does not report progress (scoring,
+admission) shows an indeterminate bar with its elapsed time. Rate and ETA are measured from a stage's first
+report (generation reports 0 rows before its first batch; training its first optimizer step, after the model
+has loaded), so setup time does not skew them. A finished stage's line gives one throughput: its own
+`tokens_per_s` where it reports one (training), else the rate the bar measured. When a stage ends, its bar is
 printed above the live region with its summary (rows in/out, key numbers) and leaves it, so the region stays a
 few lines high and each (iteration, stage) keeps its own bar: iteration 2 never reuses iteration 1's.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -37,7 +42,7 @@ from rich.text import Text
 from sage.flows.terminal import plain
 
 LIVE, LINES, QUIET = "live", "lines", "quiet"
-WIDE = 110   # columns from which a stage line also shows the tokens per second and a long bar
+WIDE = 110   # columns from which a stage's bar is long and its label names the iteration
 
 
 class _Rows(ProgressColumn):
@@ -48,20 +53,30 @@ class _Rows(ProgressColumn):
 
 
 class _Time(ProgressColumn):
-    """`ETA 0:00:04` while a bar with a known total runs, else the time it has taken (`0:01:12`): one column, so
-    a stage's line fits 80 columns."""
+    """`ETA 0:04` while a bar's finish can be estimated (its `finish` field, a monotonic time: the ETA counts
+    down between reports), else the time it has taken (`1:12`): one column, so a stage's line fits 80 columns."""
 
     def render(self, task: Task) -> Text:
-        left = None if task.finished or task.total is None else task.time_remaining
-        if left is not None:
-            return Text(f"ETA {_clock(left)}", style="cyan")
+        finish = None if task.finished else task.fields.get("finish")
+        if finish is not None:
+            return Text(f"ETA {_clock(max(finish - time.monotonic(), 0))}", style="cyan")
         elapsed = task.finished_time if task.finished else task.elapsed
         return Text(_clock(elapsed or 0), style="yellow")
 
 
 def _clock(seconds: float) -> str:
+    """`m:ss` under an hour, `h:mm:ss` from one."""
     seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _tok_s(value: float) -> str:
+    return f"{value:,.0f} tok/s"
+
+
+# a stage summary's own throughput (`summary_line`'s `tokens_per_s N`): the finished line names it once, as tok/s
+_OWN_RATE = re.compile(r"(?:(?<=; )|, )tokens_per_s (\d+(?:\.\d*)?(?:e[+-]?\d+)?)")
 
 
 class _Mark(SpinnerColumn):
@@ -82,8 +97,8 @@ class Display:
         self.console = console or Console(stderr=True)
         self.mode = mode or (LIVE if self.console.is_terminal else LINES)
         self.run_id, self.iterations, self.verbose = run_id, iterations, verbose
-        # One line per stage, never wrapped: under WIDE columns the bar is short and the rate leaves only the
-        # note (training's loss); what still does not fit is cut with an ellipsis.
+        # One line per stage, never wrapped: under WIDE columns the bar is short and the label the stage's name, so
+        # rows, loss, tokens per second and ETA fit 80 columns; what still does not fit is cut with an ellipsis.
         self.wide = self.console.width >= WIDE
         whole = dict(no_wrap=True, overflow="ellipsis")
         self.progress = Progress(_Mark(), TextColumn("{task.description}", table_column=Column(**whole)),
@@ -93,6 +108,7 @@ class Display:
                                  _Time(table_column=Column(justify="right", **whole)), console=self.console)
         # (iteration, name) -> (task id, start, the stage in flight when it appeared: whose part it is)
         self._bars: dict[tuple[int, str], tuple[int, float, tuple[int, str] | None]] = {}
+        self._anchors: dict[tuple[int, str], tuple[float, int, int]] = {}  # first report: (time, done, tokens)
         self._lock = threading.Lock()
         self._current: tuple[int, str] | None = None
         self._start = time.monotonic()
@@ -108,11 +124,19 @@ class Display:
         with the iteration first."""
         if self.mode != LIVE:
             return
-        task_id, start, _ = self._bar(iteration, stage)
-        elapsed = max(time.monotonic() - start, 1e-9)
-        rate = f"{tokens / elapsed:,.0f} tok/s" if tokens and elapsed > 0.5 else ""
+        key = (iteration, stage)
+        task_id, _, _ = self._bar(iteration, stage)
+        now = time.monotonic()
+        t0, done0, tokens0 = self._anchors.setdefault(key, (now, done, tokens))
+        elapsed = now - t0
+        rate, finish = "", None
+        if elapsed > 0.5 and tokens > tokens0:
+            rate = _tok_s((tokens - tokens0) / elapsed)
+        if done > done0 and total > done:  # rows per second since the first report, the rest at that pace
+            finish = now + (total - done) * elapsed / (done - done0)
         self.progress.update(task_id, completed=done, total=max(total, 1), rows=f"{done}/{total} {unit}",
-                             rate=plain(" ".join(p for p in (note, rate if self.wide else "") if p)))
+                             note=plain(note), tok=rate, rate=plain(" ".join(p for p in (note, rate) if p)),
+                             finish=finish)
 
     @contextmanager
     def stage(self, iteration: int, name: str) -> Iterator[Callable[[str], None]]:
@@ -125,8 +149,7 @@ class Display:
         try:
             yield summary.append
         except BaseException as e:
-            self._end(key, f"{'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'}: "
-                           f"{type(e).__name__}", ok=False)
+            self._end(key, _ended(e), ok=False)
             raise
         self._end(key, summary[-1] if summary else "done", ok=True)
 
@@ -137,8 +160,12 @@ class Display:
         with self._lock:
             if key not in self._bars:
                 owner = self._current if self._current != key else None
-                label = f"  {name}" if owner else f"iteration {iteration} {name}"  # a part: validate's verification
-                task_id = self.progress.add_task(plain(label).ljust(30), total=None, rate="")
+                full = f"iteration {iteration} {name}"
+                # a part (validate's verification) is indented under its stage; under WIDE the header names the
+                # iteration, and the finished line (`_frozen`) gets the full label back
+                label = f"  {name}" if owner else full if self.wide else name
+                task_id = self.progress.add_task(plain(label).ljust(30 if self.wide else 20), total=None, rate="",
+                                                 full=plain(f"  {name}" if owner else full))
                 self._bars[key] = (task_id, time.monotonic(), owner)
             return self._bars[key]
 
@@ -148,18 +175,25 @@ class Display:
         task_id, start, _ = self._bars[key]
         seconds = time.monotonic() - start
         summary = plain(line.split(": ", 1)[1] if line.startswith(f"{name}: ") else line)
+        own = _OWN_RATE.search(summary)
+        if own:  # the stage measured its own throughput: the line gives that one, not the bar's as well
+            summary = summary[:own.start()] + summary[own.end():]
         if self.mode == LINES:
             self.console.print(Text(f"iteration {iteration} {name}: {summary} ({seconds:.1f} s)"), soft_wrap=True)
         elif self.mode == LIVE:
             task = next(t for t in self.progress.tasks if t.id == task_id)
             total = task.total if task.total is not None else 1
+            rate = _tok_s(float(own.group(1))) if own else task.fields.get("tok", "")
             self.progress.update(task_id, total=total, completed=total if ok else task.completed,
-                                 mark="[green]✓" if ok else "[red]✗")
+                                 mark="[green]✓" if ok else "[red]✗", description=task.fields["full"].ljust(30),
+                                 # the last update's loss only where no summary gives the stage's own numbers
+                                 rate=" ".join(p for p in ("" if ok else task.fields.get("note", ""), rate) if p))
             self.progress.stop_task(task_id)
             self.console.print(self._frozen(task, summary))
         with self._lock:
             for k in [k for k, (_, _, owner) in self._bars.items() if k == key or owner == key]:
                 self.progress.remove_task(self._bars.pop(k)[0])
+                self._anchors.pop(k, None)
             self._current = None
 
     def _frozen(self, task: Task, summary: str) -> Text:
@@ -254,3 +288,14 @@ class _ConsoleHandler(logging.Handler):
             self.console.print(Text(plain(self.format(record)), style=style), soft_wrap=True)
         except Exception:
             self.handleError(record)
+
+
+def _ended(e: BaseException) -> str:
+    """How a stage's bar ends when `e` stops it: "interrupted (SIGTERM)" for a signal (its name, not the exception's:
+    that is `Interrupted`), else "failed: " and the exception's type."""
+    if isinstance(e, KeyboardInterrupt):
+        import signal
+
+        signum = getattr(e, "signum", None)
+        return f"interrupted ({signal.Signals(signum).name})" if signum else "interrupted"
+    return f"failed: {type(e).__name__}"

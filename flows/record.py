@@ -18,9 +18,9 @@ from contextlib import contextmanager
 
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.checkpoints import check_retained
-from sage.warehouse.errors import is_interrupt
+from sage.warehouse.errors import WarehouseUnwritable, is_interrupt
 from sage.warehouse.queries import mark_stage_finished, mark_stage_running, stage_status
-from sage.warehouse.redo import forget_outputs, mark_later_stale
+from sage.warehouse.redo import forget_outputs, mark_later_stale, written_before
 
 
 class Interrupted(KeyboardInterrupt):
@@ -111,6 +111,8 @@ def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], Sta
     if force or status == "stale":
         forget_outputs(ctx.wh, run_id, iteration, stage)
         stale = mark_later_stale(ctx.wh, run_id, iteration, stage)
+    # a resumed stage writes only what its earlier attempts did not: its counts cover them all
+    earlier = written_before(ctx.wh, run_id, iteration, stage) if status is not None else 0
     start = time.perf_counter()
     try:  # from before the row says `running`: a signal at any point after it (even before `fn`) ends it
         mark_stage_running(ctx.wh, run_id, iteration, stage)
@@ -120,6 +122,8 @@ def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], Sta
         mark_stage_finished(ctx.wh, run_id, iteration, stage, ended(e), None, None,
                             time.perf_counter() - start, error)
         raise
+    if earlier and report.rows_out is not None:
+        report.rows_out += earlier
     mark_stage_finished(ctx.wh, run_id, iteration, stage, "done", report.rows_in, report.rows_out,
                         time.perf_counter() - start, None)
     publish(ctx.wh, ctx.cfg.run.snapshot)  # the stage's rows move from the write-ahead log into the file
@@ -130,12 +134,13 @@ def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], Sta
 
 def publish(wh, snapshot: bool) -> None:
     """Checkpoint the warehouse and, with `run.snapshot`, refresh its read-only copy for other DuckDB clients
-    (`Warehouse.snapshot`). A copy that cannot be written (a full disk) is said in the log and fails nothing: the
-    warehouse itself is committed."""
+    (`Warehouse.snapshot`). A checkpoint that fails (a full disk) fails the stage; a copy that cannot be written is
+    said in the log (which file, how much space it needs) and fails nothing: the part copy is removed, so it takes
+    no space the next commit needs, and the warehouse itself is committed."""
+    wh.checkpoint()
     if not snapshot:
-        wh.checkpoint()
         return
     try:
         wh.snapshot()
-    except OSError as e:
+    except (OSError, WarehouseUnwritable) as e:
         logging.getLogger(__name__).warning("the warehouse's read-only copy was not refreshed: %s", e)

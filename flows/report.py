@@ -41,13 +41,14 @@ REJECTION_REASONS = ("low_quality", "invalid_verifier", "ungrounded", "duplicate
 
 
 def iteration_figure(title: str) -> tuple[Figure, object]:
-    """A 7 x 4 inch figure with one axis over iterations (integer ticks), as every curve of the report has."""
+    """A 7 x 4 inch figure with one axis over iterations (integer ticks, one tick for a run of one iteration), as
+    every curve of the report has."""
     fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.set_title(title)
     ax.set_xlabel("iteration")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # never 0.96, 0.98, 1.00 ...
     ax.grid(alpha=0.3)
     return fig, ax
 
@@ -92,7 +93,7 @@ def plot_admission(t: Tables) -> Figure | None:
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("questions")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     return fig
 
 
@@ -217,12 +218,18 @@ def _visible(rows: list[dict]) -> list[str]:
     return [c for c in (rows[0] if rows else {}) if c != "run_id"]
 
 
+def _align(value) -> str:
+    """Numbers right-aligned (their digits line up), text left (`td` is left-aligned)."""
+    return ' class="n"' if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+
+
 def html_table(rows: list[dict]) -> str:
     if not rows:
         return '<p class="note">no rows</p>'
     cols = _visible(rows)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td{_align(r[c])}>{html.escape(fmt(r[c]))}</td>" for c in cols) + "</tr>"
+                   for r in rows)
     return f"<div class=\"wide\"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
@@ -248,7 +255,7 @@ def _png_bytes(fig: Figure) -> bytes:
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}
 table{border-collapse:collapse;font-size:0.85em;margin-bottom:2em}th,td{border:1px solid #ccc;padding:3px 7px;
-text-align:right}th{background:#f3f3f3}.note{color:#777;font-style:italic}figure{display:inline-block;margin:0.5em}
+text-align:left}td.n{text-align:right}th{background:#f3f3f3}.note{color:#777;font-style:italic}figure{display:inline-block;margin:0.5em}
 img{max-width:700px;border:1px solid #eee}pre{white-space:pre-wrap;background:#f7f7f7;padding:6px;
 font-size:0.85em;max-height:24em;overflow:auto}.wide{overflow-x:auto;max-width:100%}"""
 

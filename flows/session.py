@@ -46,6 +46,7 @@ class Session:
         self._engines: dict[str, Engines] = {}
         self._configs: dict[str, SageConfig] = {}  # each run's stored config, read and validated once
         self.ray, self._own_ray = ray, ray is None  # the Ray fan-out (flows/fanout.py), once a run asks for it
+        self.flow_runs: set[str] = set()  # ids of the Prefect flow runs that worked in this session
         self._token = None
 
     # -- the warehouse and runs
@@ -137,6 +138,10 @@ def opened(directory: str | Path) -> Iterator[Session]:
     handle_signals()  # inside a flow run, where Prefect's engine has put its own SIGTERM handler
     current = _CURRENT.get()
     if current is not None and current.directory == Path(directory).expanduser().resolve():
+        from prefect.runtime import flow_run
+
+        if flow_run.id:  # the flow runs of this session: an interrupted command marks them Cancelled
+            current.flow_runs.add(flow_run.id)
         yield current
         return
     with Session(directory) as session:

@@ -38,11 +38,13 @@ def _escape(char: str) -> str:
 
 
 def cell(value) -> str:
-    """A value as a table cell: None empty, floats to 4 significant digits, and every control character
-    escaped (`\\n`, `\\x1b`, `\\u202e`, ...): cells can hold model output, whose escape sequences must not reach
-    the terminal and whose newlines would break the table."""
+    """A value as a table cell: None empty, floats to 4 significant digits (zero never `-0`), and every control
+    character escaped (`\\n`, `\\x1b`, `\\u202e`, ...): cells can hold model output, whose escape sequences must
+    not reach the terminal and whose newlines would break the table."""
     if value is None:
         return ""
+    if isinstance(value, float) and value == 0:
+        value = 0.0  # a mean of tiny negatives rounds to -0.0: shown as 0, not `-0`
     text = f"{value:.4g}" if isinstance(value, float) else str(value)
     return _CONTROL.sub(lambda m: _escape(m.group()), text)
 
@@ -55,9 +57,36 @@ def plain(text: str) -> str:
 
 FORMATS = ("table", "line", "csv", "json")
 MAX_CELL = 40  # a table cell longer than this is cut with an ellipsis (`--format line` shows it whole)
-MIN_CELL = 20  # cells are cut down to this (never below their header) before middle columns are hidden
-HIDDEN = "…"  # the marker column standing for the hidden middle columns
+MIN_CELL = 20  # cells are cut down to this (never below their header) before any column is hidden
+MIN_TEXT = 10  # once ids and timestamps are hidden, long text (over MAX_CELL) is cut to this before more columns go
 MORE = "--format line or --format csv shows them"  # how to see hidden columns (`sage sql`'s options)
+_HASH = re.compile(r"[0-9a-f]{12,}")
+
+
+def _incidental(name: str, values: list) -> bool:
+    """Whether a column is what a narrow table drops first: a long id (`*_id`, or content-hash values) or a
+    timestamp. A reader needs the measures and the text; ids and times are for joins and filters."""
+    import datetime
+
+    present = [v for v in values if v is not None]
+    if any(isinstance(v, (datetime.datetime, datetime.date, datetime.time)) for v in present):
+        return True
+    if name.lower().endswith("_at"):
+        return True
+    strings = [v for v in present if isinstance(v, str)]
+    if not strings or len(strings) < len(present):
+        return False
+    return (name.lower() == "id" or name.lower().endswith("_id") and max(map(len, strings)) >= 8
+            or all(_HASH.fullmatch(v) for v in strings))
+
+
+def _numeric(values: list) -> bool:
+    """Whether a column holds numbers (right-aligned, as DuckDB's shell does): no bools, at least one value."""
+    import decimal
+
+    present = [v for v in values if v is not None]
+    return bool(present) and all(isinstance(v, (int, float, decimal.Decimal)) and not isinstance(v, bool)
+                                 for v in present)
 
 
 def _fit(floor: list[int], want: list[int], available: int) -> list[int]:
@@ -74,34 +103,38 @@ def _fit(floor: list[int], want: list[int], available: int) -> list[int]:
 
 
 def _layout(headers: list[int], natural: list[int], available: int, max_cell: list[int],
-            hide: bool = True) -> tuple[list[int], list[int]] | None:
+            incidental: list[bool] | None = None, hide: bool = True) -> tuple[list[int], list[int]] | None:
     """(indexes of the columns shown, their widths) for a table `available` characters wide, or None when
-    not even the first and the last column fit with their headers whole (or, unless `hide`, not every column).
-    Headers are never cut; cells are cut to their column's `max_cell`, then down to `MIN_CELL`, and then middle
-    columns are hidden, as many as needed, the others
-    kept alternately from the left and from the right (DuckDB's shell does the same). Each column costs
-    its width plus 3 (border and padding), the table 1 more; the hidden columns' marker column 4."""
+    not even the first column shown fits with its header whole (or, unless `hide`, not every column).
+    Headers are never cut. To fit, in this order: cells are cut to their column's `max_cell`, then down to
+    `MIN_CELL`; `incidental` columns (long ids, timestamps) are hidden, from the right; long text (cells over
+    `MAX_CELL`) is cut down to `MIN_TEXT`; and then the columns on the right that still do not fit are hidden,
+    so the left ones (the keys a view starts with) and the measures and text after them stay. Each column costs
+    its width plus 3 (border and padding), the table 1 more."""
     n = len(headers)
     want = [max(h, min(w, m)) for h, w, m in zip(headers, natural, max_cell)]
-    floor = [max(h, min(w, MIN_CELL)) for h, w in zip(headers, natural)]
-    if sum(floor) + 3 * n + 1 <= available:
-        shown = list(range(n))
-    else:
-        if n < 3 or not hide:
-            return None
-        left, right = [0], [n - 1]
-        used = floor[0] + floor[-1] + 2 * 3 + 1 + 4
-        if used > available:
-            return None
-        while len(left) + len(right) < n - 1:  # at least one column stays hidden
-            i = left[-1] + 1 if len(left) <= len(right) else right[0] - 1
-            if used + floor[i] + 3 > available:
-                break
-            used += floor[i] + 3
-            left.append(i) if len(left) <= len(right) else right.insert(0, i)
-        shown = left + right
-    room = available - 3 * len(shown) - 1 - (4 if len(shown) < n else 0)
-    return shown, _fit([floor[i] for i in shown], [want[i] for i in shown], room)
+    incidental = incidental or [False] * n
+
+    def floor(i: int, least: int) -> int:  # `least` (MIN_TEXT) cuts only long text: short labels stay whole
+        return max(headers[i], min(natural[i], least if natural[i] > MAX_CELL else MIN_CELL))
+
+    def cost(cols: list[int], least: int) -> int:
+        return sum(floor(i, least) + 3 for i in cols) + 1
+
+    shown, least = list(range(n)), MIN_CELL
+    for i in reversed(range(n)):
+        if cost(shown, least) <= available:
+            break
+        if incidental[i] and len(shown) > 1:
+            shown.remove(i)
+    if cost(shown, least) > available and hide:
+        least = MIN_TEXT
+        while len(shown) > 1 and cost(shown, least) > available:
+            shown.pop()
+    if cost(shown, least) > available or (len(shown) < n and not hide):
+        return None
+    room = available - 3 * len(shown) - 1
+    return shown, _fit([floor(i, least) for i in shown], [want[i] for i in shown], room)
 
 
 def _line_mode(names: list[str], rows: list[dict], title: str | None) -> None:
@@ -126,13 +159,14 @@ def print_rows(rows: list[dict], fmt: str = "table", title: str | None = None,
                columns: list[str] | None = None, count: bool = False, more: str = MORE,
                max_cell: int | dict[str, int] = MAX_CELL, hide: bool = True) -> None:
     """Print rows as a table that fits the terminal, one `column = value` line each (`line`), CSV (`\\n` line
-    endings) or JSON. The table keeps headers whole and cuts long cells with an ellipsis (no markup read
-    from the values); when the columns do not fit, middle ones are hidden behind a `…` column and a line
-    under the table says how many and how to see them (`more`); when not even the first and last fit, the
-    rows are printed as lines. One row too wide is shown on its side (column | value). `columns` names the
-    columns when there may be no rows, so an empty result still shows its header; `count` adds "N rows" under
-    the table, as DuckDB's shell does. `max_cell` is where a cell is cut when the terminal has room (one width,
-    or one per column name); `hide=False` prints lines rather than hide a column."""
+    endings) or JSON. The table keeps headers whole, cuts long cells with an ellipsis (no markup read from the
+    values) and right-aligns numbers; when the columns do not fit it hides long ids and timestamps first, then
+    cuts text shorter, then hides the columns on the right, and a line under the table names what it hid and
+    how to see it (`more`); when not even the first column fits, the rows are printed as lines. One row too
+    wide is shown on its side (column | value). `columns` names the columns when there may be no rows, so an
+    empty result still shows its header; `count` adds "N rows" under the table, as DuckDB's shell does.
+    `max_cell` is where a cell is cut when the terminal has room (one width, or one per column name);
+    `hide=False` prints lines rather than hide a column."""
     names = list(columns) if columns is not None else list(rows[0]) if rows else []
     if fmt == "json":
         console.print_json(json.dumps(rows, default=str)) if sys.stdout.isatty() \
@@ -169,28 +203,25 @@ def _table(names: list[str], rows: list[dict], title: str | None, count: bool, m
             _count(1)
         return
     caps = [max_cell.get(n, MAX_CELL) if isinstance(max_cell, dict) else max_cell for n in names]
-    layout = _layout(headers, natural, console.width, caps, hide) if names else ([], [])
-    if layout is None:  # not even the first and last column fit with their headers whole (or, unless hide, all)
+    incidental = [_incidental(n, [r[n] for r in rows]) for n in names]
+    layout = _layout(headers, natural, console.width, caps, incidental, hide) if names else ([], [])
+    if layout is None:  # not even the first column fits with its header whole (or, unless hide, every one)
         _line_mode(names, rows, title)
         if count:
             console.print()
             _count(len(rows))
         return
     shown, widths = layout
-    hidden = len(names) - len(shown)
     table = Table(title=Text(cell(title)) if title else None, show_lines=False)
-    for k, (i, width) in enumerate(zip(shown, widths)):
-        if hidden and k and shown[k - 1] != i - 1:
-            table.add_column(HIDDEN, no_wrap=True, width=1)
-        table.add_column(Text(heads[i]), overflow="ellipsis", no_wrap=True, width=width)
+    for i, width in zip(shown, widths):
+        justify = "right" if _numeric([r[names[i]] for r in rows]) else "left"
+        table.add_column(Text(heads[i]), overflow="ellipsis", no_wrap=True, width=width, justify=justify)
     for row in cells:
-        values = [Text(row[i]) for i in shown]
-        if hidden:
-            values.insert(next(k for k in range(1, len(shown)) if shown[k] != shown[k - 1] + 1), Text(HIDDEN))
-        table.add_row(*values)
+        table.add_row(*(Text(row[i]) for i in shown))
     console.print(table)
+    hidden = [heads[i] for i in range(len(names)) if i not in shown]
     if hidden:
-        console.print(Text(f"{hidden} of {len(names)} columns hidden ({HIDDEN}): {more}"), soft_wrap=True)
+        console.print(Text(f"{len(hidden)} of {len(names)} columns hidden: {', '.join(hidden)}; {more}"))
     if count:
         _count(len(rows))
 
@@ -237,10 +268,27 @@ def verbose() -> bool:
     return bool(ctx and ctx.find_root().params.get("verbose"))
 
 
+#: The start of each expected failure's sentence Prefect logged in this process (up to its first quote, which
+#: Prefect's reprs escape): the command prints the sentence itself, so the terminal drops Prefect's lines that
+#: repeat it ("Task run failed with exception: ...", "Finished in state Failed(...)").
+_SAID: set[str] = set()
+
+
+def _said(exc: BaseException | None) -> bool:
+    """Whether `exc` is a signal or an expected failure (remembering its sentence for `_HideSignalCrashes`)."""
+    if exc is None:
+        return False
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    known = expected_error(exc)
+    if known:
+        _SAID.add(re.split("['\"]", str(exc), maxsplit=1)[0][:80])
+    return bool(known)
+
+
 class _HideExpectedTracebacks(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None and (isinstance(exc, KeyboardInterrupt) or expected_error(exc)):
+        if _said(record.exc_info[1] if record.exc_info else None):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -248,7 +296,8 @@ class _HideExpectedTracebacks(logging.Filter):
 class _HideSignalCrashes(logging.Filter):
     """Once a signal stopped the command, Prefect reports each run it cut short as an error ("Crash detected!
     Execution was aborted by an interrupt signal", or, when the signal landed inside a DuckDB query, "Query
-    interrupted" with a traceback); the command says it in one line, so the terminal drops Prefect's errors."""
+    interrupted" with a traceback); the command says it in one line, so the terminal drops Prefect's errors. So
+    it does for an expected failure (a full disk): the command's sentence says it once."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         from sage.flows.record import Interrupted
@@ -256,8 +305,9 @@ class _HideSignalCrashes(logging.Filter):
         if not record.name.startswith("prefect") or record.levelno < logging.ERROR:
             return True
         text = record.getMessage()
+        expected = _said(record.exc_info[1] if record.exc_info else None) or any(s and s in text for s in _SAID)
         return not (Interrupted.received is not None or "Execution was aborted by an interrupt signal" in text
-                    or "Execution was aborted by a termination signal" in text)
+                    or "Execution was aborted by a termination signal" in text or expected)
 
 
 def quiet_prefect_tracebacks() -> None:

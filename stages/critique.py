@@ -15,15 +15,8 @@ from __future__ import annotations
 from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport, switched_off
 from sage.stages.rollouts import Unit, generate, question_fields
-from sage.stages.score import gate
+from sage.stages.score import critic_score, gate
 from sage.warehouse.queries import generated_questions, questions_by_id, rollouts_for, update_rows
-
-NEUTRAL = 0.5
-
-
-def _score(parsed: dict) -> float:
-    value = parsed.get("score")
-    return NEUTRAL if value is None else float(value)
 
 
 def run_questions(ctx: StageContext) -> StageReport:
@@ -35,7 +28,7 @@ def run_questions(ctx: StageContext) -> StageReport:
     _, written = generate(ctx, stage, Purpose.CRITIQUE_QUESTION, units)
     critiques = {r["question_id"]: r
                  for r in rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.CRITIQUE_QUESTION)}
-    updates = [{"question_id": q["question_id"], "s_q": _score(critiques[q["question_id"]]["parsed"])}
+    updates = [{"question_id": q["question_id"], "s_q": critic_score(critiques[q["question_id"]]["parsed"])}
                for q in questions if q["s_q"] is None and q["question_id"] in critiques]
     with ctx.wh.transaction():
         update_rows(ctx.wh, "questions", "question_id", updates)
@@ -55,7 +48,7 @@ def run_plans(ctx: StageContext) -> StageReport:
     critiques = {r["plan_id"]: r for r in rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.CRITIQUE_PLAN)}
     rows = []
     for p in plans:
-        s_p = _score(critiques[p["rollout_id"]]["parsed"])
+        s_p = critic_score(critiques[p["rollout_id"]]["parsed"])
         rows.append(dict(plan_id=p["rollout_id"], run_id=ctx.run_id, iteration=ctx.iteration,
                          question_id=p["question_id"], s_p=s_p, passed=gate(s_p, ctx.cfg.iteration.beta)))
     added = ctx.wh.insert_batch("plans", rows)

@@ -14,7 +14,7 @@ records which were.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,17 +118,20 @@ def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool, roll
 
 
 def _generated(ctx: StageContext, pending: list[Unit], purpose: Purpose, greedy: bool,
-               ids: dict[int, list[str]]) -> Iterator[tuple[int, list[Unit], list[GenRequest], list[GenResult]]]:
+               ids: dict[int, list[str]], shown: Callable[[int, int], None] = lambda done, tokens: None,
+               ) -> Iterator[tuple[int, list[Unit], list[GenRequest], list[GenResult]]]:
     """`pending` generated, in commits of `run.batch_rows` units: (offset, units, requests, results). Backend vllm
     generates the whole stage in one engine call, whose scheduler batches by token budget (no call waits for its
     longest completion before the next starts); hf makes one call per commit, each split further by
-    `model.token_budget`. The next commit is generated (hf) or cut (vllm) only once the caller has stored this one."""
+    `model.token_budget`. The next commit is generated (hf) or cut (vllm) only once the caller has stored this one.
+    `shown(units done, new tokens)` hears of each batch the engine finishes inside a call (progress only: what is
+    committed, and when, stays the same)."""
     step = ctx.cfg.run.batch_rows
     per_call = max(len(pending), 1) if ctx.cfg.model.backend == "vllm" else step
     for call in range(0, len(pending), per_call):
         units = pending[call:call + per_call]
         requests = [_request(ctx, u, purpose, greedy, ids[id(u)]) for u in units]
-        results = ctx.llm.generate(requests)
+        results = ctx.llm.generate(requests, progress=lambda done, _, tokens, at=call: shown(at + done, tokens))
         for at in range(0, len(units), step):
             yield call + at, units[at:at + step], requests[at:at + step], results[at:at + step]
 
@@ -141,7 +144,11 @@ def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit
     pending = [u for u in units if not all(r in have for r in ids[id(u)])]
     written, tokens = 0, 0
     ctx.report(stage, 0, len(pending), 0)
-    for start, batch, requests, results in _generated(ctx, pending, purpose, greedy, ids):
+
+    def shown(done: int, call_tokens: int) -> None:  # inside an engine call: its tokens on top of those stored
+        ctx.report(stage, done, len(pending), tokens + call_tokens)
+
+    for start, batch, requests, results in _generated(ctx, pending, purpose, greedy, ids, shown):
         rows, adapter = [], None if ctx.adapter is None else stored_path(ctx.wh, ctx.adapter)  # project-relative
         for unit, req, res in zip(batch, requests, results):
             for j, comp in enumerate(res.completions):
@@ -159,7 +166,8 @@ def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit
                     adapter=adapter, sample_index=j, seed=req.seed, finish_reason=comp.finish_reason,
                     prompt_tokens=len(res.prompt_ids), completion_tokens=len(comp.token_ids),
                     parsed=p.fields, format_reward=p.format_reward, format_reason=p.reason,
-                    constrained=req.regex_for(j) is not None))
+                    constrained=req.regex_for(j) is not None,
+                    plan_shown=unit.kind.endswith("_plan") if unit.role == Role.SOLVER else None))
                 tokens += len(comp.token_ids)
         written += ctx.wh.insert_batch("rollouts", rows)
         ctx.report(stage, start + len(batch), len(pending), tokens)

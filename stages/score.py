@@ -76,6 +76,16 @@ def critic_reward(r_f: float) -> tuple[float, dict[str, Any]]:
     return r_f, {"r_f": r_f}
 
 
+#: The score of a Critic reply with no score on its scale (SAGE.md: the neutral 0.5 [MAE]).
+NEUTRAL = 0.5
+
+
+def critic_score(parsed: dict) -> float:
+    """s_q or s_p from a Critic rollout's parsed fields: its normalised score, or `NEUTRAL` when it gave none."""
+    value = parsed.get("score")
+    return NEUTRAL if value is None else float(value)
+
+
 def gate(s_p: float, beta: float) -> bool:
     """True when the Solver may see the plan: s_p >= beta."""
     return s_p >= beta

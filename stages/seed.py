@@ -13,7 +13,8 @@ Code tasks: test inputs come from the task's input generator and expected output
 solution, both run in the sandbox (twice for the solution: runs that error or disagree drop the task). A run
 that times out is retried once with `RETRY_WALL_FACTOR` times the wall-clock limit (the CPU limit unchanged) on
 fewer parallel workers, so whether a task is kept follows from its code, not from how loaded the machine was.
-Fails: a bad user file raises SeedFileError naming file and line, and so do code problems of a user's file
+Fails: a bad user file raises SeedFileError naming file and line, and so do problems of a user's file longer than
+the model can read at all (`unreadable`: refused at load, not cut in silence) and code problems of a user's file
 whose reference solution cannot give outputs (each with its reason) unless `seeds.skip_bad`, which loads the
 rest and reports them; nothing is written when it fails. A set's missing file raises SeedFileError naming the
 file, what to download and where to put it; a published code row whose reference gives no outputs is skipped
@@ -41,6 +42,7 @@ from sage.engines.data.seeds import (
     function_params,
     input_generator_job_code,
     load_source,
+    math_space_short,
     set_items,
 )
 from sage.stages.context import StageContext, StageReport
@@ -83,8 +85,11 @@ def _gather(ctx: StageContext) -> list[SeedItem]:
     seeds = default_math(s.n_math, s.seed, "seed", s.math_generators)
     items = seeds + held_out_math(ctx, {norm_hash(i.question) for i in seeds})
     # Twice the candidates: tasks whose generator or solution fails in the sandbox are dropped.
-    for n, split in ((s.n_code, "seed"), (v.n_code, "validation")):
+    for n, split, name in ((s.n_code, "seed", "seeds.n_code"), (v.n_code, "validation", "validate.n_code")):
         candidates = default_code(2 * n, s.seed, split)
+        if len(candidates) < n:  # before any sandbox run: the set cannot give n
+            raise ConfigError(f"{name}={n}: reasoning_gym:codeio has {len(candidates)} tasks for the {split} set "
+                              f"(those importing only the standard library, half of them each set); lower {name}")
         items += _complete_code(ctx, candidates)[0][:n]
     return items
 
@@ -94,17 +99,46 @@ def held_out_math(ctx: StageContext, seen: set[str]) -> list[SeedItem]:
     generator spaces (one-digit sums) repeat questions, and a validation question that is also a seed would be
     trained on. The first draw stands when nothing in it repeats; otherwise as many of each generator as of the
     others (`distinct_math`), so a small space is not crowded out by large ones. A generator with too few
-    problems left raises ConfigError naming it."""
+    problems left raises ConfigError naming it and its count, found before the draws (`math_space_short`)."""
     s, n = ctx.cfg.seeds, ctx.cfg.validate.n_math
+    _check_math_space(ctx.cfg, seen)  # at once: the draws below would take minutes and gigabytes on a small space
     first = default_math(n, s.seed, "validation", s.math_generators)
     hashes = {norm_hash(i.question) for i in first}
     if len(hashes) == len(first) and not hashes & seen:
         return first
     items, short = distinct_math(n, s.seed, "validation", s.math_generators, seen)
     if short:
-        raise ConfigError(f"validate.n_math={n}: too few problems the seed pool does not hold ({short}); lower "
-                          f"validate.n_math or widen those generators' ranges in seeds.math_generators")
+        raise _too_few(n, short)
     return items
+
+
+def check_sizes(cfg) -> None:
+    """Raise ConfigError, before anything is written, when the default set cannot give the validation problems
+    asked for (`validate.n_math` distinct problems, none in the seed pool): a generator's name and count."""
+    s = cfg.seeds
+    if s.source == "default" and not s.sets:
+        _check_math_space(cfg, {norm_hash(i.question) for i in default_math(s.n_math, s.seed, "seed",
+                                                                             s.math_generators)})
+
+
+def _check_math_space(cfg, seen: set[str]) -> None:
+    s, n = cfg.seeds, cfg.validate.n_math
+    short = math_space_short(_per_generator(n, s.math_generators), s.seed, "validation", s.math_generators, seen,
+                             norm_hash)
+    if short:
+        raise _too_few(n, short)
+
+
+def _too_few(n: int, short: str) -> ConfigError:
+    return ConfigError(f"validate.n_math={n}: too few problems the seed pool does not hold ({short}); lower "
+                       f"validate.n_math or widen those generators' ranges in seeds.math_generators")
+
+
+def _per_generator(n: int, generators: dict | None) -> dict[str, int]:
+    """How many of `n` problems each generator gives when they give as many as each other (the remainder to the
+    first ones, in name order, as `default_math` draws)."""
+    names = [f"reasoning_gym:{name}" for name in sorted(generators or MATH_GENERATORS)]
+    return {name: n // len(names) + (i < n % len(names)) for i, name in enumerate(names)}
 
 
 def distinct_math(n: int, seed: int, split: str, generators: dict | None,
@@ -114,8 +148,8 @@ def distinct_math(n: int, seed: int, split: str, generators: dict | None,
     Returns the problems, grouped by generator, and, when a generator's space is too small, which ones are short
     and by how much ('' when none)."""
     generators = generators or {name: {} for name in MATH_GENERATORS}
-    names = [f"reasoning_gym:{name}" for name in sorted(generators)]  # in name order, as `default_math` draws
-    want = {name: n // len(names) + (i < n % len(names)) for i, name in enumerate(names)}
+    want = _per_generator(n, generators)
+    names = list(want)
     for size in (n, 4 * n, 16 * n, 64 * n):
         picked, hashes = {name: [] for name in names}, set(seen)
         for item in default_math(size, seed, split, generators):
@@ -242,18 +276,46 @@ def draw_sets(ctx: StageContext) -> tuple[list[SeedItem], list[tuple[SeedItem, s
     return items, dropped
 
 
+#: No token of any tokenizer here holds more characters than this (`FieldLimit.clip` relies on it too).
+MAX_TOKEN_CHARS = 32
+
+
+def unreadable(cfg, items: list[SeedItem]) -> list[tuple[SeedItem, str]]:
+    """The problems of a user's file longer than the model can read at all: more than `MAX_TOKEN_CHARS` characters
+    for each token of `model.max_model_len`. They are refused at load (SeedFileError, or skipped with
+    `seeds.skip_bad`), not cut in silence by the prompt that shows them. A shorter question that still leaves too
+    little room beside the template is cut with "...", as a generated one is."""
+    most = MAX_TOKEN_CHARS * cfg.model.max_model_len
+    return [(i, f"the question has {len(i.question):,} characters, more than model.max_model_len "
+                f"({cfg.model.max_model_len} tokens) can hold") for i in items if len(i.question) > most]
+
+
+def refuse_unreadable(cfg, items: list[SeedItem], source: str) -> None:
+    """Raise SeedFileError naming each problem of `source` the model cannot read (`unreadable`), unless
+    `seeds.skip_bad`."""
+    bad = unreadable(cfg, items)
+    if bad and not cfg.seeds.skip_bad:
+        raise SeedFileError("\n".join([f"{len(bad)} problem(s) of {source} are longer than the model can read "
+                                       f"(shorten them, or load the rest with --skip-bad):"]
+                                      + [f"  {i.where or i.source}: {why}" for i, why in bad]))
+
+
 def run(ctx: StageContext) -> StageReport:
     if ctx.cfg.seeds.sets:
         items, dropped = draw_sets(ctx)
     else:
         items, dropped = _gather(ctx), []
     if ctx.cfg.seeds.source != "default":
+        refuse_unreadable(ctx.cfg, items, ctx.cfg.seeds.source)
+        long = unreadable(ctx.cfg, items)
+        items, dropped = [i for i in items if all(i is not j for j, _ in long)], long
         # A user's code problems without outputs: computed from their reference solution, or reported.
-        items, dropped = _complete_code(ctx, items)
-        if dropped and not ctx.cfg.seeds.skip_bad:
-            raise SeedFileError("\n".join([f"{len(dropped)} code problem(s) of {ctx.cfg.seeds.source} cannot be "
+        items, bad_code = _complete_code(ctx, items)
+        dropped += bad_code
+        if bad_code and not ctx.cfg.seeds.skip_bad:
+            raise SeedFileError("\n".join([f"{len(bad_code)} code problem(s) of {ctx.cfg.seeds.source} cannot be "
                                              f"used (fix them, or load the rest with --skip-bad):"]
-                                           + [f"  {i.where or i.source}: {why}" for i, why in dropped]))
+                                           + [f"  {i.where or i.source}: {why}" for i, why in bad_code]))
     rows = [question_row(i) for i in items]
     have = existing_ids(ctx.wh, "questions", "question_id", [r["question_id"] for r in rows])
     rows = [r for r in rows if r["question_id"] not in have]

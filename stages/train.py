@@ -28,7 +28,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from sage.configs.names import Stage
+from sage.configs.names import Role, Stage
 from sage.engines.train import OPTIMIZER_FILE, launch
 from sage.engines.train.rows import TrainRow
 from sage.stages.context import StageContext, StageReport
@@ -73,12 +73,37 @@ def train_config(cfg):
 
 def stored_rows(wh, cfg, run_id: str, iteration: int) -> list[TrainRow]:
     """The iteration's scored rollouts of the roles `train.roles` lists, as `TrainRow`s, each at its role's
-    sampling temperature and marked constrained when sampled under a grammar."""
-    return [TrainRow(prompt_ids=list(r["prompt_ids"]), completion_ids=list(r["completion_ids"]),
-                     advantage=float(r["advantage"]), logprobs=None if r["logprobs"] is None else list(r["logprobs"]),
+    sampling temperature and marked constrained when sampled under a grammar. With `train.hinted_prompt` plain, a
+    Solver answer that was shown its plan trains on the prompt its question's unhinted answers had (`plain_prompt`)."""
+    rows = training_rows(wh, run_id, iteration, REWARD_VERSION, [str(role) for role in cfg.train.roles])
+    plain = plain_prompts(rows) if cfg.train.hinted_prompt == "plain" else {}
+    return [TrainRow(prompt_ids=list(plain_prompt(r, plain) if plain else r["prompt_ids"]),
+                     completion_ids=list(r["completion_ids"]), advantage=float(r["advantage"]),
+                     logprobs=None if r["logprobs"] is None else list(r["logprobs"]),
                      role=r["role"], temperature=sampling_temperature(cfg, r["role"]),
                      constrained=sampled_constrained(cfg, r))
-            for r in training_rows(wh, run_id, iteration, REWARD_VERSION, [str(role) for role in cfg.train.roles])]
+            for r in rows]
+
+
+def plain_prompts(rows: list[dict]) -> dict[str, list[int]]:
+    """{question id: prompt ids} of the Solver's answers shown no plan among `rows`."""
+    return {r["question_id"]: r["prompt_ids"] for r in rows if r["role"] == Role.SOLVER and r["plan_shown"] is False}
+
+
+def plain_prompt(row: dict, plain: dict[str, list[int]]) -> list[int]:
+    """The prompt `row` trains on under `train.hinted_prompt` plain: a Solver answer shown its plan trains on its
+    question's plain prompt (`plain`), every other row on its own. pi_old stays the stored sampling log-probs of the
+    answer under the plan, so the clipped ratio is pi(answer | question) / pi_old(answer | question, plan)."""
+    if row["role"] != Role.SOLVER or not row["plan_shown"]:
+        return row["prompt_ids"]
+    if row["question_id"] not in plain:
+        raise RuntimeError(f"train: Solver answer {row['rollout_id']} was shown its plan, but question "
+                           f"{row['question_id']} has no answer without one to take the plain prompt from "
+                           f"(train.hinted_prompt plain needs iteration.hints mixed or on_failure)")
+    if row["logprobs"] is None:
+        raise RuntimeError(f"train: Solver answer {row['rollout_id']} was shown its plan and has no stored sampling "
+                           f"log-probs, which train.hinted_prompt plain takes as pi_old")
+    return plain[row["question_id"]]
 
 
 def adapter_dir(ctx: StageContext) -> Path:

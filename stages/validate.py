@@ -10,6 +10,11 @@ every test passes), val_math and val_code (per domain; NULL for a domain without
 s_gt, partial credit included). val_accuracy decides `is_best` and early stopping. The row is created when
 training wrote none (iteration 0, or training off) with adapter_path 'base' or the adapter's path; an existing
 row keeps its path and metrics.
+With `validate.pipeline` it also validates the Planner -> gate -> Solver pipeline beside it (plain validation still
+decides early stopping): the Planner writes a greedy plan for every validation question (purpose `validate_plan`),
+the Critic scores it (`validate_critique`), the Solver answers the question shown that plan (`validate_hinted`), and
+the checkpoint gets val_plan_shown (pass@1 with every plan shown), val_pipeline (shown only where s_p >= beta, the
+plain answer elsewhere, as a deployed pipeline would answer) and val_plans_passed (the gate's pass rate).
 Idempotency key: rollout id (run, iteration, 'validate', question, template) and verdict id = rollout id, so
 a re-run generates and verifies only what is missing and recomputes the same numbers.
 Fails: when training is on but iteration k has no adapter yet; engine errors propagate; bad answers score 0.
@@ -22,9 +27,17 @@ import dataclasses
 from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport
 from sage.stages.rollouts import Unit, generate, question_fields
+from sage.stages.score import critic_score, gate
 from sage.stages.verify import verify_rollouts
-from sage.warehouse.queries import iteration_adapter, stored_path
-from sage.warehouse.validate_queries import BASE, record_validation, validation_questions, validation_scores
+from sage.warehouse.queries import iteration_adapter, rollouts_for, stored_path
+from sage.warehouse.validate_queries import (
+    BASE,
+    pipeline_rows,
+    record_pipeline,
+    record_validation,
+    validation_questions,
+    validation_scores,
+)
 
 STAGE = Stage.VALIDATE
 
@@ -62,4 +75,41 @@ def run(ctx: StageContext) -> StageReport:
     with ctx.wh.transaction():
         record_validation(ctx.wh, ctx.run_id, ctx.iteration, stored, scores)
     info = {k: scores[k] for k in ("val_accuracy", "val_math", "val_code", "val_mean_s_gt", "n_math", "n_code")}
+    if ctx.cfg.validate.pipeline:
+        pipeline = _pipeline(vctx, questions)
+        with ctx.wh.transaction():
+            record_pipeline(ctx.wh, ctx.run_id, ctx.iteration, pipeline)
+        info.update(pipeline)
     return StageReport(STAGE, rows_in=len(questions), rows_out=written, info={"adapter": stored, **info})
+
+
+def _pipeline(vctx: StageContext, questions: list[dict]) -> dict:
+    """The pipeline validation (module docstring): greedy plans, their critiques and the answers shown them, then
+    `pipeline_scores` of the verified answers."""
+    qs = {q["question_id"]: q for q in questions}
+    plans = [Unit("planner", q["question_id"], q["domain"], question_fields(q)) for q in questions]
+    generate(vctx, STAGE, Purpose.VALIDATE_PLAN, plans, greedy=True)
+    written = rollouts_for(vctx.wh, vctx.run_id, vctx.iteration, Purpose.VALIDATE_PLAN)
+    text = {p["rollout_id"]: p["parsed"].get("plan") or "" for p in written}
+
+    def shown(kind: str, p: dict) -> Unit:
+        q = qs[p["question_id"]]
+        return Unit(kind.format(domain=q["domain"]), q["question_id"], q["domain"],
+                    question_fields(q, text[p["rollout_id"]]), plan_id=p["rollout_id"])
+
+    generate(vctx, STAGE, Purpose.VALIDATE_CRITIQUE, [shown("critic_plan", p) for p in written], greedy=True)
+    generate(vctx, STAGE, Purpose.VALIDATE_HINTED, [shown("solver_{domain}_plan", p) for p in written], greedy=True)
+    verify_rollouts(vctx, Purpose.VALIDATE_HINTED, "validate_verify")
+    return pipeline_scores(pipeline_rows(vctx.wh, vctx.run_id, vctx.iteration), vctx.cfg.iteration.beta)
+
+
+def pipeline_scores(rows: list[dict], beta: float) -> dict:
+    """From `pipeline_rows`: pass@1 with every plan shown, pass@1 of the gated pipeline (the answer shown the plan
+    where its s_p >= beta, the plain answer elsewhere) and the gate's pass rate; None without rows."""
+    if not rows:
+        return {"val_plan_shown": None, "val_pipeline": None, "val_plans_passed": None}
+    passed = [gate(critic_score(r["parsed"]), beta) for r in rows]
+    n = len(rows)
+    return {"val_plan_shown": sum(bool(r["hinted_passed"]) for r in rows) / n,
+            "val_pipeline": sum(bool(r["hinted_passed"] if p else r["plain_passed"]) for r, p in zip(rows, passed)) / n,
+            "val_plans_passed": sum(passed) / n}

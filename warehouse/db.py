@@ -5,7 +5,8 @@ holds the file only inside `held()` (each read, each batch's transaction) and re
 run's stages compute, readers get in, and they see committed batches only. A second writer gets
 `WarehouseBusy("warehouse in use by PID N")` without touching the file (`locks.py`). `Warehouse.open` checks
 that an existing file is readable (read-only, changing nothing) before writing to it, so a damaged file raises
-`WarehouseDamaged`, and applies pending migrations once per open (a reader of a file written by an older
+`WarehouseDamaged`, and one a newer version wrote (migrations this code lacks) raises `WarehouseTooNew`; it
+applies pending migrations once per open (a reader of a file written by an older
 version applies them too, briefly as the writer). The errors live in `errors.py`.
 
 JSON columns go in as dicts (`insert` stores their canonical text) and come back decoded from `records`, the
@@ -29,7 +30,16 @@ from typing import TYPE_CHECKING
 import duckdb
 
 import sage.warehouse.locks as locks
-from sage.warehouse.errors import WarehouseBusy, busy, is_interrupt, storage_error
+from sage.warehouse.errors import (
+    WarehouseBusy,
+    busy,
+    is_full,
+    is_interrupt,
+    no_space,
+    not_a_directory,
+    storage_error,
+    too_new,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -114,6 +124,18 @@ def _check_readable(path: str) -> None:
             con.execute(f'SELECT count(*) FROM "{table}"').fetchall()
 
 
+def _check_version(path: str) -> None:
+    """Refuse, before anything is written, a file holding migrations this code does not have: a newer version
+    of sage wrote it, and writing to it with the older schema in mind could corrupt what the newer one stored."""
+    ours = len(migrations())
+    with duckdb.connect(path, read_only=True) as con:
+        has = con.execute("SELECT count(*) FROM information_schema.tables "
+                          "WHERE table_name = 'migrations'").fetchone()[0]
+        theirs = con.execute("SELECT coalesce(max(version), 0) FROM migrations").fetchone()[0] if has else 0
+    if theirs > ours:
+        raise too_new(path, theirs, ours)
+
+
 def warehouse_path(directory: str | Path) -> Path:
     """The warehouse file of a project directory."""
     return Path(directory).expanduser() / "warehouse.duckdb"
@@ -179,6 +201,9 @@ class Warehouse:
             return wh
         if read_only and not Path(path).exists():
             raise FileNotFoundError(f"no warehouse at {path}; run `sage seed` or `sage run` first")
+        wrong_kind = not_a_directory(path)
+        if wrong_kind is not None:
+            raise wrong_kind
         wh = cls(path, read_only)
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -189,6 +214,7 @@ class Warehouse:
                 wh._writer = True
             if Path(path).exists():
                 wh._retrying(lambda: _check_readable(path))
+                wh._retrying(lambda: _check_version(path))
             if migrate and not read_only:
                 wh.migrate()
             elif migrate and wh._pending():
@@ -215,16 +241,21 @@ class Warehouse:
         """The open connection for the time of the block: opened (waiting while another process holds the
         file) by the outermost block and closed when it ends, which releases the file."""
         with self._guard:
-            if self._con is None:
-                self._con = self._retrying(lambda: duckdb.connect(self.path, read_only=self.read_only))
             self._depth += 1
             try:
+                if self._con is None:
+                    self._con = self._retrying(lambda: duckdb.connect(self.path, read_only=self.read_only))
                 yield self._con
+            except (duckdb.Error, OSError) as e:
+                if is_full(e) and self.path != ":memory:":  # named here, where the file is known
+                    raise no_space(self.path) from e
+                raise
             finally:
                 self._depth -= 1
                 if self._depth == 0 and self.path != ":memory:":
                     con, self._con = self._con, None
-                    con.close()
+                    if con is not None:  # None when opening it failed
+                        con.close()
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -264,7 +295,8 @@ class Warehouse:
 
     def snapshot(self) -> Path | None:
         """Checkpoint, then copy the file to `snapshot_path` (through a temporary file and a rename, so a client
-        sees the old copy or the new one, whole). Any DuckDB client can keep the copy open for as long as it
+        sees the old copy or the new one, whole; a copy that fails, on a full disk, is removed, and the error
+        names the copy and the space it needs). Any DuckDB client can keep the copy open for as long as it
         likes: the run never waits for it and it is never refused, as a reader of the live file can be while a
         batch commits. None for an in-memory or read-only warehouse.
 
@@ -278,8 +310,14 @@ class Warehouse:
             self.checkpoint()   # opens, checkpoints and closes: the file alone holds every committed row
             target = snapshot_path(self.path)
             partial = target.with_name(target.name + ".partial")
-            shutil.copyfile(self.path, partial)
-            os.replace(partial, target)
+            try:
+                shutil.copyfile(self.path, partial)
+                os.replace(partial, target)
+            except BaseException as e:
+                partial.unlink(missing_ok=True)  # a part copy must not keep the space the next commit needs
+                if isinstance(e, OSError) and e.errno == 28:
+                    raise no_space(self.path, Path(self.path).stat().st_size, copy=target) from e
+                raise
             return target
 
     def __enter__(self) -> Warehouse:

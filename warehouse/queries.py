@@ -194,6 +194,14 @@ def unverified_rollouts(wh: Warehouse, run_id: str, iteration: int, purpose: Pur
         ORDER BY r.rollout_id""", [run_id, iteration, purpose])
 
 
+def best_plain_answers(wh: Warehouse, run_id: str, iteration: int) -> dict[str, float]:
+    """{plan id: the best s_gt of the verified Solver answers to its question shown no plan} this iteration."""
+    return dict(wh.execute("""
+        SELECT r.plan_id, max(v.s_gt) FROM rollouts r JOIN verdicts v USING (rollout_id)
+        WHERE r.run_id = ? AND r.iteration = ? AND r.purpose = 'solve' AND NOT r.plan_shown AND r.plan_id IS NOT NULL
+        GROUP BY r.plan_id""", [run_id, iteration]))
+
+
 def set_difficulty_from_probes(wh: Warehouse, run_id: str, iteration: int) -> None:
     """r_d = 1 - mean s_gt of the question's probe answers."""
     wh.execute("""
@@ -365,10 +373,11 @@ def iteration_samples(wh: Warehouse, run_id: str, iteration: int, per_role: int 
 def training_rows(wh: Warehouse, run_id: str, iteration: int, reward_version: int,
                   roles: list[str] | None = None) -> list[dict]:
     """Every rollout of the iteration scored under `reward_version` (of `roles` only, when given), with its
-    token ids, sampling log-probs, whether it was sampled under its role's grammar (NULL: stored before that
-    was recorded) and TRR++ advantage."""
+    question, token ids, sampling log-probs, whether it was sampled under its role's grammar (NULL: stored before
+    that was recorded), whether its prompt showed a plan (Solver rollouts) and TRR++ advantage."""
     return wh.rows("""
-        SELECT r.rollout_id, r.role, r.prompt_ids, r.completion_ids, r.logprobs, r.constrained, s.advantage
+        SELECT r.rollout_id, r.role, r.question_id, r.prompt_ids, r.completion_ids, r.logprobs, r.constrained,
+               r.plan_shown, s.advantage
         FROM scores s JOIN rollouts r USING (rollout_id)
         WHERE s.run_id = ? AND s.iteration = ? AND s.reward_version = ? AND r.run_id = ? AND r.iteration = ?
           AND (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], r.role))

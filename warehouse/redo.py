@@ -8,7 +8,7 @@ not `done`: the next `sage run` redoes it the same way, replacing its rows.
 
 from __future__ import annotations
 
-from sage.configs.names import Stage
+from sage.configs.names import Purpose, Stage
 from sage.warehouse.db import Warehouse
 
 #: The stages of one iteration in the order they run; validation of the iteration's adapter comes last.
@@ -42,8 +42,10 @@ _FORGET: dict[Stage, list[str]] = {
     Stage.SCORE: [f"DELETE FROM scores WHERE {_OF_RUN}"],
     Stage.TRAIN: [f"DELETE FROM checkpoints WHERE {_OF_RUN}", f"DELETE FROM train_steps WHERE {_OF_RUN}",
                   "UPDATE iterations SET adapter_out = NULL WHERE run_id = $run AND iteration = $it"],
-    Stage.VALIDATE: [*_rollouts("validate"),
-                     f"UPDATE checkpoints SET val_accuracy = NULL, val_math = NULL, val_code = NULL WHERE {_OF_RUN}"],
+    Stage.VALIDATE: [*_rollouts("validate"), *_rollouts("validate_plan"), *_rollouts("validate_critique"),
+                     *_rollouts("validate_hinted"),
+                     f"UPDATE checkpoints SET val_accuracy = NULL, val_math = NULL, val_code = NULL, "
+                     f"val_plan_shown = NULL, val_pipeline = NULL, val_plans_passed = NULL WHERE {_OF_RUN}"],
 }
 
 
@@ -52,6 +54,16 @@ def forget_outputs(wh: Warehouse, run_id: str, iteration: int, stage: str) -> No
     with wh.transaction():
         for sql in _FORGET.get(stage, []):
             wh.execute(sql, {"run": run_id, "it": iteration})
+
+
+def written_before(wh: Warehouse, run_id: str, iteration: int, stage: str) -> int:
+    """The rollouts `stage` holds for (run, iteration) before an attempt starts: what earlier attempts (failed,
+    interrupted, killed) committed, which a resumed generation stage does not write again, so its `rows_out`
+    (what it wrote) adds them to cover every attempt. 0 for a stage that writes no rollouts of its own."""
+    if stage not in {str(p) for p in Purpose}:
+        return 0
+    return wh.scalar("SELECT count(*) FROM rollouts WHERE run_id = ? AND iteration = ? AND purpose = ?",
+                     [run_id, iteration, stage])
 
 
 def mark_later_stale(wh: Warehouse, run_id: str, iteration: int, stage: str) -> list[str]:

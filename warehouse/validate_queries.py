@@ -55,6 +55,31 @@ def record_validation(wh: Warehouse, run_id: str, iteration: int, adapter_path: 
                 scores.get("val_mean_s_gt")])
 
 
+def pipeline_rows(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
+    """Per validation question answered through the pipeline (`validate.pipeline`): whether its plain answer and its
+    answer shown the model's own plan passed (s_gt = 1), and the Critic's parsed reply to that plan."""
+    return wh.records("""
+        WITH plain AS (
+            SELECT r.question_id, v.s_gt >= 1.0 AS passed FROM rollouts r JOIN verdicts v USING (rollout_id)
+            WHERE r.run_id = $run AND r.iteration = $it AND r.purpose = 'validate'),
+        hinted AS (
+            SELECT r.question_id, r.plan_id, v.s_gt >= 1.0 AS passed FROM rollouts r JOIN verdicts v USING (rollout_id)
+            WHERE r.run_id = $run AND r.iteration = $it AND r.purpose = 'validate_hinted'),
+        critique AS (
+            SELECT plan_id, parsed FROM rollouts
+            WHERE run_id = $run AND iteration = $it AND purpose = 'validate_critique')
+        SELECT h.question_id, p.passed AS plain_passed, h.passed AS hinted_passed, c.parsed
+        FROM hinted h JOIN plain p USING (question_id) JOIN critique c USING (plan_id)
+        ORDER BY h.question_id""", {"run": run_id, "it": iteration})
+
+
+def record_pipeline(wh: Warehouse, run_id: str, iteration: int, scores: dict) -> None:
+    """Set the checkpoint's pipeline validation numbers (its row exists: `record_validation` made it)."""
+    wh.execute("UPDATE checkpoints SET val_plan_shown = ?, val_pipeline = ?, val_plans_passed = ? "
+               "WHERE run_id = ? AND iteration = ?", [scores["val_plan_shown"], scores["val_pipeline"],
+                                                     scores["val_plans_passed"], run_id, iteration])
+
+
 def validation_history(wh: Warehouse, run_id: str, upto_iteration: int | None = None) -> list[dict]:
     """(iteration, val_accuracy, val_math, val_code, is_best, adapter_path, val_mean_s_gt) of every validated
     checkpoint, in iteration order, optionally only up to `upto_iteration`."""

@@ -74,33 +74,82 @@ def default_math(n: int, seed: int, split: str,
     splits use disjoint generator seeds; the order the generators are given in does not matter. A name
     reasoning-gym does not know, an override its config does not take, or settings it takes but cannot generate a
     problem with, raise ConfigError naming it."""
+    generators = _sorted_generators(generators)
+    items: list[SeedItem] = []
+    per = -(-n // len(generators)) if n and generators else 0
+    for k, (name, overrides) in enumerate(generators.items()):
+        ds = _generator(name, overrides, per, seed + SPLIT_OFFSETS[split] + k)
+        items += [_problem(ds, name, overrides, i, split) for i in range(per)]
+    random.Random(seed).shuffle(items)
+    return items[:n]
+
+
+def _sorted_generators(generators: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    # In name order: a config read back from the warehouse has its keys sorted, and the same settings must draw
+    # the same problems however the dict was written (`sage seed` from YAML, `sage run` from the stored run).
+    return dict(sorted(({name: {} for name in MATH_GENERATORS} if generators is None else generators).items()))
+
+
+def _generator(name: str, overrides: dict[str, Any], size: int, seed: int):
+    """reasoning-gym's dataset `name` of `size` problems; a problem depends on its index and `seed` alone."""
     import reasoning_gym
     from reasoning_gym.factory import DATASETS
 
-    # In name order: a config read back from the warehouse has its keys sorted, and the same settings must draw
-    # the same problems however the dict was written (`sage seed` from YAML, `sage run` from the stored run).
-    generators = dict(sorted(({name: {} for name in MATH_GENERATORS} if generators is None else generators).items()))
-    items: list[SeedItem] = []
-    per = -(-n // len(generators)) if n and generators else 0
-    offset = SPLIT_OFFSETS[split]
-    for k, (name, overrides) in enumerate(generators.items()):
-        if name not in DATASETS:
-            raise ConfigError(f"seeds.math_generators: reasoning-gym has no generator {name!r}; "
-                             f"some it has: {', '.join(MATH_GENERATORS)}")
-        try:
-            ds = reasoning_gym.create_dataset(name, size=per, seed=seed + offset + k, **overrides)
-        except (TypeError, AssertionError, ValueError) as e:
-            raise ConfigError(f"seeds.math_generators.{name}: reasoning-gym refused {overrides}: {e}") from None
-        for i in range(per):
-            try:  # settings reasoning-gym takes but cannot generate with fail only here (e.g. weights of operators)
-                it = ds[i]
-            except Exception as e:  # the library's error, reported against the user's setting
-                raise ConfigError(f"seeds.math_generators.{name}: reasoning-gym could not generate a problem with "
-                                  f"{overrides}: {type(e).__name__}: {e}") from None
-            items.append(SeedItem("math", it["question"].strip(), {"answer": str(it["answer"]).strip()},
-                                  f"reasoning_gym:{name}", split))
-    random.Random(seed).shuffle(items)
-    return items[:n]
+    if name not in DATASETS:
+        raise ConfigError(f"seeds.math_generators: reasoning-gym has no generator {name!r}; "
+                          f"some it has: {', '.join(MATH_GENERATORS)}")
+    try:
+        return reasoning_gym.create_dataset(name, size=size, seed=seed, **overrides)
+    except (TypeError, AssertionError, ValueError) as e:
+        raise ConfigError(f"seeds.math_generators.{name}: reasoning-gym refused {overrides}: {e}") from None
+
+
+def _problem(ds, name: str, overrides: dict[str, Any], i: int, split: str) -> SeedItem:
+    try:  # settings reasoning-gym takes but cannot generate with fail only here (e.g. weights of operators)
+        it = ds[i]
+    except Exception as e:  # the library's error, reported against the user's setting
+        raise ConfigError(f"seeds.math_generators.{name}: reasoning-gym could not generate a problem with "
+                          f"{overrides}: {type(e).__name__}: {e}") from None
+    return SeedItem("math", it["question"].strip(), {"answer": str(it["answer"]).strip()},
+                    f"reasoning_gym:{name}", split)
+
+
+def math_space_short(want: dict[str, int], seed: int, split: str, generators: dict[str, dict[str, Any]] | None,
+                     seen: set[str], normalise) -> str:
+    """Which generators cannot give `want[source]` problems whose `normalise`d text is distinct and not in
+    `seen` ('' when every one can), e.g. 'reasoning_gym:gcd 190 of 500'. A generator's problems are drawn in
+    order until it has enough, or until 1,000 draws in a row bring none new: its space is used up. A first pass
+    draws at most `QUICK_DRAWS` of each, and names the generators it found used up; only when it finds none do
+    the others go on to the end (a large space of slow problems, such as sympy's equations, takes seconds per
+    thousand). Quick where drawing more and more of a small space would take minutes and gigabytes."""
+    drawn = {}
+    for k, (name, overrides) in enumerate(_sorted_generators(generators).items()):
+        need = want.get(f"reasoning_gym:{name}", 0)
+        if need:  # overrides, need, generator seed, found, draws, draws at the last new one
+            drawn[name] = [overrides, need, seed + SPLIT_OFFSETS[split] + k, set(), 0, -1]
+    for cap in (QUICK_DRAWS, None):
+        for name, state in drawn.items():
+            overrides, need, gen_seed, found, i, last_new = state
+            while len(found) < need and i - last_new <= 1000 and (cap is None or i < cap):
+                # a problem depends on its index and the seed alone, but some generators (gsm_symbolic) index only
+                # as far as the size they were made with: made again for each thousand
+                ds = _generator(name, overrides, i + 1000, gen_seed)
+                for j in range(i, i + 1000):
+                    h = normalise(_problem(ds, name, overrides, j, split).question)
+                    if h not in seen and h not in found:
+                        found.add(h)
+                        last_new = j
+                i += 1000
+            state[4:] = i, last_new
+        short = [f"reasoning_gym:{name} {len(found)} of {need}" for name, (_, need, _, found, i, last) in drawn.items()
+                 if len(found) < need and i - last > 1000]
+        if short:
+            return ", ".join(short)
+    return ""
+
+
+#: How many problems of each generator `math_space_short`'s first pass draws at most.
+QUICK_DRAWS = 5000
 
 
 def _codeio_rows() -> list[dict]:
@@ -143,14 +192,16 @@ def function_params(source: str, name: str) -> list[str] | None:
 
 
 def default_code(n: int, seed: int, split: str) -> list[SeedItem]:
-    """Codeio tasks that import only the standard library; seed and validation take disjoint tasks."""
+    """Up to `n` codeio tasks that import only the standard library, from the half of them `split` draws from (seed
+    and validation take disjoint tasks; fewer when the half has fewer)."""
     rows = [r for r in _codeio_rows()
             if _stdlib_only(r["code_sample"]) and _stdlib_only(r["input_generator"])
             and function_params(r["code_sample"], CODEIO_ENTRY)]
     random.Random(seed).shuffle(rows)
-    start = 0 if split == "seed" else len(rows) // 2
+    half = len(rows) // 2
+    start, end = (0, half) if split == "seed" else (half, len(rows))  # never past its half: disjoint splits
     items = []
-    for r in rows[start:start + n]:
+    for r in rows[start:min(start + n, end)]:
         question = (f"Write a Python function `{CODEIO_ENTRY}` that solves this task.\n\n"
                     f"{r['task_description'].strip()}\n\n{r['input_output_spec'].strip()}")
         items.append(SeedItem("code", question, {"entry_point": CODEIO_ENTRY}, "reasoning_gym:codeio", split,

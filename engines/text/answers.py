@@ -12,6 +12,11 @@ one after another (`\\boxed{3} and \\boxed{4}`, `\\boxed{-1}, \\boxed{1}`) are o
 math-verify reads them; boxes with words between them (`\\boxed{3}, no: \\boxed{4}`) leave the last.
 A solution with no box, tag or "the answer is" is the math checker's to read (it finds an answer in prose
 the way math-verify does). Nothing here raises on model output.
+
+A final answer that negates or hedges a value, or names another in a remark, is no answer (`hedged`): `not 3`,
+`anything but 3`, `4, not 3`, `3, not 4`, `at least 3`, `\\geq 3`, `It is 4 (I first thought 3)`. math-verify
+would read one value out of each, so a Solver paid for them would learn to write two candidates; the math
+checker scores such a prediction 0 unless the reference hedges too.
 """
 
 from __future__ import annotations
@@ -91,6 +96,41 @@ def _boxed_content(text: str) -> str | None:
         if inside != answers[-1]:
             answers.append(inside)
     return ", ".join(reversed(answers))
+
+
+# Words that negate or bound the value they stand by. "no" and "but" negate only right before a value ("No, 3",
+# "anything but 3"); elsewhere they join clauses ("720 arrangements, but half are repeats, so 360").
+_VALUE = r"(?=\s*[-+$\\(\[{\d])"
+_HEDGES = re.compile(
+    r"(?i)\b(?:not|never|neither|nor|except|cannot|maybe|perhaps|possibly|probably|either)\b|n't\b"
+    r"|\b(?:at\s+(?:least|most)|up\s+to|(?:more|less|fewer|greater|smaller|larger|higher|lower|other)\s+than"
+    r"|or\s+(?:more|less|fewer|greater|smaller|larger|higher|lower|so))\b"
+    rf"|\b(?:no|but)\b[\s,:;.!-]*{_VALUE}"
+    # negating relations in LaTeX, and any relation with nothing on its left (`\geq 3`, `> 3`)
+    r"|\\(?:neg|lnot|not|nleq|ngeq|nless|ngtr)(?![A-Za-z])"
+    r"|^\s*(?:\\(?:geq?|leq?|neq?|geqslant|leqslant|lt|gt)(?![A-Za-z])|[<>≤≥≠~!])")
+#: A remark in parentheses that names a value: a word (not a LaTeX command) and a digit (not a unit's power,
+#: `(in cm^2)`) inside one pair.
+_REMARK = re.compile(r"\((?=[^()]*(?<![\\A-Za-z])[A-Za-z]{2,})(?=[^()]*(?<![\^{\d])\d)[^()]*\)")
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_HAS_VALUE = re.compile(r"\d|\\[A-Za-z]|\$")
+
+
+def hedged(answer: str | None) -> bool:
+    """Whether a final answer negates or hedges a value (`not 3`, `at most 3`, `\\geq 3`, `3, not 4`) or names
+    another in a remark (`4 (I first thought 3)`): such an answer names more than one candidate, and earns
+    nothing. `\\text{...}` wrappers count as written out. Of a text of several sentences (a solution the math
+    checker reads whole), the last sentence that holds a value, and what follows it, are its final answer: the
+    reasoning before may weigh and reject values as it likes."""
+    if not answer:
+        return False
+    text = re.sub(r"\\(?:text|mathrm|textbf|mbox)\s*\{([^{}]*)\}", r" \1 ", answer)
+    sentences = [x for x in _SENTENCE_END.split(text) if x.strip()]
+    last = max((k for k, x in enumerate(sentences) if _HAS_VALUE.search(x)), default=0)
+    text = " ".join(sentences[last:]).strip().strip("$").strip()
+    return bool(_HEDGES.search(text) or _REMARK.search(text))
 
 
 def extract_answer(text: str | None) -> str | None:

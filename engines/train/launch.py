@@ -12,6 +12,7 @@ Nothing here imports torch or TRL at module import; the in-process path imports 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -79,7 +80,9 @@ def train_isolated(model_path: str, adapter_in: str | None, adapter_out: str, ro
     """`train` in a child process (under `accelerate launch` when `cfg.accelerate_config` is set), reading the
     updates it appends to its steps file every half second while it runs. A failed child raises RuntimeError
     with the end of its stderr."""
-    with tempfile.TemporaryDirectory(prefix="sage-train-") as tmp:
+    # Named for this process, as the sandbox's temp dirs are, so the sweep (`isolation.sweep_temp_dirs`) removes it
+    # once this process is gone (a SIGKILL runs no clean-up); the trainer's own temp dirs go inside it (TMPDIR).
+    with tempfile.TemporaryDirectory(prefix=f"sage-train-{os.getpid()}-") as tmp:
         rows_file, metrics_file = Path(tmp) / "rows.parquet", Path(tmp) / "metrics.json"
         steps_file, stderr_file = Path(tmp) / "steps.jsonl", Path(tmp) / "stderr.txt"
         write_rows(rows, rows_file)
@@ -94,7 +97,8 @@ def train_isolated(model_path: str, adapter_in: str | None, adapter_out: str, ro
         offset = 0
         with stderr_file.open("w") as stderr:
             proc = subprocess.Popen(trainer_command(args, cfg.accelerate_config), stdout=subprocess.DEVNULL,
-                                    stderr=stderr, text=True, preexec_fn=die_with_parent)
+                                    stderr=stderr, text=True, preexec_fn=die_with_parent,
+                                    env={**os.environ, "TMPDIR": tmp})
             try:
                 while proc.poll() is None:
                     offset = _read_new_steps(steps_file, offset, report)

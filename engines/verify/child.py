@@ -50,11 +50,30 @@ class Opaque:
         return f"Opaque({self.type_name}: {self.text})"
 
 
-def make_encoder(budget):
+class Remote(Opaque):
+    """A check job's handle on an object of the candidate's that has no typed encoding (an instance of a class
+    the candidate defined, MBPP's `Pair`): the harness can hand it back to the candidate as an argument, where
+    it is the object again (`_harness`), but never compares it or looks inside."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, type_name, ref):
+        Opaque.__init__(self, type_name, f"<{type_name} object of the candidate's>")
+        self.ref = ref
+
+
+def make_encoder(budget, refs=None):
     """An encoder closure holding private references to builtins, so later patching cannot reach it.
     Raises OutputLimit once the values encoded so far pass `budget` bytes of JSON: each value is charged at
     least its JSON length (escapes included) plus a separator, so whatever fits the budget fits the record
-    the parent accepts."""
+    the parent accepts.
+
+    A subclass of a builtin type is encoded as its base type would be, read through the base type's own
+    methods (a `Counter` or `defaultdict` as a dict, a namedtuple as a tuple, an `IntEnum` as an int), so it
+    compares as Python compares it with a value of the base type, and an `__eq__` or `__iter__` it overrides
+    is never called. An iterator (a generator, `map`) is consumed into the items a check would consume, and
+    decodes to an iterator over them; a `Fraction` or `Decimal` decodes to itself. With `refs` (a check job's
+    candidate side) an object of no other type is kept in `refs` and sent as a handle (`Remote`)."""
     try:
         from _json import encode_basestring_ascii as _escaped
     except ImportError:  # an interpreter without the C accelerator: the worst case, six bytes a character
@@ -64,6 +83,9 @@ def make_encoder(budget):
     _NoneT, _bool, _int, _float, _list, _tuple, _dict = type(None), bool, int, float, list, tuple, dict
     _set, _fset, _bytes, _barr, _complex = set, frozenset, bytes, bytearray, complex
     _items, _hex, _BaseExc, _OutputLimit = dict.items, bytes.hex, BaseException, OutputLimit
+    _issub, _hasattr, _modules = issubclass, hasattr, __import__("sys").modules
+    _as_int, _as_float, _as_str = int.__int__, float.__float__, str.__str__
+    _list_iter, _tuple_iter, _set_iter, _fset_iter = list.__iter__, tuple.__iter__, set.__iter__, frozenset.__iter__
     left = [budget]
 
     def spend(n):
@@ -118,6 +140,9 @@ def make_encoder(budget):
         if t is _complex:
             spend(52)
             return tag("complex", [v.real, v.imag])
+        base = subclass(v, t, depth)
+        if base is not None:
+            return base
         try:
             text = _str(_repr(v))[:200]
         except _BaseExc:
@@ -127,11 +152,55 @@ def make_encoder(budget):
         except _BaseExc:
             name = "?"
         spend(_len(_escaped(text)) + _len(_escaped(name)) + 32)
+        if refs is not None:
+            refs.append(v)
+            return {"t": "ref", "v": _len(refs) - 1, "type": name}
         return {"t": "repr", "v": text, "type": name}
 
-    def encode(v):  # the budget is shared by every value encoded with this encoder
+    def subclass(v, t, depth):
+        """`v` as its builtin base type, a number type of the standard library or an iterator would be
+        encoded; None for anything else."""
+        if _issub(t, _bool):
+            return None
+        if _issub(t, _int):
+            return enc(_as_int(v), depth)
+        if _issub(t, _float):
+            return enc(_as_float(v), depth)
+        if _issub(t, _str):
+            return enc(_as_str(v), depth)
+        if _issub(t, _dict):
+            spend(3)
+            return tag("dict", [pair(k, x, depth + 1) for k, x in _items(v)])
+        if _issub(t, _list) or _issub(t, _tuple):
+            spend(3)
+            items = [enc(x, depth + 1) for x in (_list_iter(v) if _issub(t, _list) else _tuple_iter(v))]
+            return items if _issub(t, _list) else tag("tuple", items)
+        if _issub(t, _set) or _issub(t, _fset):
+            spend(3)
+            return tag("set", [enc(x, depth + 1) for x in (_set_iter(v) if _issub(t, _set) else _fset_iter(v))])
+        fractions, decimal = _modules.get("fractions"), _modules.get("decimal")
+        if fractions is not None and _issub(t, fractions.Fraction):
+            n, d = v.numerator, v.denominator
+            if _type(n) is _int and _type(d) is _int:
+                spend(3)
+                return tag("fraction", [enc(n, depth + 1), enc(d, depth + 1)])
+            return None
+        if decimal is not None and _issub(t, decimal.Decimal):
+            text = _str(v)
+            spend(_len(text) + 3)
+            return tag("decimal", text)
+        if _hasattr(t, "__next__") and _hasattr(t, "__iter__"):
+            spend(3)
+            return tag("iter", [enc(x, depth + 1) for x in v])
+        return None
+
+    def encode(v):  # the budget is shared by every value encoded with this encoder, until `reset`
         return enc(v, 0)
 
+    def reset():
+        left[0] = budget
+
+    encode.reset = reset
     return encode
 
 
@@ -149,6 +218,9 @@ _SCALARS = (type(None), bool, int, float, str)
 # items with equal hashes, so ~41,000 crafted ints (equal modulo 2**61 - 1) held the parent for half a minute;
 # past this many, the value is decoded as an Opaque, which never equals anything.
 MAX_SHARED_HASH = 32
+# A Fraction's terms and a Decimal's digits past these decode as Opaque: both compare by arithmetic on them.
+MAX_FRACTION_BITS = 1 << 16
+MAX_DECIMAL_CHARS = 10_000
 
 
 def _hashes_spread(items):
@@ -166,29 +238,33 @@ def _hashes_spread(items):
     return True
 
 
-def decode_value(node, depth=0):
+def decode_value(node, depth=0, remote=False):
     """Inverse of encode_value, strict and linear in the record's size: anything the honest encoder cannot
     produce (an unknown tag, a payload of the wrong type, nesting past MAX_DEPTH) raises ProtocolError.
     Sizes are bounded by the record's (the parent caps records at the job's output budget), so every int and
     bytes value the encoder sends within that budget decodes. Sets and dicts whose items cannot be hashed, or
-    whose hashes collide (`MAX_SHARED_HASH`), become Opaque: never equal to an expected value."""
+    whose hashes collide (`MAX_SHARED_HASH`), become Opaque: never equal to an expected value. Handles on the
+    candidate's objects (`Remote`) are accepted only where `remote` (a check job's harness reading the
+    candidate's replies)."""
     if depth > MAX_DEPTH + 1:
         raise ProtocolError("value nested too deeply")
     t = type(node)
     if t in _SCALARS:
         return node
     if t is list:
-        return [decode_value(x, depth + 1) for x in node]
+        return [decode_value(x, depth + 1, remote) for x in node]
     if t is not dict:
         raise ProtocolError("not a JSON value")
     tag, v = node.get("t"), node.get("v")
-    keys = {"t", "v", "type"} if tag == "repr" else {"t", "v"}
+    keys = {"t", "v", "type"} if tag in ("repr", "ref") else {"t", "v"}
     if set(node) != keys:
         raise ProtocolError("bad tagged value")
-    if tag in ("tuple", "set") and type(v) is list:
-        items = [decode_value(x, depth + 1) for x in v]
+    if tag in ("tuple", "set", "iter") and type(v) is list:
+        items = [decode_value(x, depth + 1, remote) for x in v]
         if tag == "tuple":
             return tuple(items)
+        if tag == "iter":
+            return iter(items)
         if not _hashes_spread(items):
             return Opaque("set", f"{len(items)} items with colliding hashes")
         try:
@@ -200,7 +276,7 @@ def decode_value(node, depth=0):
         for pair in v:
             if type(pair) is not list or len(pair) != 2:
                 raise ProtocolError("bad dict item")
-            pairs.append((decode_value(pair[0], depth + 1), decode_value(pair[1], depth + 1)))
+            pairs.append((decode_value(pair[0], depth + 1, remote), decode_value(pair[1], depth + 1, remote)))
         if not _hashes_spread([key for key, _ in pairs]):
             return Opaque("dict", f"{len(pairs)} items with colliding key hashes")
         try:
@@ -216,6 +292,22 @@ def decode_value(node, depth=0):
         return complex(v[0], v[1])
     if tag == "repr" and type(v) is str and type(node["type"]) is str:
         return Opaque(node["type"][:100], v[:200])
+    if tag == "ref" and remote and type(v) is int and v >= 0 and type(node["type"]) is str:
+        return Remote(node["type"][:100], v)
+    if tag == "fraction" and type(v) is list and len(v) == 2:
+        n, d = decode_value(v[0], depth + 1), decode_value(v[1], depth + 1)
+        if type(n) is not int or type(d) is not int or d <= 0:
+            raise ProtocolError("bad fraction")
+        if max(n.bit_length(), d.bit_length()) > MAX_FRACTION_BITS:  # normalising it would take quadratic time
+            return Opaque("Fraction", "too large to compare")
+        return __import__("fractions").Fraction(n, d)
+    if tag == "decimal" and type(v) is str:
+        if len(v) > MAX_DECIMAL_CHARS:
+            return Opaque("Decimal", "too long to compare")
+        try:
+            return __import__("decimal").Decimal(v)
+        except ArithmeticError:
+            raise ProtocolError("bad decimal") from None
     raise ProtocolError(f"bad tagged value {str(tag)[:20]!r}")
 
 
@@ -311,6 +403,7 @@ def _enter_root(os, root, uid, gid, job):
         os.makedirs(root + extra, exist_ok=True)
         bind_ro(extra, root + extra)
     mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)
+    bind_ro(root + "/proc/sys", root + "/proc/sys")  # kernel settings: see `isolation.command`
     size = f"size={job['tmpfs_bytes']},nr_inodes={job['tmpfs_inodes']}"
     mount("tmpfs", root + "/tmp", "tmpfs", NOSUID | NODEV, size + ",mode=1777")
     # root-owned like /tmp: a job may write in it, never change its mode, times or attributes for the next job
@@ -370,50 +463,63 @@ def _stay_init(os, fd_out):
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF if hasattr(os, "waitstatus_to_exitcode") else 1)
 
 
-# Syscalls a job may not make, per architecture: (AUDIT_ARCH, denied, self-only (arg 0 is a pid), self-only with
-# a "which" in arg 0 and the pid in arg 1 (setpriority: PRIO_PROCESS 0; ioprio_set: IOPRIO_WHO_PROCESS 1)). Kernel
-# keys are not namespaced (a key planted under a pooled uid outlives the job, Docker's default profile denies the
-# same three calls); the others would reach another process of the job's uid, its slot's zygote above all, whose
-# limits, priority, scheduling and affinity every later job in the slot inherits.
+# What a job's syscalls may do, per architecture: (AUDIT_ARCH, denied, calls whose arg 0 is a pid, calls with a
+# "which" in arg 0 and the pid in arg 1 (setpriority: PRIO_PROCESS 0; ioprio_set: IOPRIO_WHO_PROCESS 1), calls
+# made no-ops that succeed). Kernel keys are not namespaced (a key planted under a pooled uid outlives the job,
+# Docker's default profile denies the same three calls). The pid calls (prlimit64, sched_setaffinity,
+# sched_setscheduler, sched_setparam, sched_setattr, setpriority, ioprio_set) would reach another process of the
+# job's uid: in a pid namespace the only one is pid 1, the slot's zygote above all, whose limits, priority,
+# scheduling and affinity every later job in the slot inherits; so they may name any pid but 1 (0, the job's own
+# pid, its children's, its threads'). setsid succeeds without leaving the job's session: a session is a
+# scheduler autogroup, and a job whose 31 children each started one took 31 shares of the CPU from a neighbour.
 _SECCOMP = {
-    "x86_64": (0xC000003E, (248, 249, 250), (302, 203, 144, 142, 314), ((141, 0), (251, 1))),
-    "aarch64": (0xC00000B7, (217, 218, 219), (261, 122, 119, 118, 274), ((140, 0), (30, 1))),
+    "x86_64": (0xC000003E, (248, 249, 250), (302, 203, 144, 142, 314), ((141, 0), (251, 1)), (112,)),
+    "aarch64": (0xC00000B7, (217, 218, 219), (261, 122, 119, 118, 274), ((140, 0), (30, 1)), (157,)),
 }
 
 
-def _seccomp_program(machine):
+def _seccomp_program(machine, own_pid=None):
     """The classic-BPF seccomp filter for `machine` as (code, jt, jf, k) tuples, or None for an architecture
     without a table. Any other architecture's calls (x86's 32-bit and x32 ABIs) are denied; pid arguments are
-    `pid_t`, of which the kernel reads the low 32 bits, so only that word is checked."""
+    `pid_t`, of which the kernel reads the low 32 bits, so only that word is checked. With `own_pid` (a job
+    outside a pid namespace, where pid 1 is not the only other process of its uid) the pid calls may name only
+    0 and `own_pid`."""
     if machine not in _SECCOMP:
         return None
-    arch, denied, self_only, which_self = _SECCOMP[machine]
+    arch, denied, pid_first, which_pid, no_ops = _SECCOMP[machine]
     LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
-    ALLOW, DENY = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    # SECCOMP_RET_ALLOW; SECCOMP_RET_ERRNO | EPERM; SECCOMP_RET_ERRNO | 0: the call returns 0 without being made
+    ALLOW, DENY, NO_OP = 0x7FFF0000, 0x00050000 | 1, 0x00050000
+
+    def pid_allowed(offset):  # the pid argument at `offset` (16: arg 0, 24: arg 1), then ALLOW or DENY
+        if own_pid is None:
+            return [(LD, 0, 0, offset), (JEQ, 0, 1, 1), (RET, 0, 0, DENY), (RET, 0, 0, ALLOW)]
+        return [(LD, 0, 0, offset), (JEQ, 2, 0, 0), (JEQ, 1, 0, own_pid & 0xFFFFFFFF), (RET, 0, 0, DENY),
+                (RET, 0, 0, ALLOW)]
+
     head = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, DENY), (LD, 0, 0, 0), (JGE, 0, 1, 0x40000000),
             (RET, 0, 0, DENY)]
-    tails = [[(LD, 0, 0, 16), (JEQ, 1, 0, 0), (RET, 0, 0, DENY), (RET, 0, 0, ALLOW)]] * len(self_only)
-    tails += [[(LD, 0, 0, 16), (JEQ, 1, 0, which), (RET, 0, 0, DENY), (LD, 0, 0, 24), (JEQ, 1, 0, 0),
-               (RET, 0, 0, DENY), (RET, 0, 0, ALLOW)] for _, which in which_self]
-    checks = [nr for nr, _ in which_self]
-    dispatch = []
-    n_checks = len(denied) + len(self_only) + len(checks)
-    for i, nr in enumerate(denied):  # jump to the DENY after the dispatch table
-        dispatch.append((JEQ, n_checks - i, 0, nr))
-    offset = 2  # past ALLOW and DENY, which follow the dispatch table
-    for j, nr in enumerate(list(self_only) + checks):
-        k = len(denied) + j
-        dispatch.append((JEQ, n_checks - k + offset - 1, 0, nr))
-        offset += len(tails[j])
-    return head + dispatch + [(RET, 0, 0, ALLOW), (RET, 0, 0, DENY)] + [i for t in tails for i in t]
+    tails = [(nr, pid_allowed(16)) for nr in pid_first]
+    tails += [(nr, [(LD, 0, 0, 16), (JEQ, 1, 0, which), (RET, 0, 0, DENY)] + pid_allowed(24))
+              for nr, which in which_pid]
+    n_dispatch = len(denied) + len(no_ops) + len(tails)
+    allow_at = len(head) + n_dispatch  # ALLOW, DENY, NO_OP follow the dispatch table, then the tails
+    targets = [(nr, allow_at + 1) for nr in denied] + [(nr, allow_at + 2) for nr in no_ops]
+    at = allow_at + 3
+    for nr, tail in tails:
+        targets.append((nr, at))
+        at += len(tail)
+    dispatch = [(JEQ, target - (len(head) + k + 1), 0, nr) for k, (nr, target) in enumerate(targets)]
+    return head + dispatch + [(RET, 0, 0, ALLOW), (RET, 0, 0, DENY), (RET, 0, 0, NO_OP)] + \
+        [i for _, tail in tails for i in tail]
 
 
-def _seccomp(os):
+def _seccomp(os, own_pid=None):
     """Install the seccomp filter (`_seccomp_program`) on this process and every process it starts; raises
     OSError when the kernel refuses it, so no job runs without it."""
     import ctypes
 
-    program = _seccomp_program(os.uname().machine)
+    program = _seccomp_program(os.uname().machine, own_pid)
     if program is None:
         return
     libc = ctypes.CDLL(None, use_errno=True)
@@ -462,7 +568,7 @@ def run(job, fd_out):
     import sys
 
     _set_limits(resource, job["limits"])
-    _seccomp(os)
+    _seccomp(os, os.getpid() if job.get("parent") is not None else None)  # "parent": no pid namespace (rlimit)
     if "random" in sys.modules:  # imported by a warm slot's zygote: seeded afresh, as a fresh import would be
         sys.modules["random"].seed()
 
@@ -575,12 +681,25 @@ def _harness(os, builtins, harness_fd, code, entry, budget, describe):
             raise RuntimeError("malformed reply from the candidate's process")
         return rec
 
+    mark = os.urandom(16).hex()  # a handle's mark in the arguments: no literal of the check can hold it
+
+    def handles(value, depth=0):
+        """The arguments with each `Remote` as `(mark, ref)`, which marshal carries and the candidate resolves."""
+        t = type(value)
+        if t is Remote:
+            return (mark, value.ref)
+        if depth > MAX_DEPTH or t not in (list, tuple, dict, set, frozenset):
+            return value
+        if t is dict:
+            return {handles(k, depth + 1): handles(x, depth + 1) for k, x in value.items()}
+        return t(handles(x, depth + 1) for x in value)
+
     def proxy(name):
         def call(*args, **kwargs):
-            _write_frame(os, req_w, marshal.dumps((name, args, kwargs), 4))
+            _write_frame(os, req_w, marshal.dumps((name, handles(args), handles(kwargs), mark), 4))
             rec = receive()
             if rec[0] == "ok" and len(rec) == 2:
-                return decode_value(rec[1])
+                return decode_value(rec[1], remote=True)
             if rec[0] == "err" and len(rec) == 3 and type(rec[1]) is str and type(rec[2]) is str:
                 cls = getattr(builtins, rec[1][:100], None)  # the candidate's own exception, where a builtin one
                 raise (cls if isinstance(cls, type) and issubclass(cls, Exception) else RuntimeError)(rec[2][:300])
@@ -634,32 +753,74 @@ def _harness(os, builtins, harness_fd, code, entry, budget, describe):
 def _candidate(os, builtins, code, req_r, rep_w, budget, describe):
     """A check job's candidate side: load the program, report whether it loaded, then answer each call of the
     harness with its typed, budgeted encoding (or its exception); never returns. Whatever the program does
-    to this process reaches only the replies, which the harness decodes as hostile."""
+    to this process reaches only the replies, which the harness decodes as hostile. What the replies and
+    requests go through is taken before the program runs (`os.write`, `memoryview`, the encoder's builtins), so
+    a program that patches them fails its own calls at once instead of leaving both sides waiting on a frame
+    until the time limit."""
     import marshal
 
-    _json = _compact_json()
+    _json, _join, _loads, _exit = _compact_json(), "".join, marshal.loads, os._exit
+    _read, _write, _mv, _len, _from_bytes, _bjoin = os.read, os.write, memoryview, len, int.from_bytes, b"".join
+    _type, _int, _tuple, _dict, _containers = type, int, tuple, dict, (list, tuple, dict, set, frozenset)
+    _BaseExc, _NameError = BaseException, NameError
+    refs = []  # the objects the harness holds handles on (`Remote`), by handle
+    encode = make_encoder(budget, refs)
 
     def send(record):
-        _write_frame(os, rep_w, "".join(_json(record, 0)).encode("ascii"))
+        data = _json(record, 0)
+        data = _mv(_join(data).encode("ascii"))
+        data = _mv(_len(data).to_bytes(8, "big") + data.tobytes())
+        while data:
+            data = data[_write(rep_w, data):]
+
+    def read_exact(n):
+        chunks, left = [], n
+        while left > 0:
+            b = _read(req_r, left)
+            if not b:
+                break
+            chunks.append(b)
+            left -= _len(b)
+        return _bjoin(chunks)
+
+    def request():
+        head = read_exact(8)
+        if _len(head) != 8:
+            return None
+        size = _from_bytes(head, "big")
+        body = read_exact(size)
+        return body if _len(body) == size else None
+
+    def resolve(value, mark, depth=0):
+        t = _type(value)
+        if t is _tuple and _len(value) == 2 and value[0] == mark and _type(value[1]) is _int:
+            return refs[value[1]]
+        if depth > MAX_DEPTH or t not in _containers:
+            return value
+        if t is _dict:
+            return {resolve(k, mark, depth + 1): resolve(x, mark, depth + 1) for k, x in _dict.items(value)}
+        return t(resolve(x, mark, depth + 1) for x in value)
 
     namespace = {"__name__": "__solution__", "__builtins__": builtins}
     try:
         exec(compile(code, "<solution>", "exec"), namespace)
         send(["load", None])
-    except BaseException as exc:
+    except _BaseExc as exc:
         send(["load", describe(exc)])
-        os._exit(0)
+        _exit(0)
     while True:
-        request = _read_frame(os, req_r)
-        if request is None:  # the harness is done
-            os._exit(0)
-        name, args, kwargs = marshal.loads(request)
+        body = request()
+        if body is None:  # the harness is done
+            _exit(0)
+        name, args, kwargs, mark = _loads(body)
         try:
             if name not in namespace:
-                raise NameError(f"name {name!r} is not defined")
-            record = ["ok", make_encoder(budget)(namespace[name](*args, **kwargs))]
-        except BaseException as exc:
-            record = ["err", type(exc).__name__, describe(exc)]
+                raise _NameError(f"name {name!r} is not defined")
+            args, kwargs = resolve(args, mark), resolve(kwargs, mark)
+            encode.reset()
+            record = ["ok", encode(namespace[name](*args, **kwargs))]
+        except _BaseExc as exc:
+            record = ["err", _type(exc).__name__, describe(exc)]
         send(record)
 
 

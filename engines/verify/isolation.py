@@ -217,8 +217,9 @@ def _system_links() -> list[str]:
 
 
 #: What the sandbox makes in the temp directory, each name `<prefix><owner PID>-<random>`: the child module's
-#: dir, each job's or slot's scratch root, the user-namespace probe's mount point.
-TEMP_PREFIXES = ("sage-sandbox-child-", "sage-sbx-", "sage-sandbox-probe-")
+#: dir, each job's or slot's scratch root, the user-namespace probe's mount point; and a training child's folder
+#: (engines/train/launch.py), which holds the trainer's own.
+TEMP_PREFIXES = ("sage-sandbox-child-", "sage-sbx-", "sage-sandbox-probe-", "sage-train-")
 _SWEPT: list[bool] = []
 _SWEEP_LOCK = threading.Lock()
 
@@ -307,6 +308,13 @@ def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int
         child = [python, "-I", "-S", "-c", _CHILD_SOURCE, str(fds[0]), str(fds[1])]
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *_setpriv_pdeathsig()] \
         if uid is not None else []
+    # /proc/sys is bound read-only on every backend with namespaces. Its per-namespace files (pid_max, the IPC and
+    # message queue limits, the network's) belong to the slot's namespaces, which outlive each job; under bwrap the
+    # job's uid is root of the user namespace that owns them, so the kernel lets it write them (a pid_max of 301
+    # left every later job of the slot short of pids). Read-only closes every such file at once, today's and a
+    # later kernel's, where comparing them after each job would need a list of names; bwrap's own cover of
+    # /proc/sys is skipped because the dir itself is not writable. The values read through it are still the
+    # reader's namespaces' own: the kernel picks them by the reading process, not by the mount.
     if backend == "bwrap":
         binds = [a for d in extra for a in ("--ro-bind", d, d)]
         if root is not None:  # one private tmpfs, inode-capped, bound at /work, /tmp and /dev/shm alike
@@ -321,7 +329,8 @@ def command(backend: str, uid: int | None, root: str | None, fds: tuple[int, int
         inner = drop + [
             "bwrap", "--unshare-all", "--die-with-parent", "--new-session", *(["--as-pid-1"] if zygote else []),
             "--ro-bind", "/usr", "/usr",
-            *_system_links(), *binds, "--proc", "/proc", "--dev", "/dev", *scratch,
+            *_system_links(), *binds, "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev",
+            *scratch,
             *(["--ro-bind", cdir, "/sandbox"] if cdir else []), "--remount-ro", "/", "--chdir", "/work", "--", *child]
         return inner if root is None else _scratch_mount(root) + inner
     if backend == "unshare":

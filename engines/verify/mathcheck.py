@@ -37,6 +37,7 @@ import time
 from collections import deque
 
 from sage.configs.schema import MathCheckConfig
+from sage.engines.text.answers import hedged
 from sage.engines.verify.isolation import die_with_parent
 
 STARTUP_TIMEOUT_S = 120.0
@@ -67,9 +68,10 @@ _PROSE_WORD = re.compile(r"(?:^|\s)[A-Za-z]{2,}[.,:;!?]?(?=\s|$)")
 
 def _plain(answer: str) -> str:
     """`answer` without spaces, `$`, spacing commands and a final period; lowercased only when it is a word
-    (`Yes`), never when it holds symbols, whose case carries meaning (`P`, `X+1`)."""
+    (`Yes`, `yes`), never when it holds symbols, whose case carries meaning (`P`, `X+1`), nor when it is written
+    in capitals: `AB`, `ABC`, `PQ` name points, segments and triangles, so `AB` is not `ab`."""
     s = re.sub(r"[\s$]|\\[,;! ]|\\left|\\right", "", answer).rstrip(".")
-    return s.lower() if _WORD.fullmatch(s) else s
+    return s.lower() if _WORD.fullmatch(s) and not s.isupper() else s
 
 
 def is_prose(answer: str) -> bool:
@@ -91,7 +93,7 @@ def _keep_case() -> None:
     its grader then compares symbol names longer than one letter without case (meant for words: `\\text{Yes}`
     against `yes`), which made `\\Delta` equal `\\delta` and `X_1` equal `x_1`. Here `parse` converts with
     `lowercase_symbols=False`, and two symbols compare without case only when both are words (two or more
-    letters, not a Greek letter's name); everything else the grader does is unchanged."""
+    letters, not all capitals, not a Greek letter's name); everything else the grader does is unchanged."""
     import functools
 
     import math_verify.grader as grader
@@ -104,8 +106,8 @@ def _keep_case() -> None:
     greek = frozenset(GREEK_LETTER_MAP.values())
     compare_words = grader.sympy_compare_symbols
 
-    def is_word(name: str) -> bool:
-        return len(name) > 1 and name.isalpha() and name not in greek
+    def is_word(name: str) -> bool:  # a name in capitals (`AB`) is points, not a word
+        return len(name) > 1 and name.isalpha() and not name.isupper() and name not in greek
 
     def compare_symbols(gold, pred) -> bool:
         if isinstance(gold, Symbol) and isinstance(pred, Symbol) and not (is_word(gold.name) and is_word(pred.name)):
@@ -117,12 +119,21 @@ def _keep_case() -> None:
 
 def _imaginary(found: list) -> list:
     """math-verify's parse with a lone symbol `i` read as the imaginary unit (latex2sympy2_extended maps only
-    `I` to it), so that `e^{i\\pi}` is -1 and `(1+i)^2` is `2i`."""
+    `I` to it), so that `e^{i\\pi}` is -1 and `(1+i)^2` is `2i`. An `i` that is only ever a bound variable (a
+    summation or product index, an integration variable) is no unit: math-verify saw the letter and parsed every
+    symbol as complex (`should_treat_as_complex`), so `\\sum_{i=1}^n i` held a complex `n` and never equalled
+    `n(n+1)/2`; its symbols are made real again, as they are when the index has another name."""
+    from math_verify.grader import should_treat_as_complex
     from sympy import Basic, I, Symbol
 
+    latex = next((x for x in found if isinstance(x, str)), "")
     out = []
     for x in found:
         if isinstance(x, Basic):
+            names = {s.name for s in x.atoms(Symbol)}
+            if "i" in names and "i" not in {s.name for s in x.free_symbols} \
+                    and not should_treat_as_complex(re.sub(r"(?<![\\A-Za-z])i(?![A-Za-z])", "k", latex)):
+                x = x.xreplace({s: Symbol(s.name, real=True) for s in x.atoms(Symbol) if s.is_real is False})
             unit = {s: I for s in x.free_symbols if isinstance(s, Symbol) and s.name == "i"}
             if unit:
                 try:
@@ -171,8 +182,8 @@ def _worker() -> None:
         gold, pred = parsed(a), read(b)
         if gold and pred and verify(gold, pred, timeout_seconds=None):
             return True
-        if "%" in a + b:  # "12.5\\%" vs "12.5": compare the numbers without the percent signs
-            return equal(_no_percent(a), _no_percent(b))
+        if "%" in a and "%" not in b:  # "12.5\\%" vs "12.5": the reference's percent sign may go unwritten,
+            return equal(_no_percent(a), b)  # but one the answer wrote stays: "0.5\\%" is not 0.5
         return False
 
     try:  # the lazy imports of a first parse, extraction and comparison (sympy's), paid before "ready", outside
@@ -198,14 +209,18 @@ def _worker() -> None:
 # ------------------------------------------------------------------------------------------ parent side
 
 
+#: The folder holding the `sage` package this process imported: the worker runs from there (`-m` puts it first on
+#: its path), so it runs the same checker code as its parent, not whichever checkout the environment installed.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["sage"].__file__)))
+
+
 class _Worker:
     def __init__(self, memory_mb: int):
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sage.engines.verify.mathcheck", str(memory_mb)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
-            preexec_fn=die_with_parent,
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            preexec_fn=die_with_parent, cwd=_ROOT)
         self.fd = self.proc.stdout.fileno()
         os.set_blocking(self.fd, False)
         self.buf = b""
@@ -260,6 +275,8 @@ class MathChecker:
         scores, todo = [0.0] * len(pairs), []
         for i, (gold, pred) in enumerate(pairs):
             if not self._usable(gold) or not self._usable(pred):
+                continue
+            if hedged(pred) and not hedged(gold):  # `not 3`, `at least 3`, `4 (I first thought 3)`: no answer
                 continue
             if _plain(normalize(gold)) == _plain(normalize(pred)):
                 scores[i] = 1.0

@@ -11,7 +11,7 @@ rlimits first). So a job's fork is a copy of a zygote that holds no other job's 
 
 After each job the zygote kills every other process of its pid namespace (`kill(-1)`), reaps them, and
 checks what the jobs of this slot share: the tmpfs (/tmp, /work, /dev/shm: entries, owner, mode, modification
-time, extended attributes), SysV IPC objects and the IPC namespace's settings, kernel keys, the network
+time, extended attributes), SysV IPC objects, kernel keys, the network
 namespace's sockets, and the zygote's own limits, priority, scheduling, affinity, autogroup and host name (every
 fork inherits them). Each job's fork starts a session of its own, so a job that renices its scheduler autogroup
 slows only itself. It reports `done <exit status> <clean>` on `ctrl_fd`. When anything was left or changed,
@@ -27,14 +27,10 @@ FDS_PER_JOB = 4  # job_r, res_w, out_w, err_w
 WARM_MODULES = ("json", "_json", "marshal", "resource", "typing", "math", "collections", "itertools", "functools",
                 "re", "string", "heapq", "bisect", "copy", "random")
 SHARED_DIRS = ("/tmp", "/work", "/dev/shm")
-# Kernel state a job could change for the next: the IPC namespace's objects and settings (a job that is root of
-# the slot's user namespace may write the sysctls), keys, IPv6 and unix sockets, the scheduler autogroup.
+# Kernel state a job could change for the next: the IPC namespace's objects, keys, IPv6 and unix sockets, the
+# scheduler autogroup. The namespaces' settings (/proc/sys: pid_max, the IPC and message queue limits, the
+# network's) need no comparing: every backend binds /proc/sys read-only (`isolation.command`).
 KERNEL_STATE = ("/proc/sysvipc/shm", "/proc/sysvipc/sem", "/proc/sysvipc/msg", "/proc/keys",
-                *(f"/proc/sys/kernel/{name}" for name in ("shmmax", "shmall", "shmmni", "shm_rmid_forced", "msgmax",
-                                                         "msgmnb", "msgmni", "sem", "msg_next_id", "sem_next_id",
-                                                         "shm_next_id")),
-                *(f"/proc/sys/fs/mqueue/{name}" for name in ("queues_max", "msg_max", "msgsize_max", "msg_default",
-                                                            "msgsize_default")),
                 "/proc/net/sockstat6", "/proc/net/unix", "/proc/self/autogroup")
 
 

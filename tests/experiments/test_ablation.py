@@ -110,3 +110,27 @@ def test_across_seeds_counts_the_seeds_where_the_full_loop_wins_and_names_any_ab
     assert "0/solver-alone (" not in text  # it lost, or drew, everywhere
     assert "| solver-alone | 3 | 0.500 (0.500 - 0.500) | 0.100 (0.100 - 0.100) |" in text
     assert "| full | 1 | 0.500 (0.500 - 0.500) |" in text
+
+
+def test_run_level_compares_a_row_with_the_solver_alone_at_a_fixed_iteration_across_seeds():
+    """The run seed is the unit: per seed the difference of pass@1 at iteration 2, its mean, the 95% t interval
+    and the paired t-test. Differences 0.1, 0.2, 0.3: mean 0.2, sd 0.1, t = 0.2 / (0.1 / sqrt 3) = 3.464 with 2 df,
+    p = 0.0742; half-width t(0.975, 2) = 4.303 x 0.1 / sqrt 3 = 0.248. OOD where both rows scored iteration 2."""
+    from experiments.ablation import run_level, run_level_lines
+
+    def entry(seed, row, at2, ood=None):
+        e = {"seed": seed, "row": row, "iterations": 2, "curve": [0.4, 0.45, at2]}
+        return {**e, "ood_curve": {"0": 0.05, "2": ood}} if ood is not None else e
+
+    table = {f"{s}/{r}": entry(s, r, v, o) for s, r, v, o in [
+        (0, "solver-alone", 0.5, 0.10), (1, "solver-alone", 0.4, 0.10), (2, "solver-alone", 0.45, None),
+        (0, "full", 0.6, 0.15), (1, "full", 0.6, 0.05), (2, "full", 0.75, 0.2), (3, "full", 0.9, 0.9)]}
+    r = run_level(table, "full", at=2)
+    assert r["validation"]["seeds"] == [0, 1, 2] and r["validation"]["diffs"] == pytest.approx([0.1, 0.2, 0.3])
+    assert r["validation"]["mean"] == pytest.approx(0.2) and r["validation"]["p"] == pytest.approx(0.0742, abs=1e-4)
+    assert r["validation"]["ci"] == pytest.approx((0.2 - 0.2484, 0.2 + 0.2484), abs=1e-4)
+    assert r["ood"]["seeds"] == [0, 1] and r["ood"]["diffs"] == pytest.approx([0.05, -0.05])
+    assert r["ood"]["mean"] == pytest.approx(0.0)
+    assert run_level(table, "full", at=3)["validation"]["seeds"] == []  # no row reached iteration 3
+    text = "\n".join(run_level_lines(table, 2))
+    assert "| full | validation | 0, 1, 2 | +0.100, +0.200, +0.300 | +0.200 [-0.048, +0.448] | 0.074 |" in text

@@ -171,3 +171,30 @@ def test_heldout_answers_fresh_problems_with_base_and_checkpoint_and_leaves_the_
     with Warehouse.open(out / "heldout-12" / "warehouse.duckdb", read_only=True) as wh:
         assert wh.count("rollouts") == answered
     assert json.loads((out / "heldout-12.json").read_text())["iterations"]["2"]["test"] == paired
+
+
+def test_heldout_answers_the_validation_set_through_the_pipeline_beside_the_plain_answers(tiny_run):
+    """`--validation --pipeline --iteration 0`: the base model alone answers the run's own validation problems plainly
+    and through the pipeline (its greedy plan, the Critic's score, the answer shown the plan), and the report puts
+    pass@1 with every plan shown and with the gate against the plain answers on the same problems."""
+    out, first = tiny_run
+    assert first.returncode == 0, first.stderr[-3000:]
+    with Warehouse.open(out / "warehouse.duckdb", read_only=True) as wh:
+        validation = {r["question_id"] for r in wh.rows("SELECT question_id FROM questions "
+                                                        "WHERE origin = 'validation'")}
+    done = subprocess.run([sys.executable, "-m", "experiments.heldout", "--out", str(out), "--validation", "--pipeline",
+                           "--iteration", "0"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with Warehouse.open(out / "heldout-validation" / "warehouse.duckdb", read_only=True) as wh:
+        asked = {r["question_id"] for r in wh.rows("SELECT question_id FROM questions WHERE origin = 'validation'")}
+        purposes = dict(wh.execute("SELECT purpose, count(*) FROM rollouts GROUP BY 1"))
+        shown = wh.scalar("SELECT val_plan_shown FROM checkpoints WHERE iteration = 0")
+    n = len(validation)
+    assert asked == validation and purposes == {p: n for p in ("validate", "validate_plan", "validate_critique",
+                                                               "validate_hinted")}
+    result = json.loads((out / "heldout-validation.json").read_text())
+    assert list(result["iterations"]) == ["0"] and result["set"] == "validation"
+    pipeline = result["iterations"]["0"]["pipeline"]
+    assert pipeline["n"] == n and pipeline["shown"]["passed"] == round(shown * n)
+    assert pipeline["shown"]["passed"] == pipeline["plain"] - pipeline["shown"]["lost"] + pipeline["shown"]["gained"]
+    assert "| every plan shown: pass@1 [95%]" in (out / "heldout-validation.md").read_text()

@@ -72,9 +72,30 @@ def test_local_links_resolve(doc):
             assert anchor in _anchors(dest), f"{doc} links to {target}: no such heading"
 
 
-def test_status_on_empty_warehouse_says_how_to_start(tmp_path):
-    r = _sage("status", "--dir", str(tmp_path))
-    assert r.returncode == 0 and "sage seed" in r.stdout
+@pytest.mark.parametrize("where", ["an empty folder", "a missing folder"])
+def test_status_without_a_warehouse_is_one_sentence_and_exit_2(tmp_path, where):
+    d = tmp_path if where == "an empty folder" else tmp_path / "nonexistent"
+    r = _sage("status", "--dir", str(d))
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    said = "".join(r.stderr.split())  # the console wraps long paths anywhere
+    assert said.startswith(f"error:nowarehouseat{d}/warehouse.duckdb:startaprojecttherewith`sagerun`")
+    assert ". " not in " ".join(r.stderr.split())
+
+
+def test_run_takes_the_project_directory_as_the_other_commands_do(tmp_path, monkeypatch):
+    """`sage run --dir D` is `--set run.dir=D`: the run is created in D's warehouse and stores D as its run.dir."""
+    from typer.testing import CliRunner
+
+    from sage.flows import cli
+    from sage.warehouse import Warehouse
+
+    monkeypatch.setattr(cli, "_check_prefect", lambda: None)
+    monkeypatch.setattr(cli, "_run_flow", lambda directory, *args, **kwargs: [])  # no iterations: no flow
+    r = CliRunner().invoke(app, ["run", "--dir", str(tmp_path / "p"), "--run", "r1"])
+    assert r.exit_code == 0, r.output
+    with Warehouse.open(tmp_path / "p" / "warehouse.duckdb", read_only=True) as wh:
+        stored = wh.rows("SELECT config ->> '$.run.dir' AS dir FROM runs WHERE run_id = 'r1'")
+    assert stored == [{"dir": str(tmp_path / "p")}]
 
 
 def test_sql_formats(tmp_path):

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 from typer.testing import CliRunner
@@ -112,8 +113,11 @@ def test_sigkill_mid_stage_shows_the_run_and_stage_dead_with_the_resume_command(
     shown = _status(tmp_path)
     assert "dead" in shown and "running" not in shown, shown
     assert f"(PID {p.pid}) is gone" in " ".join(shown.split()), shown
-    assert "Resume it with the -c and --set it was started with:" in " ".join(shown.split())
-    assert "  sage run --run stop" in shown.splitlines(), shown   # the command on its own line, to copy
+    assert "Resume it, with the config it was started with, by:" in " ".join(shown.split())
+    # the whole command on its own line, to copy: the same run, config and directory
+    command = next(line for line in shown.splitlines() if line.startswith("  sage run --run stop -c "))
+    assert _resumed_hash(command) == _stored(tmp_path, "SELECT config_hash FROM runs")[0]["config_hash"]
+    assert f"--set run.dir={tmp_path}" in command
     # the report says so too
     r = CliRunner().invoke(app, ["report", "--run", "stop", "--dir", str(tmp_path)])
     assert r.exit_code == 0, r.output
@@ -128,3 +132,56 @@ def _running_stage(directory) -> bool:
         return bool(_stored(directory, "SELECT 1 FROM stage_runs WHERE status = 'running'"))
     except Exception:  # the writer holds the file for a moment, or has not made the tables yet
         return False
+
+
+def _resumed_hash(command: str) -> str:
+    """The config hash of the run a printed `sage run` command resumes."""
+    import shlex
+
+    from sage.configs import config_hash, load_config
+
+    words = shlex.split(command)
+    return config_hash(load_config(words[words.index("-c") + 1],
+                                   [words[i + 1] for i, w in enumerate(words) if w == "--set"]))
+
+
+def test_the_resume_command_of_a_dead_run_is_whole():
+    """The dead-run hint was a bare `sage run --run R` (the -c and --set left to memory); it is now the command
+    whose config is the stored one: the closest profile and a --set for each field that differs."""
+    from sage.configs import config_hash, config_json, load_config
+    from sage.flows.cli import resume_command
+
+    for profile, sets in [("cpu", ["seeds.n_math=2", "seeds.math_generators={gcd: {max_value: 20}}",
+                                   "roles.solver.max_new_tokens=99", "iteration.domains=[math]"]),
+                          ("paper-7b", ["train.lr=1e-5", "run.dir=/elsewhere"])]:
+        cfg = load_config(profile, sets)
+        command = resume_command(config_json(cfg), "r 1", Path("/tmp/a dir"))
+        assert command.startswith(f"sage run --run 'r 1' -c {profile} --set ")
+        assert _resumed_hash(command) == config_hash(cfg) and "--set 'run.dir=/tmp/a dir'" in command
+    assert resume_command("{}", "r", Path(".")) is None and resume_command("not json", "r", Path(".")) is None
+
+
+def test_a_resumed_stage_counts_the_rows_of_every_attempt(tmp_path):
+    """A critique_question stopped after committing its 4 rollouts, then resumed, wrote nothing more: `sage status`
+    showed `4 in, 0 out` beside 4 rows. Its counts now cover every attempt."""
+    from sage.configs.names import Purpose, Role, Stage
+
+    rows = [dict(rollout_id=f"r{k}", run_id="r", iteration=1, stage=Stage.CRITIQUE_QUESTION, role=Role.CRITIC,
+                 purpose=Purpose.CRITIQUE_QUESTION, question_id=f"q{k}", template="critic@1", prompt_text="p",
+                 completion_text="c", prompt_ids=[1], completion_ids=[2], sample_index=0, seed=0) for k in range(4)]
+
+    def stopped(ctx):
+        ctx.wh.insert_batch("rollouts", rows)
+        raise RuntimeError("stopped after its last batch")
+
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
+        ctx = SimpleNamespace(wh=wh, cfg=SimpleNamespace(run=SimpleNamespace(snapshot=False)))
+        try:
+            run_recorded(ctx, Stage.CRITIQUE_QUESTION, stopped, run_id="r", iteration=1)
+        except RuntimeError:
+            pass
+        report = run_recorded(ctx, Stage.CRITIQUE_QUESTION, lambda ctx: StageReport(Stage.CRITIQUE_QUESTION, 4, 0),
+                              run_id="r", iteration=1)
+        assert (report.rows_in, report.rows_out) == (4, 4)
+        assert wh.rows("SELECT status, rows_in, rows_out, attempts FROM stage_runs") == \
+            [{"status": "done", "rows_in": 4, "rows_out": 4, "attempts": 2}]

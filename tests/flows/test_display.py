@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ from rich.console import Console
 
 from sage.flows.iteration import STAGE_NAMES
 from sage.flows.progress import LINES, LIVE, QUIET, Display
+from sage.flows.record import Interrupted
 from tests.flows import scripted_run
 
 WIDTH = 140
@@ -118,6 +120,11 @@ def test_log_records_and_summaries_reach_the_terminal_escaped():
             with pytest.raises(RuntimeError), display.stage(1, "solve"):
                 display.report(1, "solve", 1, 4, 0)
                 raise RuntimeError("boom")
+            try:
+                with pytest.raises(Interrupted), display.stage(1, "train"):
+                    raise Interrupted(signal.SIGTERM)
+            finally:
+                Interrupted.received = None  # what a command's `stopped_by_signals` puts back
         assert log.handlers == [handler]  # restored
     finally:
         log.removeHandler(handler)
@@ -129,6 +136,8 @@ def test_log_records_and_summaries_reach_the_terminal_escaped():
     assert any(line.startswith("✓ iteration 1 challenge") and "note \\x1b]0;title\\x07" in line for line in lines)
     assert any(line.startswith("✗ iteration 1 solve") and "1/4 rows" in line and "failed: RuntimeError" in line
                for line in lines), lines
+    assert any(line.startswith("✗ iteration 1 train") and line.endswith("interrupted (SIGTERM)") for line in lines), \
+        lines  # not "interrupted: Interrupted"
 
 
 def test_plain_lines_mode_when_the_console_is_not_a_terminal():
@@ -202,24 +211,73 @@ def test_after_a_signal_the_terminal_shows_none_of_prefects_crash_reports(monkey
                     "Finished in state Completed()", "a failure of our own"]
 
 
+class _Clock:
+    """A clock the test moves: `progress.time` with a `monotonic` that returns `now`."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
 @pytest.mark.parametrize("width", [80, 140])
 def test_a_running_stage_is_one_line_whole_at_80_columns(width, monkeypatch):
-    """The stage, its count, the loss and the ETA on one line that fits; a long bar (and tokens per second) only
-    from `WIDE` columns (at 80 the ETA once wrapped onto a line of its own)."""
-    from rich.progress import Task
-
+    """The stage, its count, the loss, tokens per second and the ETA on one line that fits, at 80 columns too; a
+    long bar and the iteration in the label only from `WIDE` columns (the header names the iteration). Rate and ETA
+    run from the stage's first report: 24 rows left at 8 rows per 10 s is 30 s."""
+    from sage.flows import progress
     from sage.flows.progress import WIDE
 
-    monkeypatch.setattr(Task, "time_remaining", property(lambda task: 17.0))   # a steady clock for the ETA
+    clock = _Clock()
+    monkeypatch.setattr(progress, "time", clock)
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=width)
     with Display(console, run_id="run-f92dd238", iterations=10) as display, display.stage(3, "critique_question"):
-        display.report(3, "critique_question", 7, 32, tokens=9000)
+        clock.now += 40  # loading the model: not part of the rate
+        display.report(3, "critique_question", 0, 32, tokens=0)
+        clock.now += 10
         display.report(3, "critique_question", 8, 32, tokens=9000, note="loss 0.8638")
         display._live.refresh()
         shown = screen(out.getvalue())
     line = next(x for x in reversed(shown) if x.startswith(("⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏")))
     assert all(len(x) <= width for x in shown), shown
-    assert "iteration 3 critique_question" in line and "8/32 rows" in line and line.endswith("ETA 0:00:17")
+    assert "critique_question" in line and "8/32 rows" in line and line.endswith("900 tok/s ETA 0:30"), line
+    assert ("iteration 3 critique_question" in line) == (width >= WIDE)
+    assert any("run-f92dd238 · iteration 3/10 · critique_question" in x for x in shown)
     bar = sum(line.count(c) for c in "━╺╸")
     assert "loss 0.8638" in line and bar == (24 if width >= WIDE else 8)
+    done = next(x for x in screen(out.getvalue()) if x.startswith("✓"))
+    assert done.startswith("✓ iteration 3 critique_question") and len(done) <= width, done
+
+
+def test_no_eta_before_a_stage_has_done_anything(monkeypatch):
+    """Before any row is done (or for a stage that reports no total) the bar shows the time taken, never an ETA."""
+    from sage.flows import progress
+
+    clock = _Clock()
+    monkeypatch.setattr(progress, "time", clock)
+    out = io.StringIO()
+    with Display(Console(file=out, force_terminal=True, width=80), run_id="r") as display, \
+            display.stage(1, "solve"):
+        display.report(1, "solve", 0, 16)
+        clock.now += 65
+        display.report(1, "solve", 0, 16)
+        display._live.refresh()
+        shown = screen(out.getvalue())
+    line = next(x for x in reversed(shown) if "0/16 rows" in x)
+    assert "ETA" not in line and re.search(r"  \d+:\d\d$", line), line  # the time taken (rich's own clock)
+
+
+def test_a_finished_line_names_one_throughput():
+    """A stage that measures its own throughput (training's `tokens_per_s`) shows that one, as tok/s, and not the
+    bar's as well."""
+    console, out = _terminal()
+    with Display(console, run_id="r", iterations=1) as display:
+        with display.stage(1, "train") as shown:
+            display.report(1, "train", 1, 2, 400, unit="steps", note="loss 0.5000")
+            display.report(1, "train", 2, 2, 800, unit="steps", note="loss 0.2500")
+            shown("train: 8 in, 2 out; loss 0.25, grad_norm 1.5, tokens_per_s 2831")
+    line = next(x for x in screen(out.getvalue()) if x.startswith("✓ iteration 1 train"))
+    assert line.count("tok/s") == 1 and "2,831 tok/s" in line and "tokens_per_s" not in line, line
+    assert "loss 0.25, grad_norm 1.5" in line and "2/2 steps" in line

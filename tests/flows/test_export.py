@@ -115,3 +115,20 @@ def test_export_command(project, tmp_path):
     assert "adapter_config.json" in ok.output
     bad = CliRunner().invoke(app, ["export", "--run", "nobest", "--dir", str(d), "--dest", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "no best checkpoint yet" in bad.output
+
+
+def test_export_merge_shows_no_library_progress_bars(project, tmp_path):
+    """`sage export --merge` loads and saves a model: transformers' and the hub's progress bars stay off, so the
+    terminal shows the command's own lines only."""
+    import os
+    import subprocess
+    import sys
+
+    d, _ = project
+    r = subprocess.run([sys.executable, "-m", "sage.flows.cli", "export", "--run", "r", "--checkpoint", "1",
+                        "--merge", "--dir", str(d), "--dest", str(tmp_path / "merged")], capture_output=True,
+                       text=True, timeout=300, env={k: v for k, v in os.environ.items()
+                                                   if k != "HF_HUB_DISABLE_PROGRESS_BARS"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "wrote merged model (with tokenizer)" in r.stdout
+    assert "%|" not in r.stderr and "it/s" not in r.stderr and "Loading" not in r.stderr, r.stderr[-3000:]

@@ -76,6 +76,34 @@ def test_verbose_adds_the_traceback(tmp_path):
 
 # ---------------------------------------------------------------------------- the private server starting
 
+PRIVATE_RUN = """
+import os
+from prefect import flow
+from sage.flows.api_server import prefect_api
+
+@flow(name="sage-private-history-check")
+def probe() -> str:
+    return os.environ["PREFECT_HOME"]
+
+with prefect_api() as url:
+    print(url, probe())
+"""
+
+
+def test_a_private_servers_runs_leave_no_history_in_the_users_prefect_home(tmp_path):
+    """The private server keeps its database in a Prefect home of its own, removed when it stops: the user's
+    Prefect home (here PREFECT_HOME) gets no prefect.db, so their own `prefect server start` lists none of them."""
+    home = tmp_path / "user-prefect-home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_URL")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    done = subprocess.run([sys.executable, "-c", PRIVATE_RUN], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("http://127.0.0.1:"), done.stdout
+    assert not (home / "prefect.db").exists(), sorted(p.name for p in home.iterdir())
+
+
 @pytest.mark.fast
 def test_starting_a_private_server_is_said_at_once(monkeypatch):
     """`say` hears of the private server before it starts (the start takes seconds); nothing is said for a
@@ -185,7 +213,8 @@ def test_local_files_and_offline_benchmarks_need_no_hub(monkeypatch):
 
 
 def test_sage_run_ends_with_the_best_checkpoint(prefect_api, monkeypatch, tmp_path):
-    """`sage run`'s summary ends with the checkpoint validation chose (here the base model: training is off)."""
+    """`sage run`'s summary: each iteration's tables, the warehouse once, and last the checkpoint validation chose
+    (here the base model: training is off)."""
     from typer.testing import CliRunner
 
     from sage.flows import session
@@ -208,8 +237,11 @@ def test_sage_run_ends_with_the_best_checkpoint(prefect_api, monkeypatch, tmp_pa
 
     monkeypatch.setattr(session, "Session", ScriptedSession)
     sets = [x for o in [f"run.dir={tmp_path}", *scripted_run.OVERRIDES] for x in ("--set", o)]
-    r = CliRunner().invoke(app, ["run", "--run", rid, "-n", "1", "--quiet", *sets])
+    r = CliRunner().invoke(app, ["run", "--run", rid, "-n", "2", "--quiet", *sets])
     assert r.exit_code == 0, r.output + repr(r.exception)
     out = " ".join(r.output.split())
+    assert out.count("warehouse:") == 1 and "iteration 2: roles" in out  # said once, after the last iteration
+    assert out.index("iteration 2: roles") < out.index("warehouse:") < out.index("best checkpoint")
+    assert " -0 " not in out  # a mean advantage of -0.0 is 0
     assert "best checkpoint: the base model (iteration 0, validation pass@1" in out
     assert f"--checkpoint best --merge --dir {tmp_path}" in out

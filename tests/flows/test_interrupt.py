@@ -80,14 +80,33 @@ def test_sigkill_of_sage_leaves_none_of_its_processes(tiny_model, tmp_path):
     assert not running(family)
 
 
+def _now():
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _states_since(began) -> dict[str, list]:
+    """The states of the flow runs (and their task runs) the Prefect API saw start after `began`."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+
+    with get_client(sync_client=True) as client:
+        since = FlowRunFilter(start_time=FlowRunFilterStartTime(after_=began))
+        return {"flows": [r.state for r in client.read_flow_runs(flow_run_filter=since)],
+                "tasks": [r.state for r in client.read_task_runs(flow_run_filter=since)]}
+
+
 def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(prefect_api, tmp_path):
     """The scripted generator pauses in the middle of the probe stage (some of its batches committed); Ctrl-C
-    then, and the same command again, give every row an uninterrupted run gives."""
+    then, and the same command again, give every row an uninterrupted run gives. Prefect shows the runs the
+    signal stopped as Cancelled, saying so, not as Crashed."""
     from tests.flows import scripted_run
     from tests.flows.test_iteration import dump
 
     reference = tmp_path / "reference"
     scripted_run.run(reference)
+    began = _now()
     directory, marker = tmp_path / "interrupted", tmp_path / "paused"
     p = subprocess.Popen([sys.executable, "-m", "tests.flows.scripted_run", str(directory), "--pause-at-call", "8",
                           "--marker", str(marker), "--as-cli"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -102,6 +121,11 @@ def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(prefect_
     assert code == 130 and time.monotonic() - start < 10
     with Warehouse.open(directory / "warehouse.duckdb", read_only=True) as wh:
         assert wh.scalar("SELECT status FROM stage_runs WHERE stage = 'probe'") == "interrupted"
+    states = _states_since(began)
+    assert states["flows"] and all(s.name == "Cancelled" for s in states["flows"]), states  # not Crashed
+    assert all(s.message.startswith("interrupted (SIGINT); committed work is kept; resume with: sage ")
+               for s in states["flows"])
+    assert "Cancelled" in {s.name for s in states["tasks"]} and "Crashed" not in {s.name for s in states["tasks"]}
     r = subprocess.run([sys.executable, "-m", "tests.flows.scripted_run", str(directory), "--as-cli"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -88,7 +88,7 @@ def wh(tmp_path):
 def cells(page: str, table: str) -> list[list[str]]:
     """Rows of cell texts of the HTML table under the <h2> named `table`."""
     section = page.split(f"<h2>{table}</h2>", 1)[1].split("</table>", 1)[0]
-    return [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", section) if "<td>" in row]
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", section) if "<td" in row]
 
 
 def test_write_report_plots_and_tables(wh, tmp_path):
@@ -200,3 +200,34 @@ def test_markdown_table_cells_cannot_become_markdown():
     assert row == ("| \\*\\*bold\\*\\* \\[link\\]\\(http://x\\) \\`code\\` \\<b\\>\\|\\</b\\> "
                    "\\# heading \\_it\\_ 1\\. \\~\\~s\\~\\~ \\! | 0\\.25 |")
     assert markdown_table([]) == "_no rows_"
+
+
+def test_numbers_are_right_aligned_and_text_left():
+    from sage.flows.report import html_table
+
+    table = html_table([{"run_id": RUN, "iteration": 1, "stage": "train", "seconds": 12.5, "ok": True}])
+    assert '<td class="n">1</td><td>train</td><td class="n">12.5</td><td>yes</td>' in table
+
+
+def test_one_iteration_gets_whole_ticks_and_the_admission_legend_stays_off_the_bars(tmp_path):
+    """A run of one iteration: its x axis has whole ticks, the one tick 1 where only iteration 1 has numbers (not
+    0.96, 0.98, ...); the admission plot's legend sits beside the axes, never over a bar."""
+    from sage.flows.report import _load
+
+    with Warehouse.open(tmp_path / "one.duckdb") as one:
+        build(one, iterations=(1,))
+        _, tables = _load(one, RUN)
+    for stem, _, plot, _ in PLOTS:
+        fig = plot(tables)
+        if fig is None or stem == "training_curve":  # steps, not iterations
+            continue
+        ax = fig.axes[0]
+        low, high = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if low <= t <= high]
+        assert ticks and all(t == int(t) for t in ticks), (stem, ticks)
+        if stem in ("pool_size", "admission", "quality"):  # the iterations table holds iteration 1 only
+            assert ticks == [1.0], (stem, ticks)
+        if stem == "admission":
+            fig.canvas.draw()
+            legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+            assert legend.x0 >= axes.x1, (legend, axes)

@@ -1,6 +1,7 @@
 """What `sage sql`, `sage status` and `sage config --schema` print at a given terminal width (COLUMNS): headers
-whole, long cells cut, middle columns hidden behind a `…` column with a line saying how to see them, one
-`column = value` line per column (`--format line`, or on its own when not even the first and last column fit),
+whole, long cells cut, long ids and timestamps hidden before measures and text, text cut before more columns are
+hidden (from the right), a line naming what was hidden and how to see it, one `column = value` line per column
+(`--format line`, or on its own when not even the first column fits),
 model-written text shown and never obeyed; and the one-sentence errors of a missing run and a bad stage name."""
 
 from __future__ import annotations
@@ -40,18 +41,39 @@ def header(out: str) -> str:
 
 
 @pytest.mark.parametrize("width", [80, 160])
-def test_a_wide_result_keeps_headers_whole_and_says_which_columns_it_hides(project, width):
+def test_a_wide_result_keeps_headers_whole_and_names_the_columns_it_hides(project, width):
     r = sage("sql", WIDE, "--dir", project, width=width)
     lines = r.stdout.splitlines()
     assert r.returncode == 0, r.stderr
     assert max(len(line) for line in lines) <= width
     names = [c.strip() for c in header(r.stdout).strip("┃").split("┃")]
-    assert names[0] == "measurement_00" and names[-1] == "measurement_21" and "…" in names
-    assert all(n == "…" or n.startswith("measurement_") and len(n) == 14 for n in names)  # none cut
-    shown = len(names) - 1
-    assert f"{22 - shown} of 22 columns hidden (…): --format line or --format csv shows them" in r.stdout
+    shown = len(names)
+    assert names == [f"measurement_{k:02d}" for k in range(shown)]  # from the left, none cut
+    footer = " ".join(x.strip() for x in lines[lines.index(next(x for x in lines if "columns hidden" in x)):-1])
+    hidden = ", ".join(f"measurement_{k:02d}" for k in range(shown, 22))
+    assert f"{22 - shown} of 22 columns hidden: {hidden}; --format line or --format csv shows them" in footer
     assert lines[-1] == "3 rows"
     assert shown >= (9 if width == 160 else 4)
+
+
+AUDIT = ("SELECT 'run-078ccdf3' AS run_id, 1 AS iteration, md5('q' || i) AS question_id, 'math' AS domain, "
+         "'What is the sum of the first ' || i || ' odd numbers, counted from one upwards?' AS text, "
+         "'7' AS label, 0.25 AS loss, md5('p' || i) AS parent_id, TIMESTAMP '2026-12-07 18:00:00' AS created_at, "
+         "'rejected_ungrounded' AS rejection_reason FROM range(2) t(i)")
+
+
+def test_ids_and_timestamps_are_hidden_before_measures_and_text(project):
+    """At 80 columns the hash ids and the timestamp go first; the measure, the label and the reason stay, and the
+    question text is cut, not hidden; numbers are right-aligned."""
+    r = sage("sql", AUDIT, "--dir", project, width=80)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and max(map(len, lines)) <= 80, r.stdout
+    names = [c.strip() for c in next(x for x in lines if "iteration" in x).strip("┃").split("┃")]
+    assert names == ["iteration", "domain", "text", "label", "loss", "rejection_reason"], names
+    assert "What is the sum o…" in r.stdout and "upwards?" not in r.stdout
+    assert "4 of 10 columns hidden: run_id, question_id, parent_id, created_at;" in r.stdout
+    row = next(x for x in lines if "What is" in x)
+    assert "│         1 │ math   │" in row, row  # a number right, text left
 
 
 def test_a_result_that_fits_shows_every_column_and_no_footer(project):
@@ -74,10 +96,10 @@ def test_csv_and_json_are_unchanged_by_the_width(project):
 
 
 def test_columns_too_wide_for_the_terminal_are_printed_as_lines(project):
-    """Not even the first and the last column fit with their headers whole: lines, not a table of `…`."""
+    """Not even the first column fits with its header whole: lines, not a table of `…`."""
     query = ("SELECT i AS first_column_with_a_long_header_name, i AS middle, "
              "i AS last_column_with_a_long_header_name FROM range(2) t(i)")
-    r = sage("sql", query, "--dir", project, width=60)
+    r = sage("sql", query, "--dir", project, width=36)
     assert r.returncode == 0 and "┃" not in r.stdout and "…" not in r.stdout
     assert "first_column_with_a_long_header_name = 1" in r.stdout.splitlines()
     assert "middle = 0" in r.stdout and r.stdout.endswith("\n2 rows\n")
@@ -161,3 +183,16 @@ def test_the_stage_deployment_takes_only_a_stage_it_can_run():
     assert stage_flow.validate_parameters({**params, "stage": "verify"})["stage"] == "verify"
     with pytest.raises(ParameterTypeError, match="stage: Input should be 'challenge'.*'verify'.*or 'validate'"):
         stage_flow.validate_parameters({**params, "stage": "verfy"})
+
+
+def test_a_zero_is_never_minus_zero():
+    from sage.flows.terminal import cell
+
+    assert cell(-0.0) == "0" and cell(-0.00012) == "-0.00012" and cell(0.5) == "0.5"
+
+
+def test_a_bad_option_says_error_as_every_command_does(project):
+    """A usage error (typer's) reads as the commands' own errors: `error:` on stderr after the usage line, exit 2."""
+    r = sage("status", "--bogus", "--dir", project)
+    assert r.returncode == 2 and "error: No such option: --bogus" in r.stderr, r.stderr
+    assert "Error" not in r.stderr and "Usage: " in r.stderr

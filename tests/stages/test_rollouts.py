@@ -24,12 +24,12 @@ def script(req):
 def make_ctx(tmp_path):
     opened = []
 
-    def make(*extra: str, iteration: int = 1) -> tuple[StageContext, ScriptedLLM]:
+    def make(*extra: str, iteration: int = 1, llm_type: type = ScriptedLLM) -> tuple[StageContext, ScriptedLLM]:
         cfg = load_config("cpu", [f"run.dir={tmp_path}", *OVERRIDES, "roles.solver.constrain=true", *extra])
         wh = Warehouse.open(tmp_path / f"wh{len(opened)}.duckdb")
         wh.insert_batch("runs", [dict(run_id="r", config=config_json(cfg), config_hash=config_hash(cfg),
                                       base_model=cfg.model.name, seed=0)])
-        llm = ScriptedLLM(script)
+        llm = llm_type(script)
         engines = Engines(cfg, llm=llm)
         opened.extend([wh, engines])
         return StageContext(cfg=cfg, wh=wh, run_id="r", iteration=iteration, engines=engines), llm
@@ -85,3 +85,37 @@ def test_probes_and_validation_stay_constrained(make_ctx, purpose, greedy):
     generate(ctx, Stage.SOLVE, purpose, units(3, 2), greedy=greedy)
     assert llm.requests and all(r.regex and not r.free for r in llm.requests)
     assert all(row["constrained"] for row in stored(ctx, purpose))
+
+
+class _InBatches(ScriptedLLM):
+    """A ScriptedLLM that tells `progress` after every `every` requests, as the hf engine does after each
+    token-budget batch of one call."""
+
+    every = 3
+
+    def generate(self, requests, progress=None):
+        results = super().generate(requests)
+        for done in range(self.every, len(requests) + self.every, self.every):
+            if progress is not None:
+                progress(min(done, len(requests)), len(requests), 10 * min(done, len(requests)))
+        return results
+
+
+def test_the_bar_moves_with_each_engine_batch_and_commits_stay_as_they_were(make_ctx):
+    """Generation reports each batch the engine finishes inside a commit (here 8 units per commit, the engine's
+    batches 3 units), with the tokens so far; what is committed, and its ids, are the same as without progress."""
+    rows = {}
+    for progress in (False, True):
+        ctx, llm = make_ctx("run.batch_rows=8", llm_type=_InBatches if progress else ScriptedLLM)
+        seen = []
+        ctx.progress = lambda stage, done, total, tokens, seen=seen, **kw: seen.append((done, total, tokens))
+        generate(ctx, Stage.SOLVE, Purpose.SOLVE, units(12, 2))
+        rows[progress] = ctx.wh.rows("SELECT rollout_id, completion_text FROM rollouts ORDER BY rollout_id")
+        if progress:
+            assert [d for d, _, _ in seen] == [0, 3, 6, 8, 8, 11, 12, 12], seen
+            assert all(t == 12 for _, t, _ in seen)
+            tokens = [k for _, _, k in seen]
+            assert tokens == sorted(tokens) and tokens[1] == 30 and tokens[5] > tokens[4]
+        else:
+            assert [d for d, _, _ in seen] == [0, 8, 12]
+    assert rows[True] == rows[False] and len(rows[True]) == 24

@@ -88,8 +88,7 @@ def test_bad_file_via_cli_writes_nothing(tmp_path):
     bad = _write_jsonl(tmp_path / "bad.jsonl", [GOOD_MATH, {"domain": "math"}])
     r = _sage("seed", "--set", f"seeds.source={bad}", "--set", f"run.dir={tmp_path}")
     assert r.returncode == 2 and "bad.jsonl:2" in r.stderr and "nothing was written" in r.stderr
-    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
-        assert wh.count("questions") == 0
+    assert not (tmp_path / "warehouse.duckdb").exists()  # checked before the warehouse is made
 
 
 def test_user_file_with_solution_computes_outputs_in_sandbox(tmp_path):
@@ -146,8 +145,7 @@ def test_unusable_code_problems_are_reported_and_refused(tmp_path):
     assert f"{path}:2: the reference solution failed (error: ValueError: no)" in out
     assert f"{path}:3: the reference solution failed (timeout" in out
     assert f"{path}:4: the reference solution failed" in out
-    with Warehouse.open(tmp_path / "warehouse.duckdb", read_only=True) as wh:
-        assert wh.scalar("SELECT count(*) FROM questions") == 0
+    assert not (tmp_path / "warehouse.duckdb").exists()  # made for the seed stage, removed when it failed
     r = _sage(*base, "--skip-bad")
     out = " ".join((r.stdout + r.stderr).split())
     assert r.returncode == 0, out[-2000:]
@@ -219,6 +217,35 @@ def test_validation_math_never_repeats_a_seed_or_itself():
     cfg.seeds.math_generators = None
     assert [i.question for i in held_out_math(SimpleNamespace(cfg=cfg), set())] == \
         [i.question for i in default_math(40, 0, "validation")]
+
+
+def test_code_splits_stay_disjoint_however_many_are_asked_for():
+    """Each split draws from its own half of the tasks, however many are asked for (the seed split ran on into
+    the validation half)."""
+    seed, validation = default_code(10_000, 0, "seed"), default_code(10_000, 0, "validation")
+    assert len(seed) <= len(validation) <= len(seed) + 1 and len(seed) > 1000
+
+
+def test_a_space_too_small_is_named_after_a_few_draws(monkeypatch):
+    """`validate.n_math=100000` over small spaces drew 64 x 100,000 problems (minutes, gigabytes) before saying so:
+    a generator is drawn until a thousand draws in a row bring nothing new."""
+    import sage.engines.data.seeds as seeds
+    from sage.warehouse import norm_hash
+
+    drawn = []
+    problem = seeds._problem
+    monkeypatch.setattr(seeds, "_problem", lambda *a: drawn.append(a[3]) or problem(*a))
+    tiny = {"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+"],
+                                 "allow_parentheses": False, "allow_negation": False}}  # 121 distinct sums
+    want = {"reasoning_gym:basic_arithmetic": 100_000}
+    assert seeds.math_space_short(want, 0, "validation", tiny, set(), norm_hash) == \
+        "reasoning_gym:basic_arithmetic 121 of 100000"
+    assert len(drawn) <= 3000
+    seen = {norm_hash(i.question) for i in default_math(2000, 0, "validation", tiny)}  # every one of them
+    assert seeds.math_space_short(want, 0, "validation", tiny, seen, norm_hash) == \
+        "reasoning_gym:basic_arithmetic 0 of 100000"
+    assert seeds.math_space_short({"reasoning_gym:basic_arithmetic": 100}, 0, "validation", tiny, set(),
+                                  norm_hash) == ""
 
 
 def test_seeds_follow_the_settings_not_the_order_a_config_was_written_in():

@@ -118,7 +118,105 @@ def test_the_solver_sees_a_plan_only_when_it_passed_the_gate(scripted_stage):
     tasks = [prompt_text(r) for r in llm.requests]
     assert sorted(("Plan (follow it):" in t, problem_of(t)) for t in tasks) == sorted((v, k) for k, v in GATED.items())
     assert llm.calls == [3] and [r.n for r in llm.requests] == [2, 2, 2]
-    assert report.rows_in == 3 and report.rows_out == 6 and report.info == {"with_plan": 2}
+    assert [r["plan_shown"] for r in rows] == [GATED[plans[r["plan_id"]]] for r in rows]
+    assert report.rows_in == 3 and report.rows_out == 6 and report.info == {"with_plan": 4, "without": 2}
+
+
+def test_mixed_hints_show_a_passed_plan_to_a_share_of_its_answers_and_the_rest_answer_plainly(scripted_stage):
+    """`iteration.hints` mixed: a question whose plan passed gets `hint_share` of its answers with the plan and the
+    rest with the plain prompt validation uses, all naming the plan; a withheld plan's answers are all plain. The
+    answers shown the plan are the ones `always` writes (the same ids), so `always` runs keep their rows."""
+    ctx, llm, plans = planned(scripted_stage, "iteration.hints=mixed", "iteration.hint_share=0.5")
+    report = solve.run_solve(ctx)
+    rows = ctx.wh.records("SELECT * FROM rollouts WHERE purpose = 'solve' ORDER BY plan_id, plan_shown, sample_index")
+    expected = []
+    for p in sorted(plans):
+        expected += [(p, False, 0)] + ([(p, True, 0)] if GATED[plans[p]] else [(p, False, 1)])
+    assert [(r["plan_id"], r["plan_shown"], r["sample_index"]) for r in rows] == expected
+    for r in rows:
+        kind = "solver_math_plan" if r["plan_shown"] else "solver_math"
+        assert r["template"] == TEMPLATE_VERSION[kind]
+        assert ("Plan (follow it):" in r["prompt_text"]) == r["plan_shown"]
+    assert len({r["rollout_id"] for r in rows}) == 6
+    assert (report.rows_in, report.rows_out, report.info) == (3, 6, {"with_plan": 2, "without": 4})
+    plain = {r["question_id"]: r["prompt_ids"] for r in rows if not r["plan_shown"]}
+    assert len(set(map(tuple, plain.values()))) == 3         # one plain prompt per question
+
+    shown = {r["rollout_id"] for r in rows if r["plan_shown"]}
+    always, _, _ = planned(scripted_stage)
+    solve.run_solve(always)
+    assert shown <= {r["rollout_id"] for r in always.wh.rows("SELECT rollout_id FROM rollouts WHERE plan_shown")}
+
+
+def test_a_shown_plan_never_changes_an_answers_reward(scripted_stage):
+    """With mixed hints, an answer shown the plan and one without it, equally right and equally formatted, earn the
+    same reward: s~_p is the plan's score for every answer to a question whose plan passed."""
+    from sage.stages import score
+
+    ctx, _, plans = planned(scripted_stage, "iteration.hints=mixed", "iteration.hint_share=0.5")
+    solve.run_solve(ctx)
+    rows = ctx.wh.rows("SELECT rollout_id FROM rollouts WHERE purpose = 'solve'")
+    ctx.wh.insert_batch("verdicts", [dict(rollout_id=r["rollout_id"], run_id="r", iteration=1, kind="math", s_gt=1.0)
+                                     for r in rows])
+    score.run(ctx)
+    rewards = ctx.wh.records("""SELECT r.plan_id, r.plan_shown, s.reward, s.components FROM scores s JOIN rollouts r
+                                USING (rollout_id) WHERE r.purpose = 'solve' AND r.sample_index = 0""")
+    passed = [p for p in plans if GATED[plans[p]]]
+    for p in passed:
+        shown, plain = ([r for r in rewards if r["plan_id"] == p and r["plan_shown"] is v] for v in (True, False))
+        assert len(shown) == len(plain) == 1 and shown[0]["reward"] == pytest.approx(plain[0]["reward"])
+        assert shown[0]["components"]["s_p_tilde"] == plain[0]["components"]["s_p_tilde"] == pytest.approx(0.9)
+
+
+class EqualChecker:
+    """The math checker's interface: an answer is right when it is the gold answer's text."""
+
+    def check_many(self, pairs: list[tuple[str, str]]) -> list[float]:
+        return [float(bool(gold) and gold == pred) for gold, pred in pairs]
+
+
+def hinted_or_not(req) -> str | list[str]:
+    """The Planner plans; shown a plan the Solver is right; plainly it is wrong on 2+2 and 10-3, right on 6*7."""
+    task = prompt_text(req)
+    if "numbered plan" in task:
+        return f"<plan>\n{plan_of(problem_of(task))}\n</plan>"
+    right = "Plan (follow it)" in task or "6*7" in task
+    return ["<answer>\\boxed{7}</answer>" if right else "<answer>\\boxed{5}</answer>"] * req.n
+
+
+def test_hints_on_failure_show_the_plan_only_where_every_plain_answer_failed(scripted_stage):
+    """`iteration.hints` on_failure: every question gets n_solve plain answers, verified in the stage; only a question
+    whose plan passed and whose plain answers all failed (2+2; 10-3's plan was withheld, 6*7 was solved) gets
+    hint_share x n_solve more answers shown its plan. A re-run generates and verifies nothing."""
+    ctx, llm = scripted_stage(hinted_or_not, "iteration.n_plan=10", "iteration.n_solve=4", "iteration.hints=on_failure",
+                              "iteration.hint_share=0.5", mathcheck=EqualChecker())
+    ctx.wh.insert_batch("questions", [question(f"p{k}", t, "seed") for k, t in enumerate(GATED)])
+    plan.run(ctx)
+    plans = ctx.wh.rows("SELECT r.rollout_id, q.text FROM rollouts r JOIN questions q USING (question_id) "
+                        "WHERE r.purpose = 'plan'")
+    ctx.wh.insert_batch("plans", [dict(plan_id=p["rollout_id"], run_id="r", iteration=1, question_id=f"p{k}",
+                                       s_p=0.9 if GATED[p["text"]] else 0.1, passed=GATED[p["text"]])
+                                  for p in plans for k, t in enumerate(GATED) if t == p["text"]])
+    report = solve.run_solve(ctx)
+    rows = ctx.wh.rows("""SELECT q.text, r.plan_shown, count(*) AS n, count(v.rollout_id) AS verified
+                          FROM rollouts r JOIN questions q USING (question_id)
+                          LEFT JOIN verdicts v ON v.rollout_id = r.rollout_id
+                          WHERE r.purpose = 'solve' GROUP BY ALL ORDER BY ALL""")
+    assert [(r["text"], r["plan_shown"], r["n"], r["verified"]) for r in rows] == [
+        ("Compute 6*7.", False, 4, 4), ("What is 10-3?", False, 4, 4), ("What is 2+2?", False, 4, 4),
+        ("What is 2+2?", True, 2, 0)]                       # the hinted answers are left to the verify stage
+    assert report.rows_out == 14 and report.info == {"with_plan": 2, "without": 12}
+    calls = len(llm.calls)
+    assert solve.run_solve(ctx).rows_out == 0 and len(llm.calls) == calls
+
+
+@pytest.mark.parametrize("share, n_solve", [(0.1, 4), (0.9, 4), (0.5, 1)])
+def test_mixed_hints_need_answers_with_and_without_the_plan(share, n_solve):
+    from sage.configs import load_config
+
+    with pytest.raises(ValueError, match="leaves no answer with or none without"):
+        load_config("cpu", ["iteration.hints=mixed", f"iteration.hint_share={share}", f"iteration.n_solve={n_solve}"])
+    assert solve.hint_count(8, "mixed", 0.5) == 4 and solve.hint_count(8, "always", 0.5) == 8
 
 
 def test_a_solve_rerun_regenerates_only_what_is_missing(scripted_stage):
@@ -150,5 +248,6 @@ def test_without_the_planner_the_solver_answers_the_sampled_questions_as_after_a
                for r in rows)
     assert [prompt_text(r) for r in llm.requests] and all("Plan (follow it)" not in prompt_text(r)
                                                           for r in llm.requests)
-    assert (report.rows_in, report.rows_out, report.info) == (2, 4, {"with_plan": 0})
+    assert (report.rows_in, report.rows_out, report.info) == (2, 4, {"with_plan": 0, "without": 4})
+    assert all(r["plan_shown"] is False for r in rows)
     assert solve.run_solve(ctx).rows_out == 0 and len(llm.requests) == 2  # a re-run asks nothing

@@ -52,11 +52,53 @@ def test_a_rollout_is_trained_as_constrained_when_sampled_under_its_roles_gramma
     assert {r.role: r.constrained for r in rows} == {"solver": True, "planner": False}
 
 
-def _rollout(rid: str, role: str, purpose: str, prompt_ids=(1, 2), completion_ids=(3,)) -> dict:
+def test_hinted_prompt_plain_trains_a_shown_answer_on_its_questions_plain_prompt(tmp_path):
+    """`train.hinted_prompt` plain: a Solver answer sampled with its plan trains on the prompt its question's
+    unhinted answers had, keeping its completion and its sampling log-probs (pi_old under the plan); `shown` and
+    every other row keep their own prompt. A shown answer whose question has no plain answer is refused."""
+    import pytest
+
+    from sage.stages.train import stored_rows
+    from sage.warehouse import Warehouse
+
+    mixed = ["iteration.hints=mixed", "train.roles=[planner, solver]"]
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        wh.insert_batch("rollouts", [
+            _rollout("hinted", "solver", "solve", prompt_ids=(1, 2, 8, 8), question="q1", plan_shown=True),
+            _rollout("plain", "solver", "solve", prompt_ids=(1, 2), question="q1", plan_shown=False),
+            _rollout("other", "solver", "solve", prompt_ids=(4, 5), question="q2", plan_shown=False),
+            _rollout("plan", "planner", "plan", prompt_ids=(6, 7), question="q1")])
+        wh.insert_batch("scores", [_score(r, "planner" if r == "plan" else "solver", 0.5)
+                                   for r in ("hinted", "plain", "other", "plan")])
+        plain = stored_rows(wh, load_config(overrides=[*mixed, "train.hinted_prompt=plain"]), "r", 1)
+        shown = stored_rows(wh, load_config(overrides=mixed), "r", 1)
+        assert [(r.role, r.prompt_ids, r.logprobs) for r in plain] == [
+            ("solver", [1, 2], [-0.5]), ("solver", [4, 5], [-0.5]), ("solver", [1, 2], [-0.5]),
+            ("planner", [6, 7], [-0.5])]                          # ordered by rollout id: hinted, other, plain, plan
+        assert [r.prompt_ids for r in shown] == [[1, 2, 8, 8], [4, 5], [1, 2], [6, 7]]
+        wh.execute("DELETE FROM rollouts WHERE rollout_id = 'plain'")
+        with pytest.raises(RuntimeError, match="question q1 has no answer without one"):
+            stored_rows(wh, load_config(overrides=[*mixed, "train.hinted_prompt=plain"]), "r", 1)
+
+
+def test_hinted_prompt_plain_needs_mixed_hints_and_the_samplers_logprobs():
+    import pytest
+
+    from sage.configs import ConfigError
+
+    with pytest.raises(ConfigError, match="iteration.hints always does not write"):
+        load_config(overrides=["train.hinted_prompt=plain"])
+    with pytest.raises(ConfigError, match="use train.hinted_prompt=shown"):
+        load_config(overrides=["train.hinted_prompt=plain", "iteration.hints=mixed", "train.old_policy=recompute"])
+    assert load_config("cpu", ["train.hinted_prompt=plain", "iteration.hints=mixed"]).train.hinted_prompt == "plain"
+
+
+def _rollout(rid: str, role: str, purpose: str, prompt_ids=(1, 2), completion_ids=(3,), question: str = "q",
+             plan_shown: bool | None = None) -> dict:
     return {"rollout_id": rid, "run_id": "r", "iteration": 1, "stage": purpose, "role": role, "purpose": purpose,
-            "question_id": "q", "template": "v1", "prompt_text": "p", "completion_text": "c",
+            "question_id": question, "template": "v1", "prompt_text": "p", "completion_text": "c",
             "prompt_ids": list(prompt_ids), "completion_ids": list(completion_ids), "sample_index": 0, "seed": 0,
-            "format_reward": 1.0}
+            "format_reward": 1.0, "logprobs": [-0.5] * len(completion_ids), "plan_shown": plan_shown}
 
 
 def _score(rid: str, role: str, advantage: float) -> dict:

@@ -128,6 +128,42 @@ def test_trained_adapter_and_training_off(make_ctx):
     assert wh.scalar("SELECT count(DISTINCT rollout_id) FROM rollouts WHERE purpose = 'validate'") == 10
 
 
+def pipeline_model(req) -> str:
+    """The base model with plans: the Planner plans; the Critic passes the plans for 2+3 and 10-4 only; shown its
+    plan, the Solver gets 10-4 right (the plan helps) and 6*7 wrong (the plan misleads); plain, as `solver`."""
+    text = prompt_text(req)
+    if "numbered plan" in text:
+        return "<plan>\n1. Compute it.\n</plan>"
+    if "Rate this plan" in text:
+        return "Fine. <score>9</score>" if ("2+3" in text or "10-4" in text) else "Wrong. <score>1</score>"
+    if "Plan (follow it)" in text and ("10-4" in text or "6*7" in text):
+        return math_answer(text, "10-4" in text)
+    return solver(req, None)
+
+
+def test_the_pipeline_validation_shows_the_models_own_plans_beside_plain_validation(make_ctx):
+    """`validate.pipeline`: besides plain validation (0.6, which decides early stopping), the Planner's greedy plans,
+    their critiques and the answers shown them give val_plan_shown (every plan shown: 10-4 gained, 6*7 lost, 0.6),
+    val_pipeline (shown where the plan passed the gate, 2+3 and 10-4; plain elsewhere: 0.8) and val_plans_passed
+    (2 of 5); no rollout of them is trained on, and a re-run generates nothing."""
+    ctx, wh, llm = make_ctx("validate.pipeline=true", "iteration.beta=0.5")
+    llm.script = pipeline_model
+    report = validate.run(ctx(0))
+    cp = wh.rows("SELECT * FROM checkpoints")[0]
+    assert cp["val_accuracy"] == pytest.approx(0.6)
+    assert (cp["val_plan_shown"], cp["val_pipeline"], cp["val_plans_passed"]) == pytest.approx((0.6, 0.8, 0.4))
+    assert report.info["val_pipeline"] == pytest.approx(0.8)
+    purposes = dict(wh.execute("SELECT purpose, count(*) FROM rollouts GROUP BY purpose"))
+    assert purposes == {"validate": 5, "validate_plan": 5, "validate_critique": 5, "validate_hinted": 5}
+    assert all(r.temperature == 0.0 for r in llm.requests)
+    calls = len(llm.calls)
+    validate.run(ctx(0))
+    assert len(llm.calls) == calls and wh.count("rollouts") == 20
+    plain = make_ctx()[0]
+    validate.run(plain(0))
+    assert plain(0).wh.rows("SELECT val_pipeline FROM checkpoints")[0]["val_pipeline"] is None
+
+
 def test_training_on_without_adapter_fails_and_no_questions_skips(make_ctx):
     ctx, wh, _ = make_ctx("train.enabled=true")
     with pytest.raises(RuntimeError, match="no trained adapter yet"):

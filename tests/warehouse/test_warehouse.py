@@ -116,7 +116,7 @@ def test_names_are_the_stored_strings():
     """The values are stored and hashed into row ids: changing one changes every id that contains it."""
     assert [str(r) for r in Role] == ["challenger", "planner", "critic", "solver"]
     assert [str(p) for p in Purpose] == ["challenge", "critique_question", "probe", "plan", "critique_plan",
-                                         "solve", "validate"]
+                                         "solve", "validate", "validate_plan", "validate_critique", "validate_hinted"]
     assert [str(s) for s in Stage] == ["seed", "challenge", "critique_question", "probe", "verify_probe", "admit",
                                        "plan", "critique_plan", "solve", "verify", "score", "train", "validate"]
     assert content_id("unit", Purpose.SOLVE, Role.SOLVER) == content_id("unit", "solve", "solver")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sage.engines.text.answers import BOXED_OR_FBOX, extract_answer, last_boxed
+from sage.engines.text.answers import BOXED_OR_FBOX, extract_answer, hedged, last_boxed
 from sage.engines.text.tags import parse_solver
 
 pytestmark = pytest.mark.fast
@@ -100,3 +100,24 @@ def test_many_unclosed_boxes():
     text = "\\boxed{" * 20000 + "x" + "{" * 20000
     assert last_boxed(text) is None and extract_answer(text) is None
     assert extract_answer("\\boxed{" * 20000 + "\\boxed{7}") == "7"
+
+
+@pytest.mark.parametrize("answer,refused", [
+    # a negation, a bound, a bare relation, a remark naming another value: more than one candidate
+    ("not 3", True), ("anything but 3", True), ("3 is not the answer", True), ("\\text{not } 3", True),
+    ("4, not 3", True), ("3, not 4", True), ("It is 4 (I first thought 3)", True), ("at least 3", True),
+    ("at most 3", True), ("No, 3", True), ("\\geq 3", True), ("> 3", True), ("\\neg 3", True), ("maybe 3", True),
+    ("Not 3. Thanks.", True), ("3. I am not sure.", True),
+    # one value, however it is written
+    ("3", False), ("x \\geq 3", False), ("x \\notin \\{3\\}", False), ("\\left(\\frac{1}{2}\\right)", False),
+    ("f(1) = 1", False), ("No.", False), ("There are no solutions.", False), ("So he needs 100 more dollars.", False),
+    ("\\boxed{7} \\quad \\text{(checked by substitution)}", False), ("12 \\text{ (in cm}^2)", False),
+    ("12 (in cm^{2})", False),
+    ("3 (or 4)", True), ("It is 4 (first 13)", True),
+    # rejected values in the reasoning before the final sentence do not count
+    ("There are $6! = 720$ arrangements, but half are repeats, so 360.", False),
+    ("We test 4: not a root. Trying 5 works.\nSo x = 5.", False),
+    ("", False), (None, False),
+])
+def test_hedged(answer, refused):
+    assert hedged(answer) is refused

@@ -58,10 +58,17 @@ TABLE = [
     ("\\Delta", "\\delta", False), ("\\delta", "\\delta", True), ("\\Delta", "\\Delta", True), ("P", "p", False),
     ("P", "P", True), ("X+1", "x+1", False), ("x+1", "x+1", True), ("x+1", "1+x", True), ("x_1", "X_1", False),
     ("\\Omega", "\\omega", False), ("\\Pi", "\\pi", False), ("2\\pi r", "2\\pi R", False), ("A", "a", False),
-    ("\\text{Evelyn}", "evelyn", True), ("yes", "YES", True), ("(C)", "C", True), ("\\text{(C)}", "C", True),
+    ("\\text{Evelyn}", "evelyn", True), ("yes", "Yes", True), ("(C)", "C", True), ("\\text{(C)}", "C", True),
+    # names in capitals are points, segments, triangles: their case is kept
+    ("AB", "ab", False), ("ABC", "abc", False), ("PQ", "pq", False), ("AB", "AB", True), ("ab", "AB", False),
     # a lone i is the imaginary unit
     ("-1", "e^{i\\pi}", True), ("e^{i\\pi}", "-1", True), ("0", "e^{i\\pi} + 1", True), ("2i", "(1+i)^2", True),
     ("-1", "i^2", True), ("3+2i", "3-2i", False), ("-i", "i", False),
+    # ... but a summation index i is not
+    ("\\frac{n(n+1)}{2}", "\\sum_{i=1}^n i", True), ("\\frac{n(n+1)}{2}", "\\sum_{i=1}^{n} i", True),
+    ("55", "\\sum_{i=1}^{10} i", True), ("n^2", "\\sum_{i=1}^n i", False), ("2i", "\\sum_{i=1}^2 i", False),
+    # a percent sign the reference wrote may go unwritten, never one the answer wrote
+    ("0.5", "0.5\\%", False), ("0.5", "0.5%", False), ("0.5\\%", "0.5", True), ("12.5\\%", "12.5\\%", True),
     # prose: the answer math-verify finds in it
     ("x = 5", "so x = 5", True), ("17", "Answer: 17", True), ("17", "**Final Answer:** 17", True),
     ("5", "5, since the other solution is negative.", True), ("15", "15 dollars", True),
@@ -159,6 +166,25 @@ def test_answer_parses():
     assert not answer_parses("}}{{") and not answer_parses("")
 
 
+#: Answers that negate or hedge the reference's value, or name another beside it, earn nothing.
+HEDGED = ["not 3", "The answer is not 3.", "anything but 3", "3 is not the answer", "\\boxed{\\text{not } 3}",
+          "4, not 3", "It is 4 (I first thought 3)", "at least 3", "at most 3", "The answer is 3, not 4.",
+          "It's not 4, it's 3.", "No, 3", "more than 3", "3 or more", "\\boxed{\\geq 3}", "\\le 3", "\\neg 3",
+          "maybe 3", "Not 3. Thanks.", "3. I am not sure.", "\\boxed{3 (or 4)}"]
+
+
+@pytest.mark.parametrize("text", HEDGED)
+def test_a_hedged_or_negated_answer_earns_nothing(checker, text):
+    assert checker.check("3", extract_answer(text) or text.strip()) == 0.0, text
+
+
+def test_a_hedge_the_reference_shares_is_compared():
+    """Only the prediction is held to it: a reference that bounds its value compares as math-verify compares."""
+    with MathChecker(MathCheckConfig(timeout_s=TIMEOUT_S), workers=1) as mc:
+        assert mc.check_many([("x \\geq 3", "x \\geq 3"), ("\\text{at least } 3", "at least 3"),
+                              ("3", "at least 3")]) == [1.0, 1.0, 0.0]
+
+
 @pytest.mark.parametrize("text,gold,equivalent", [
     ("The solutions are \\boxed{3} and \\boxed{4}.", "3, 4", True),
     ("The solutions are \\boxed{3} and \\boxed{4}.", "4", False),
@@ -166,6 +192,12 @@ def test_answer_parses():
     ("First I got \\boxed{3}, but that was wrong. The answer is \\boxed{4}.", "4", True),
     ("The final answer is 9. I hope it is correct.", "9", True),
     ("Let the number be n. Then 3n = 36.\nSo n = 12.", "12", True),
+    # negations and hedges in the reasoning before the final answer do not count against it
+    ("7 is not correct; the answer is 8.", "8", True),
+    ("There are $6! = 720$ arrangements, but half are repeats, so 360.", "360", True),
+    ("It is at least 2, and checking the cases gives \\boxed{5}.", "5", True),
+    ("Since x cannot be negative, x = 5.\nSo the answer is 5.", "5", True),
+    ("No.", "\\text{No}", True),
 ])
 def test_the_verify_stage_path(checker, text, gold, equivalent):
     """What the verify stage does with a Solver's answer: `extract_answer`, else the text, then the checker."""

@@ -135,10 +135,11 @@ def test_honest_jobs_are_untouched_by_their_neighbours(alone, hostile):
                 (backend, hostile, name, res.errors)
 
 
-def test_the_seccomp_program_jumps_stay_inside_it():
+@pytest.mark.parametrize("own_pid", [None, 4242])
+def test_the_seccomp_program_jumps_stay_inside_it(own_pid):
     """Every jump of the filter lands on an instruction of the program, and every path ends in a return."""
     for machine in ("x86_64", "aarch64"):
-        program = _seccomp_program(machine)
+        program = _seccomp_program(machine, own_pid)
         assert program is not None
         for i, (code, jt, jf, _) in enumerate(program):
             if code in (0x15, 0x35):
@@ -155,14 +156,20 @@ def test_the_filter_denies_keys_and_other_processes_but_not_the_job_itself(backe
             "    err = ctypes.get_errno()\n"
             "    resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))\n"
             "    os.setpriority(os.PRIO_PROCESS, 0, 5)\n    os.sched_setaffinity(0, os.sched_getaffinity(0))\n"
+            "    os.setpriority(os.PRIO_PROCESS, os.getpid(), 5)\n"
+            "    os.sched_setaffinity(os.getpid(), os.sched_getaffinity(0))\n"
+            "    def allowed(pid):\n        try:\n            os.setpriority(os.PRIO_PROCESS, pid, 6)\n"
+            "            return 'allowed'\n        except PermissionError:\n            return 'denied'\n"
             "    child = os.fork()\n    if child == 0:\n        os._exit(0)\n"
-            "    try:\n        os.setpriority(os.PRIO_PROCESS, child, 6)\n        other = 'allowed'\n"
-            "    except PermissionError:\n        other = 'denied'\n    os.waitpid(child, 0)\n"
+            "    other = [allowed(child), allowed(1)]\n    os.waitpid(child, 0)\n"
             "    return [key, err, resource.getrlimit(resource.RLIMIT_NOFILE), os.getpriority(os.PRIO_PROCESS, 0), "
             "other]\n")
     res = _sandbox(backend, 1).execute([Job(code, "f", [[]])])[0]
     assert res.status == "ok", (res.errors, res.stderr[-500:])
-    assert res.outputs[0] == [-1, 1, (32, 32), 5, "denied"]  # EPERM for the key; its own settings do change
+    # EPERM for the key; its own settings do change, by 0 or by its own pid; in a pid namespace its own child's
+    # too, never pid 1 (a slot's zygote); without one (rlimit) no other process's
+    child = "denied" if backend == "rlimit" else "allowed"
+    assert res.outputs[0] == [-1, 1, (32, 32), 5, [child, "denied"]]
 
 
 def test_the_work_dir_is_not_the_jobs_to_change():

@@ -184,3 +184,23 @@ def test_a_live_owner_keeps_its_temp_dirs(tmp_path, monkeypatch):
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_killed_trainings_temp_dir_is_swept():
+    """A SIGKILL during training left the training child's folder (and TRL's `sage-trl-*` inside it, through
+    TMPDIR) behind; named with the owner's PID, the sweep removes it once that process is gone."""
+    import tempfile
+    from pathlib import Path
+
+    from sage.engines.verify.isolation import sweep_temp_dirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = Path(tempfile.mkdtemp(prefix=f"sage-train-{gone.pid}-"))
+    (left / "sage-trl-x").mkdir()
+    alive = Path(tempfile.mkdtemp(prefix=f"sage-train-{os.getppid()}-"))
+    try:
+        assert str(left) in sweep_temp_dirs() and not left.exists()
+        assert alive.exists()
+    finally:
+        alive.rmdir()
