@@ -275,8 +275,9 @@ class TrainConfig(_Section):
         default_factory=list, description="Trackers that get each optimizer update's metrics (loss, grad norm, "
         "entropy, clip ratios, learning rate, KL when kl_beta > 0) through TRL (transformers' `report_to`): "
         "tensorboard, wandb, trackio, mlflow, ... Off by default; the tracker's own package must be installed "
-        "(`pip install tensorboard`). Each iteration is one tracker run, `<run>/iteration-<k>`; TensorBoard's "
-        "event files go to <project>/tensorboard/<run>/iteration-<k>.")
+        "(`pip install 'sage-evolve[trackers]'` for tensorboard and wandb). TensorBoard draws one curve per run: its "
+        "event files go to <project>/tensorboard/<run>, each update at the run's global step across iterations and "
+        "resumes (`training_curve.global_step`). Other trackers get one run per iteration, `<run>`, steps from 1.")
 
     @model_validator(mode="after")
     def _roles_once(self) -> TrainConfig:

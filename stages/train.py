@@ -40,6 +40,7 @@ from sage.warehouse.queries import (
     project_dir,
     record_checkpoint,
     record_train_step,
+    train_steps_before,
     training_rows,
 )
 from sage.warehouse.runs import run_dirname
@@ -155,9 +156,10 @@ def run(ctx: StageContext) -> StageReport:
     model_path = str(resolve_model(ctx.cfg.model.name, ctx.cfg.model.cache_dir))
     clear_train_steps(ctx.wh, ctx.run_id, ctx.iteration)  # an interrupted attempt's steps: this one replaces them
     ctx.engines.suspend("llm")  # the generation model sleeps (vllm) or is released (hf): not held while training
-    tracking = {"run_name": f"{ctx.run_id}/iteration-{ctx.iteration}",
-                "logging_dir": str(project_dir(ctx.wh) / "tensorboard" / run_dirname(ctx.run_id)
-                                   / f"iteration-{ctx.iteration}")}
+    # one tracker run per SAGE run, each update at its global step across iterations and resumes (training_curve's)
+    tracking = {"run_name": ctx.run_id,
+                "logging_dir": str(project_dir(ctx.wh) / "tensorboard" / run_dirname(ctx.run_id)),
+                "step_offset": train_steps_before(ctx.wh, ctx.run_id, ctx.iteration)}
     metrics = launch.train(model_path, ctx.adapter, str(out), rows, train_config(ctx.cfg), seed=ctx.cfg.run.seed +
                            ctx.iteration, dtype=ctx.cfg.model.dtype, on_step=_StepWriter(ctx), tracking=tracking)
     # Per-update logs and the per-process row split stay in the adapter's metrics file, out of the warehouse.

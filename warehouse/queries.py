@@ -402,6 +402,11 @@ def record_train_step(wh: Warehouse, run_id: str, iteration: int, step: dict) ->
                                      **{c: step.get(c) for c in TRAIN_STEP_COLUMNS}}])
 
 
+def train_steps_before(wh: Warehouse, run_id: str, iteration: int) -> int:
+    """The optimizer updates the run recorded before `iteration`: where its `training_curve.global_step` goes on."""
+    return wh.scalar("SELECT count(*) FROM train_steps WHERE run_id = ? AND iteration < ?", [run_id, iteration])
+
+
 def clear_train_steps(wh: Warehouse, run_id: str, iteration: int) -> None:
     """Drop the iteration's `train_steps` (left by an interrupted training that is about to run again)."""
     wh.execute("DELETE FROM train_steps WHERE run_id = ? AND iteration = ?", [run_id, iteration])

@@ -65,6 +65,7 @@ applied). The trainer knows no backend: `auto` reaching it is recompute.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 import time
@@ -245,6 +246,22 @@ class UpdateLog(TrainerCallback):
             tokens = self.block_tokens[k - 1] if k <= len(self.block_tokens) else None
             self.on_step(step_record(logs, k, state.max_steps, tokens, now - self._last))
         self._last = now
+
+
+class RunTensorBoard(TensorBoardCallback):
+    """transformers' TensorBoard callback writing one run's curve: its event files in `logging_dir` (the run's folder,
+    not the trainer's removed output directory) and each update at the run's global step, `offset` (the updates of
+    the run's earlier iterations) + the pass's own, as `training_curve.global_step` counts them."""
+
+    def __init__(self, logging_dir: str | None, offset: int = 0):
+        super().__init__()
+        self.offset = offset
+        if logging_dir is not None:  # read when training begins
+            self.logging_dir = logging_dir
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        shifted = dataclasses.replace(state, global_step=state.global_step + self.offset)
+        super().on_log(args, shifted, control, logs=logs, **kwargs)
 
 
 class StoredRowsTrainer(GRPOTrainer):
@@ -527,8 +544,9 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
     `on_step` gets each update's `step_record` as it ends. The caller removes `trainer.args.output_dir`.
 
     `cfg.report_to` names the trackers transformers reports each update's logs to; `tracking` says where:
-    `run_name` (the tracker run's name) and `logging_dir` (TensorBoard's event files; transformers would put
-    them under the temporary output directory, which is removed)."""
+    `run_name` (the tracker run's name), `logging_dir` (TensorBoard's event files; transformers would put them under
+    the temporary output directory, which is removed) and `step_offset` (the run's updates before this pass, so
+    TensorBoard draws one curve per run at `training_curve`'s global step)."""
     bs, ga = cfg.minibatch_size, cfg.grad_accum
     if bs * ga == 1:  # TRL needs num_generations >= 2 dividing the generation batch
         bs = 2
@@ -564,10 +582,12 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
         sampler_old=cfg.old_policy == "sampler")
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
-    logging_dir = (tracking or {}).get("logging_dir")
-    for callback in trainer.callback_handler.callbacks:
-        if isinstance(callback, TensorBoardCallback) and logging_dir:
-            callback.logging_dir = str(logging_dir)   # read when training begins
+    tracking = tracking or {}
+    if any(isinstance(c, TensorBoardCallback) for c in trainer.callback_handler.callbacks):
+        trainer.remove_callback(TensorBoardCallback)
+        logging_dir = tracking.get("logging_dir")
+        trainer.add_callback(RunTensorBoard(None if logging_dir is None else str(logging_dir),
+                                            int(tracking.get("step_offset") or 0)))
     # Each update's tokens, over all processes: the sampler is seeded and the same on every process, and yields
     # each block `steps_per_generation` times in a row.
     indices, block = list(trainer._get_train_sampler()), args.generation_batch_size

@@ -278,3 +278,20 @@ def test_a_stage_that_reads_what_retention_deleted_is_refused_before_anything_is
                                                    r"its adapter on .*adapters on disk: iterations \[2, 3, 4\]"):
             resolve_checkpoint(wh, "r", "1")
         assert resolve_checkpoint(wh, "r", "2").adapter == str(tmp_path / "adapters" / "r" / "iteration-2")
+
+
+def test_trackers_go_on_from_the_global_step_training_curve_gives(tmp_path):
+    """The train stage's tracker step offset is the run's updates before the iteration, so iteration k's first
+    update is at `training_curve.global_step` (TensorBoard draws one curve per run)."""
+    from sage.warehouse import Warehouse
+    from sage.warehouse.queries import record_train_step, train_steps_before
+
+    with Warehouse.open(tmp_path / "w.duckdb") as wh:
+        for iteration, steps in ((1, 3), (2, 2), (3, 1)):
+            for step in range(1, steps + 1):
+                record_train_step(wh, "r", iteration, {"step": step, "loss": 0.1})
+        record_train_step(wh, "other", 1, {"step": 1, "loss": 0.1})
+        curve = {(r["iteration"], r["step"]): r["global_step"] for r in wh.rows(
+            "SELECT iteration, step, global_step FROM training_curve WHERE run_id = 'r'")}
+        assert [train_steps_before(wh, "r", k) for k in (1, 2, 3)] == [0, 3, 5]
+        assert all(train_steps_before(wh, "r", k) + 1 == curve[(k, 1)] for k in (1, 2, 3))

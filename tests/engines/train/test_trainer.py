@@ -423,21 +423,24 @@ def test_packed_micro_batches_are_dealt_by_length(tiny_model):
 
 def test_trackers_get_every_update_as_tensorboard_event_files(tiny_model, tmp_path):
     """`train.report_to: [tensorboard]` through the training child process: one event per optimizer update, with
-    the loss the update reported, in the folder the train stage names (not under the removed output dir)."""
+    the loss the update reported, in the run's folder the train stage names (not under the removed output dir), at
+    the run's global step: a second pass with `step_offset` 3 (the first pass's updates) goes on at 4, 5, 6, so the
+    two passes are one curve."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from sage.engines.train.launch import train_isolated
 
-    logdir = tmp_path / "tensorboard" / "run" / "iteration-1"
+    logdir = tmp_path / "tensorboard" / "run"
     reported: list[dict] = []
-    train_isolated(str(tiny_model), None, str(tmp_path / "adapter"), _rows(6, seed=3),
-                   _cfg(minibatch_size=2, report_to=["tensorboard"]), seed=0, on_step=reported.append,
-                   tracking={"run_name": "run/iteration-1", "logging_dir": str(logdir)})
+    for k, offset in ((1, 0), (2, 3)):
+        train_isolated(str(tiny_model), None, str(tmp_path / f"adapter-{k}"), _rows(6, seed=3),
+                       _cfg(minibatch_size=2, report_to=["tensorboard"]), seed=0, on_step=reported.append,
+                       tracking={"run_name": "run", "logging_dir": str(logdir), "step_offset": offset})
     assert list(logdir.glob("events.out.tfevents.*"))
     events = EventAccumulator(str(logdir))
     events.Reload()
-    loss = events.Scalars("train/loss")
-    assert [e.step for e in loss] == [r["step"] for r in reported] == [1, 2, 3]
+    loss = sorted(events.Scalars("train/loss"), key=lambda e: e.step)
+    assert [r["step"] for r in reported] == [1, 2, 3, 1, 2, 3] and [e.step for e in loss] == [1, 2, 3, 4, 5, 6]
     assert [e.value for e in loss] == pytest.approx([r["loss"] for r in reported])
     assert {"train/grad_norm", "train/learning_rate", "train/entropy"} <= set(events.Tags()["scalars"])
-    assert '"run_name": "run/iteration-1"' in events.Tensors("args/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert '"run_name": "run"' in events.Tensors("args/text_summary")[0].tensor_proto.string_val[0].decode()
