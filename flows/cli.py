@@ -371,9 +371,14 @@ def _say_dead(run: dict, stages: list[dict], dead: dict, config: str | None, dir
     line = (f"run {cell(rid)}: dead{f' in {what}' if what else ''}: its process {f'(PID {pid}) ' if pid else ''}is "
             f"gone (killed outright?) and never recorded how it ended; committed batches are kept. ")
     if run["status"] != "dead":
-        _sentence(f"{line}Resume the stage with the command below, or the whole run with `sage run --run "
-                  f"{shlex.quote(rid)}` and the -c and --set it was started with:",
+        whole = resume_command(config, rid, directory)
+        _sentence(f"{line}Resume the stage with the command below"
+                  + (", or the whole run with the one after it:" if whole else
+                     f", or the whole run with `sage run --run {shlex.quote(rid)}` and the -c and --set it was "
+                     f"started with:"),
                   f"sage stage {gone[0]['stage']} --run {shlex.quote(rid)} --iteration {gone[0]['iteration']}")
+        if whole:
+            console.print(Text(f"  {whole}"), soft_wrap=True)
     elif command := resume_command(config, rid, directory):
         _sentence(f"{line}Resume it, with the config it was started with, by:", command)
     else:

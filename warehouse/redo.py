@@ -57,13 +57,19 @@ def forget_outputs(wh: Warehouse, run_id: str, iteration: int, stage: str) -> No
 
 
 def written_before(wh: Warehouse, run_id: str, iteration: int, stage: str) -> int:
-    """The rollouts `stage` holds for (run, iteration) before an attempt starts: what earlier attempts (failed,
+    """The rows `stage` holds for (run, iteration) before an attempt starts: what earlier attempts (failed,
     interrupted, killed) committed, which a resumed generation stage does not write again, so its `rows_out`
-    (what it wrote) adds them to cover every attempt. 0 for a stage that writes no rollouts of its own."""
+    (what it wrote) adds them to cover every attempt: its rollouts, and the questions (challenge) or plans
+    (critique_plan) its rows_out counts beside them. 0 for a stage that writes no rollouts of its own."""
     if stage not in {str(p) for p in Purpose}:
         return 0
-    return wh.scalar("SELECT count(*) FROM rollouts WHERE run_id = ? AND iteration = ? AND purpose = ?",
+    rows = wh.scalar("SELECT count(*) FROM rollouts WHERE run_id = ? AND iteration = ? AND purpose = ?",
                      [run_id, iteration, stage])
+    if stage == Stage.CHALLENGE:  # its rows_out counts the questions it wrote beside its rollouts
+        rows += wh.scalar(f"SELECT count(*) FROM questions WHERE {_GENERATED}", {"run": run_id, "it": iteration})
+    if stage == Stage.CRITIQUE_PLAN:  # and the plans rows beside the Critic's
+        rows += wh.scalar(f"SELECT count(*) FROM plans WHERE {_OF_RUN}", {"run": run_id, "it": iteration})
+    return rows
 
 
 def mark_later_stale(wh: Warehouse, run_id: str, iteration: int, stage: str) -> list[str]:

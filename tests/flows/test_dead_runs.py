@@ -185,3 +185,47 @@ def test_a_resumed_stage_counts_the_rows_of_every_attempt(tmp_path):
         assert (report.rows_in, report.rows_out) == (4, 4)
         assert wh.rows("SELECT status, rows_in, rows_out, attempts FROM stage_runs") == \
             [{"status": "done", "rows_in": 4, "rows_out": 4, "attempts": 2}]
+
+
+def test_a_dead_stage_names_the_stage_command_and_the_whole_run_command():
+    """A `sage stage` whose process died under a finished run: the stage's own command, then the whole `sage run`
+    that resumes the run with its stored config, each on its own line to copy."""
+    from sage.configs import config_json, load_config
+    from sage.flows.cli import _say_dead, console
+
+    config = config_json(load_config("cpu", ["iteration.n_plan=5"]))
+    with console.capture() as captured:
+        _say_dead({"run_id": "r", "status": "done"}, [{"iteration": 2, "stage": "verify", "status": "dead"}],
+                  {("r", 2, "verify"): (4242,)}, config, Path("/tmp/p"))
+    lines = captured.get().splitlines()
+    assert "  sage stage verify --run r --iteration 2" in lines
+    assert any(line.startswith("  sage run --run r -c cpu --set iteration.n_plan=5") for line in lines), lines
+    assert "or the whole run with the one after it:" in " ".join(captured.get().split())
+
+
+def test_a_resumed_critique_plan_counts_the_plans_of_every_attempt(tmp_path):
+    """critique_plan's rows_out is its Critic rollouts and its plans rows: a resumed attempt that writes nothing more
+    still reports both of the earlier attempt's (and challenge its questions, the same way)."""
+    from sage.configs.names import Purpose, Role, Stage
+
+    critiques = [dict(rollout_id=f"c{k}", run_id="r", iteration=1, stage=Stage.CRITIQUE_PLAN, role=Role.CRITIC,
+                      purpose=Purpose.CRITIQUE_PLAN, question_id=f"q{k}", plan_id=f"p{k}", template="critic@1",
+                      prompt_text="p", completion_text="c", prompt_ids=[1], completion_ids=[2], sample_index=0, seed=0)
+                 for k in range(3)]
+    plans = [dict(plan_id=f"p{k}", run_id="r", iteration=1, question_id=f"q{k}", s_p=0.5, passed=True)
+             for k in range(3)]
+
+    def stopped(ctx):
+        ctx.wh.insert_batch("rollouts", critiques)
+        ctx.wh.insert_batch("plans", plans)
+        raise RuntimeError("stopped after its last batch")
+
+    with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
+        ctx = SimpleNamespace(wh=wh, cfg=SimpleNamespace(run=SimpleNamespace(snapshot=False)))
+        try:
+            run_recorded(ctx, Stage.CRITIQUE_PLAN, stopped, run_id="r", iteration=1)
+        except RuntimeError:
+            pass
+        report = run_recorded(ctx, Stage.CRITIQUE_PLAN, lambda ctx: StageReport(Stage.CRITIQUE_PLAN, 3, 0),
+                              run_id="r", iteration=1)
+        assert (report.rows_in, report.rows_out) == (3, 6)
