@@ -35,3 +35,15 @@ def test_hub_telemetry_off_unless_the_user_turns_it_on():
     unset = ("HF_HUB_DISABLE_TELEMETRY",)
     assert _probe(TELEMETRY, unset) == ["1", "True"]
     assert _probe(TELEMETRY, unset, HF_HUB_DISABLE_TELEMETRY="0") == ["0", "False"]
+
+
+PREFECT_TELEMETRY = ("import sage.flows, os; from prefect._internal.analytics.enabled import is_telemetry_enabled; "
+                     "print(os.environ['DO_NOT_TRACK'], is_telemetry_enabled())")
+
+
+def test_prefect_client_telemetry_off_unless_the_user_turns_it_on():
+    """Prefect's client telemetry prints a notice above the display on a terminal's first run; `sage.flows` turns
+    it off (DO_NOT_TRACK), and a user's own setting wins."""
+    unset = ("DO_NOT_TRACK", "CI", "GITHUB_ACTIONS")
+    assert _probe(PREFECT_TELEMETRY, unset) == ["1", "False"]
+    assert _probe(PREFECT_TELEMETRY, unset, DO_NOT_TRACK="0") == ["0", "True"]
