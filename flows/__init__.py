@@ -8,6 +8,7 @@ if __name__ != "sage.flows":
 import os
 
 # An offline tool: no usage telemetry from Prefect's ephemeral server, nor from its client (whose first run in a
-# terminal prints a notice above the display), unless the user asks for it.
+# terminal prints a notice above the display), unless the user asks for it: DO_NOT_TRACK=0 (which the Hugging Face
+# Hub honours too) turns Prefect's client telemetry on.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")

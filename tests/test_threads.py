@@ -32,7 +32,7 @@ TELEMETRY = ("import sage, huggingface_hub.constants as c, os; "
 
 
 def test_hub_telemetry_off_unless_the_user_turns_it_on():
-    unset = ("HF_HUB_DISABLE_TELEMETRY",)
+    unset = ("HF_HUB_DISABLE_TELEMETRY", "DO_NOT_TRACK")  # the Hub honours DO_NOT_TRACK too (sage.flows sets it)
     assert _probe(TELEMETRY, unset) == ["1", "True"]
     assert _probe(TELEMETRY, unset, HF_HUB_DISABLE_TELEMETRY="0") == ["0", "False"]
 
