@@ -161,6 +161,22 @@ def test_the_resume_command_of_a_dead_run_is_whole():
     assert resume_command("{}", "r", Path(".")) is None and resume_command("not json", "r", Path(".")) is None
 
 
+def _resumed(wh, stage, written: dict[str, list[dict]], rows_in: int) -> StageReport:
+    """Run `stage` of run r, iteration 1 under `run_recorded` twice: an attempt that commits `written` ({table: rows})
+    and stops, then one that finds it all done (`rows_in` in, nothing written); the second's report."""
+    def stopped(ctx):
+        for table, rows in written.items():
+            ctx.wh.insert_batch(table, rows)
+        raise RuntimeError("stopped after its last batch")
+
+    ctx = SimpleNamespace(wh=wh, cfg=SimpleNamespace(run=SimpleNamespace(snapshot=False)))
+    try:
+        run_recorded(ctx, stage, stopped, run_id="r", iteration=1)
+    except RuntimeError:
+        pass
+    return run_recorded(ctx, stage, lambda ctx: StageReport(stage, rows_in, 0), run_id="r", iteration=1)
+
+
 def test_a_resumed_stage_counts_the_rows_of_every_attempt(tmp_path):
     """A critique_question stopped after committing its 4 rollouts, then resumed, wrote nothing more: `sage status`
     showed `4 in, 0 out` beside 4 rows. Its counts now cover every attempt."""
@@ -170,18 +186,8 @@ def test_a_resumed_stage_counts_the_rows_of_every_attempt(tmp_path):
                  purpose=Purpose.CRITIQUE_QUESTION, question_id=f"q{k}", template="critic@1", prompt_text="p",
                  completion_text="c", prompt_ids=[1], completion_ids=[2], sample_index=0, seed=0) for k in range(4)]
 
-    def stopped(ctx):
-        ctx.wh.insert_batch("rollouts", rows)
-        raise RuntimeError("stopped after its last batch")
-
     with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
-        ctx = SimpleNamespace(wh=wh, cfg=SimpleNamespace(run=SimpleNamespace(snapshot=False)))
-        try:
-            run_recorded(ctx, Stage.CRITIQUE_QUESTION, stopped, run_id="r", iteration=1)
-        except RuntimeError:
-            pass
-        report = run_recorded(ctx, Stage.CRITIQUE_QUESTION, lambda ctx: StageReport(Stage.CRITIQUE_QUESTION, 4, 0),
-                              run_id="r", iteration=1)
+        report = _resumed(wh, Stage.CRITIQUE_QUESTION, {"rollouts": rows}, rows_in=4)
         assert (report.rows_in, report.rows_out) == (4, 4)
         assert wh.rows("SELECT status, rows_in, rows_out, attempts FROM stage_runs") == \
             [{"status": "done", "rows_in": 4, "rows_out": 4, "attempts": 2}]
@@ -215,17 +221,6 @@ def test_a_resumed_critique_plan_counts_the_plans_of_every_attempt(tmp_path):
     plans = [dict(plan_id=f"p{k}", run_id="r", iteration=1, question_id=f"q{k}", s_p=0.5, passed=True)
              for k in range(3)]
 
-    def stopped(ctx):
-        ctx.wh.insert_batch("rollouts", critiques)
-        ctx.wh.insert_batch("plans", plans)
-        raise RuntimeError("stopped after its last batch")
-
     with Warehouse.open(tmp_path / "warehouse.duckdb") as wh:
-        ctx = SimpleNamespace(wh=wh, cfg=SimpleNamespace(run=SimpleNamespace(snapshot=False)))
-        try:
-            run_recorded(ctx, Stage.CRITIQUE_PLAN, stopped, run_id="r", iteration=1)
-        except RuntimeError:
-            pass
-        report = run_recorded(ctx, Stage.CRITIQUE_PLAN, lambda ctx: StageReport(Stage.CRITIQUE_PLAN, 3, 0),
-                              run_id="r", iteration=1)
+        report = _resumed(wh, Stage.CRITIQUE_PLAN, {"rollouts": critiques, "plans": plans}, rows_in=3)
         assert (report.rows_in, report.rows_out) == (3, 6)
