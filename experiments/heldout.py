@@ -198,18 +198,17 @@ def plans_at_inference(wh, run_id: str, k: int, beta: float) -> dict | None:
     plan shown and with the gate, each with the exact McNemar test against the plain answers (b / c: lost / gained);
     None where the pipeline was not answered."""
     from experiments.learning import mcnemar_exact
-    from sage.stages.score import critic_score, gate
+    from sage.stages.validate import pipeline_outcomes
     from sage.warehouse.validate_queries import pipeline_rows
 
     rows = pipeline_rows(wh, run_id, k)
     if not rows:
         return None
-    plain = [bool(r["plain_passed"]) for r in rows]
-    shown = [bool(r["hinted_passed"]) for r in rows]
-    passed = [gate(critic_score(r["parsed"]), beta) for r in rows]
-    gated = [s if p else a for s, a, p in zip(shown, plain, passed)]
-    out = {"n": len(rows), "plain": sum(plain), "plans_passed": sum(passed)}
-    for name, answers in (("shown", shown), ("pipeline", gated)):
+    outcomes = pipeline_outcomes(rows, beta)
+    plain = outcomes["plain"]
+    out = {"n": len(rows), "plain": sum(plain), "plans_passed": sum(outcomes["passed"])}
+    for name in ("shown", "pipeline"):
+        answers = outcomes[name]
         b = sum(a and not x for a, x in zip(plain, answers))
         c = sum(x and not a for a, x in zip(plain, answers))
         out[name] = {"passed": sum(answers), "lost": b, "gained": c, "p": mcnemar_exact(b, c)}

@@ -103,13 +103,22 @@ def _pipeline(vctx: StageContext, questions: list[dict]) -> dict:
     return pipeline_scores(pipeline_rows(vctx.wh, vctx.run_id, vctx.iteration), vctx.cfg.iteration.beta)
 
 
+def pipeline_outcomes(rows: list[dict], beta: float) -> dict[str, list[bool]]:
+    """Per question of `pipeline_rows`: whether its plain answer passed (`plain`), its answer shown the plan
+    (`shown`), the gated pipeline's (`pipeline`: the shown answer where the plan's s_p >= beta, the plain one
+    elsewhere), and whether the plan passed the gate (`passed`)."""
+    passed = [gate(critic_score(r["parsed"]), beta) for r in rows]
+    plain = [bool(r["plain_passed"]) for r in rows]
+    shown = [bool(r["hinted_passed"]) for r in rows]
+    return {"plain": plain, "shown": shown, "pipeline": [s if p else a for a, s, p in zip(plain, shown, passed)],
+            "passed": passed}
+
+
 def pipeline_scores(rows: list[dict], beta: float) -> dict:
-    """From `pipeline_rows`: pass@1 with every plan shown, pass@1 of the gated pipeline (the answer shown the plan
-    where its s_p >= beta, the plain answer elsewhere) and the gate's pass rate; None without rows."""
+    """From `pipeline_rows`: pass@1 with every plan shown, pass@1 of the gated pipeline and the gate's pass rate
+    (`pipeline_outcomes`); None without rows."""
     if not rows:
         return {"val_plan_shown": None, "val_pipeline": None, "val_plans_passed": None}
-    passed = [gate(critic_score(r["parsed"]), beta) for r in rows]
-    n = len(rows)
-    return {"val_plan_shown": sum(bool(r["hinted_passed"]) for r in rows) / n,
-            "val_pipeline": sum(bool(r["hinted_passed"] if p else r["plain_passed"]) for r, p in zip(rows, passed)) / n,
-            "val_plans_passed": sum(passed) / n}
+    outcomes = pipeline_outcomes(rows, beta)
+    named = {"val_plan_shown": "shown", "val_pipeline": "pipeline", "val_plans_passed": "passed"}
+    return {name: sum(outcomes[key]) / len(rows) for name, key in named.items()}
