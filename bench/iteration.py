@@ -4,12 +4,11 @@
                                         [--set section.field=value ...]
 
 Runs full iterations of `cpu.yaml` (its seed set; validation on `--validate` problems in the config's math/code
-proportions) through the real flow, timing each engine call
-(generation, code sandbox, math checks, the train stage) with a thin proxy. "Glue" is the rest: Prefect,
-DuckDB, parsing, Python. Prints, per iteration, the split and the glue share of wall time (goal: 5% or less
-with SmolLM2), and each stage's peak resident memory (this process and its children, sampled every 0.2 s).
-Iteration 1 generates with the base model, every later one with the adapter the one before trained
-(`--iterations 2` times both).
+proportions) through the real flow, timing each engine call (generation, loading adapters, code sandbox, math
+checks, the train stage) with a thin proxy. "Glue" is the rest: Prefect, DuckDB, parsing, Python. Prints, per
+iteration, the split and the glue share of wall time (goal: 5% or less with SmolLM2), and each stage's peak resident
+memory (this process and its children, sampled every 0.2 s). Iteration 1 generates with the base model, every later
+one with the adapter the one before trained (`--iterations 2` times both).
 """
 
 from __future__ import annotations
@@ -147,13 +146,17 @@ def main() -> None:
         cfg = load_config("cpu", overrides + validation_overrides(cfg, args.validate) + args.overrides)
         totals: dict[str, float] = {}
         start = time.perf_counter()
-        built = [Timed(load_llm(cfg.model), "generation", ("generate",), totals)]
+
+        def timed_llm(model_cfg):  # generation, and switching adapters (each role's, with train.adapters per_role)
+            return Timed(Timed(load_llm(model_cfg), "generation", ("generate",), totals), "adapter loads",
+                         ("use_adapter",), totals)
+
+        built = [timed_llm(cfg.model)]
         load_s = time.perf_counter() - start
         # The session's engines build the generation backend, as in `sage run`, so the train stage can release
         # it: the factory is patched (bench only) to hand out the one loaded above, then timed new ones
         # (reloading after training is glue).
-        llm_package.load_llm = lambda model_cfg: built.pop() if built else \
-            Timed(load_llm(model_cfg), "generation", ("generate",), totals)
+        llm_package.load_llm = lambda model_cfg: built.pop() if built else timed_llm(model_cfg)
         engines = {}
         engines["sandbox"] = Timed(Sandbox(cfg.sandbox), "sandbox", ("execute",), totals)
         engines["mathcheck"] = Timed(MathChecker(cfg.mathcheck), "math checks", ("check_many",), totals)

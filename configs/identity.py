@@ -65,6 +65,7 @@ ADDED: dict[str, object] = {
     "train.hinted_prompt": "shown",
     "iteration.hints": "always",
     "iteration.hint_share": 0.5,
+    "train.adapters": "shared",
 }
 
 

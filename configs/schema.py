@@ -237,6 +237,14 @@ class TrainConfig(_Section):
         "Needs iteration.hints mixed or on_failure (the plain prompt is the one the question's unhinted answers "
         "had) and pi_old "
         "from the sampler (train.old_policy auto or sampler on the hf backend).")
+    adapters: Literal["shared", "per_role"] = Field(
+        "shared", description="Which LoRA adapters the roles use. `shared` (SAGE.md): one adapter on the frozen "
+        "backbone, trained on every listed role's rollouts in one pass, which every role generates with. `per_role`: "
+        "each role its own adapter on the same backbone, trained on its own rollouts alone in a pass of its own (with "
+        "its own AdamW state), so the Planner's or the Critic's updates cannot move the Solver; a role that "
+        "`roles` leaves out generates with the base model. The Solver's adapter is the checkpoint "
+        "(`adapters/<run>/iteration-<k>`: validation, `sage eval`, `sage export`); the others' go beside it, in "
+        "`iteration-<k>/roles/<role>`. Needs solver in `roles`.")
     roles: list[Role] = Field(
         default_factory=lambda: list(Role), min_length=1, description="The roles whose rollouts the update trains "
         "on; the others' rollouts are generated, scored and stored as before, and left out of the update "
@@ -502,6 +510,10 @@ class SageConfig(_Section):
                 raise ValueError("train.hinted_prompt plain takes pi_old from the sampler's log-probs of the answer "
                                  "under the plan (the hf backend's, train.old_policy auto or sampler); with "
                                  "model.backend vllm or train.old_policy recompute use train.hinted_prompt=shown")
+        if self.train.adapters == "per_role" and self.train.enabled and Role.SOLVER not in self.train.roles:
+            raise ValueError(f"train.adapters per_role makes the Solver's adapter the checkpoint that validation and "
+                             f"export read, but train.roles ({', '.join(self.train.roles)}) does not train the Solver; "
+                             f"add solver to train.roles, or set train.adapters=shared")
         if self.train.clip_eps_high < self.train.clip_eps_low:
             raise ValueError("train.clip_eps_high must be >= train.clip_eps_low")
         off = self.iteration.roles_off()

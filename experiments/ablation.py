@@ -72,9 +72,18 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "hints-on-failure": ("`hints` with a plan shown only to questions whose plain answers all failed",
                          ["iteration.hints=on_failure", "iteration.hint_share=0.5", "train.hinted_prompt=plain",
                           "rewards.solver_plan=0", "rewards.solver_gt=0.8", "train.loss_weighting=role_share"]),
+    # roles that cannot drag the Solver: each trained role its own adapter on the frozen backbone, the untrained
+    # ones (cpu.yaml: the Challenger and the Critic) the base model; alone, then with the hints-on-failure loop
+    "role-adapters": ("the full loop, each role its own LoRA adapter (`train.adapters=per_role`)",
+                      ["train.adapters=per_role"]),
+    "adapters-hints-on-failure": ("`hints-on-failure` with each role its own LoRA adapter",
+                                  ["iteration.hints=on_failure", "iteration.hint_share=0.5",
+                                   "train.hinted_prompt=plain", "rewards.solver_plan=0", "rewards.solver_gt=0.8",
+                                   "train.loss_weighting=role_share", "train.adapters=per_role"]),
 }
 #: the rows that are candidate changes to the loop, not ablations: run only when named in `--rows`
-CANDIDATES = {"untrained-planner", "unrewarded-plan", "hints", "role-share", "hints-on-failure"}
+CANDIDATES = {"untrained-planner", "unrewarded-plan", "hints", "role-share", "hints-on-failure", "role-adapters",
+              "adapters-hints-on-failure"}
 #: the rows the command runs by default: the paper's ablations and the baseline
 ABLATIONS = [r for r in ROWS if r not in CANDIDATES]
 LOAD_EVERY_S = 30

@@ -12,8 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sage.configs.names import Role
 from sage.configs.schema import SageConfig
 from sage.engines.llm.base import Sleeps
+from sage.engines.train import role_adapter_dir
 from sage.stages.fanout import Fanout, Local
 from sage.warehouse import Warehouse
 
@@ -128,11 +130,24 @@ class StageContext:
 
     @property
     def llm(self):
-        """The generation backend, switched to this context's adapter."""
-        llm = self.engines.llm
-        if llm.adapter != self.adapter:
-            llm.use_adapter(self.adapter)
+        """The generation backend, switched to the Solver's adapter (this context's, `adapter`)."""
+        return self.llm_for(Role.SOLVER)
+
+    def llm_for(self, role: Role):
+        """The generation backend, switched to the adapter `role` generates with (`adapter_for`)."""
+        llm, adapter = self.engines.llm, self.adapter_for(role)
+        if llm.adapter != adapter:
+            llm.use_adapter(adapter)
         return llm
+
+    def adapter_for(self, role: Role) -> str | None:
+        """The adapter `role` generates with (None: the base model). `train.adapters` shared: this context's,
+        every role's. per_role: the Solver's is this context's, another role's is its own beside it
+        (`role_adapter_dir`), or the base model while that role has none (it was never trained)."""
+        if self.adapter is None or self.cfg.train.adapters == "shared" or role == Role.SOLVER:
+            return self.adapter
+        own = role_adapter_dir(self.adapter, role)
+        return str(own) if (own / "adapter_config.json").is_file() else None
 
     def close(self) -> None:
         """Stop the engines (pools, workers, model); for contexts that own them (tests, one-off commands)."""

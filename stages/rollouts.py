@@ -71,7 +71,7 @@ def question_fields(question: dict, plan: str | None = None) -> dict[str, Any]:
 
 def prompt(ctx: StageContext, kind: str, max_new_tokens: int, **fields: Any) -> list[dict]:
     """The chat messages of one prompt, its fields cut to the tokens the context leaves (`field_limit`)."""
-    limit = field_limit(kind, getattr(ctx.llm, "tokenizer", None), ctx.cfg.model.max_model_len, max_new_tokens,
+    limit = field_limit(kind, getattr(ctx.engines.llm, "tokenizer", None), ctx.cfg.model.max_model_len, max_new_tokens,
                         ctx.cfg.roles.prompts)
     return render(kind, limit, prompt_set=ctx.cfg.roles.prompts, **fields)
 
@@ -127,13 +127,24 @@ def _generated(ctx: StageContext, pending: list[Unit], purpose: Purpose, greedy:
     `shown(units done, new tokens)` hears of each batch the engine finishes inside a call (progress only: what is
     committed, and when, stays the same)."""
     step = ctx.cfg.run.batch_rows
-    per_call = max(len(pending), 1) if ctx.cfg.model.backend == "vllm" else step
-    for call in range(0, len(pending), per_call):
-        units = pending[call:call + per_call]
-        requests = [_request(ctx, u, purpose, greedy, ids[id(u)]) for u in units]
-        results = ctx.llm.generate(requests, progress=lambda done, _, tokens, at=call: shown(at + done, tokens))
-        for at in range(0, len(units), step):
-            yield call + at, units[at:at + step], requests[at:at + step], results[at:at + step]
+    for start, role_units in _role_runs(pending):  # each role generates with its own adapter (`adapter_for`)
+        per_call = max(len(role_units), 1) if ctx.cfg.model.backend == "vllm" else step
+        for call in range(0, len(role_units), per_call):
+            units, at_call = role_units[call:call + per_call], start + call
+            requests = [_request(ctx, u, purpose, greedy, ids[id(u)]) for u in units]
+            results = ctx.llm_for(units[0].role).generate(
+                requests, progress=lambda done, _, tokens, at=at_call: shown(at + done, tokens))
+            for at in range(0, len(units), step):
+                yield at_call + at, units[at:at + step], requests[at:at + step], results[at:at + step]
+
+
+def _role_runs(units: list[Unit]) -> Iterator[tuple[int, list[Unit]]]:
+    """`units` cut into runs of one role, in order: (offset of the run, its units)."""
+    start = 0
+    for end in range(1, len(units) + 1):
+        if end == len(units) or units[end].role != units[start].role:
+            yield start, units[start:end]
+            start = end
 
 
 def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit],
@@ -149,8 +160,11 @@ def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit
         ctx.report(stage, done, len(pending), tokens + call_tokens)
 
     for start, batch, requests, results in _generated(ctx, pending, purpose, greedy, ids, shown):
-        rows, adapter = [], None if ctx.adapter is None else stored_path(ctx.wh, ctx.adapter)  # project-relative
+        rows = []
+        adapters = {role: None if path is None else stored_path(ctx.wh, path)  # project-relative
+                    for role in {u.role for u in batch} for path in [ctx.adapter_for(role)]}
         for unit, req, res in zip(batch, requests, results):
+            adapter = adapters[unit.role]
             for j, comp in enumerate(res.completions):
                 rid = ids[id(unit)][j]
                 if rid in have:

@@ -1,6 +1,8 @@
 """train: one TRR++ policy-gradient pass of the shared LoRA adapter over all roles' rollouts together
 (`train.roles` can leave roles out): one AdamW update per `minibatch_size * grad_accum` rows, each role weighed by
-`train.loss_weighting`.
+`train.loss_weighting`. With `train.adapters` per_role, one such pass per role instead, each over its own rollouts
+on its own adapter with its own optimizer state (`passes`): the Solver's is the checkpoint, the others' go in its
+`roles/` folder, and a listed role without rollouts this iteration keeps the adapter it had (`carry_untrained`).
 
 Reads: this iteration's scored rollouts (prompt and completion token ids, sampling log-probs, advantage; each
 trained at its role's sampling temperature, `roles.<role>.temperature`) and the adapter the iteration generated
@@ -9,7 +11,7 @@ fed stored rows), in this process or, with `train.isolate` (the GPU default), in
 and training never hold GPU memory at once; with `train.accelerate_config` under `accelerate launch`,
 data-parallel over its processes. A listed role with no rollouts this iteration (the Planner with `iteration.planner`
 false) is left out of the update; a config whose `train.roles` only such roles fill is refused when it loads.
-Writes: one `train_steps` row per optimizer update as the update ends, the adapter to
+Writes: one `train_steps` row per optimizer update as the update ends (with its role under per_role), the adapter to
 `<project>/adapters/<run>/iteration-<k>` (atomically; `<project>` is the warehouse's directory, the one the
 command was given, never the stored run.dir, so a copied project writes into itself; `<run>` as `run_dirname` maps
 it), then a `checkpoints` row with the metrics and `iterations.adapter_out` (the path relative to the project), in
@@ -29,7 +31,7 @@ import shutil
 from pathlib import Path
 
 from sage.configs.names import Role, Stage
-from sage.engines.train import OPTIMIZER_FILE, launch
+from sage.engines.train import OPTIMIZER_FILE, ROLES_DIR, launch, role_adapter_dir
 from sage.engines.train.rows import TrainRow
 from sage.stages.context import StageContext, StageReport
 from sage.stages.score import REWARD_VERSION
@@ -115,17 +117,50 @@ def adapter_dir(ctx: StageContext) -> Path:
 
 class _StepWriter:
     """Stores each optimizer update in `train_steps` as the trainer reports it and shows it on the display
-    (optimizer steps done of the pass, tokens trained, the update's loss)."""
+    (optimizer steps done of the pass, tokens trained, the update's loss). Under `train.adapters` per_role each
+    role's pass numbers its updates on from the passes before it (`offset`) and records its role."""
 
     def __init__(self, ctx: StageContext):
-        self.ctx, self.tokens = ctx, 0
+        self.ctx, self.tokens, self.offset, self.role = ctx, 0, 0, None
+
+    def next_pass(self, role: str | None, offset: int) -> _StepWriter:
+        self.role, self.offset = role, offset
+        return self
 
     def __call__(self, step: dict) -> None:
+        done, total = step["step"] + self.offset, (step.get("updates") or step["step"]) + self.offset
+        step = {**step, "step": done, "role": self.role}
         record_train_step(self.ctx.wh, self.ctx.run_id, self.ctx.iteration, step)
         self.tokens += step.get("tokens") or 0
         loss = step.get("loss")
-        self.ctx.report(STAGE, step["step"], step.get("updates") or step["step"], self.tokens, unit="steps",
-                        note="" if loss is None else f"loss {loss:.4f}", metrics=step)
+        self.ctx.report(STAGE, done, total, self.tokens, unit="steps",
+                        note=("" if loss is None else f"loss {loss:.4f}") + (f" ({self.role})" if self.role else ""),
+                        metrics=step)
+
+
+def passes(ctx: StageContext, rows: list[TrainRow], out: Path) -> list[tuple[str | None, list[TrainRow], str | None,
+                                                                               Path]]:
+    """The training passes of the stage: (role, its rows, the adapter it starts from, where it goes). `shared`: one
+    pass over every row, role None. `per_role`: one pass per role with rows, the Solver's first (its directory,
+    `out`, holds the others' in `roles/`), each from that role's adapter of the iteration's generation (a fresh
+    LoRA where it has none)."""
+    if ctx.cfg.train.adapters == "shared":
+        return [(None, rows, ctx.adapter, out)]
+    roles = sorted({r.role for r in rows}, key=lambda role: (role != Role.SOLVER, list(Role).index(Role(role))))
+    return [(role, [r for r in rows if r.role == role], ctx.adapter_for(Role(role)), role_adapter_dir(out, role))
+            for role in roles]
+
+
+def carry_untrained(ctx: StageContext, trained: set[str], out: Path) -> list[str]:
+    """Under `train.adapters` per_role, a role `train.roles` lists that had no rows this iteration keeps the adapter
+    it generated with: copied into the new checkpoint, so the next iteration generates with it. Returns them."""
+    carried = []
+    for role in ctx.cfg.train.roles:
+        held = ctx.adapter_for(role)
+        if ctx.cfg.train.adapters == "per_role" and str(role) not in trained and held is not None:
+            shutil.copytree(held, role_adapter_dir(out, role), ignore=shutil.ignore_patterns(ROLES_DIR))
+            carried.append(str(role))
+    return carried
 
 
 def run(ctx: StageContext) -> StageReport:
@@ -157,17 +192,43 @@ def run(ctx: StageContext) -> StageReport:
     clear_train_steps(ctx.wh, ctx.run_id, ctx.iteration)  # an interrupted attempt's steps: this one replaces them
     ctx.engines.suspend("llm")  # the generation model sleeps (vllm) or is released (hf): not held while training
     # one tracker run per SAGE run, each update at its global step across iterations and resumes (training_curve's)
-    tracking = {"run_name": ctx.run_id,
-                "logging_dir": str(project_dir(ctx.wh) / "tensorboard" / run_dirname(ctx.run_id)),
+    tracking_dir = str(project_dir(ctx.wh) / "tensorboard" / run_dirname(ctx.run_id))
+    tracking = {"run_name": ctx.run_id, "logging_dir": tracking_dir,
                 "step_offset": train_steps_before(ctx.wh, ctx.run_id, ctx.iteration)}
-    metrics = launch.train(model_path, ctx.adapter, str(out), rows, train_config(ctx.cfg), seed=ctx.cfg.run.seed +
-                           ctx.iteration, dtype=ctx.cfg.model.dtype, on_step=_StepWriter(ctx), tracking=tracking)
-    # Per-update logs and the per-process row split stay in the adapter's metrics file, out of the warehouse.
-    metrics.pop("steps", None)
-    metrics.pop("rows_by_rank", None)
+    writer, by_role, updates = _StepWriter(ctx), {}, 0
+    for role, role_rows, adapter_in, adapter_out in passes(ctx, rows, out):
+        if role is not None:  # each role's adapter its own tracker curve, at its own global step
+            tracking = {"run_name": f"{ctx.run_id}-{role}", "logging_dir": f"{tracking_dir}-{role}",
+                        "step_offset": train_steps_before(ctx.wh, ctx.run_id, ctx.iteration, role)}
+        metrics = launch.train(model_path, adapter_in, str(adapter_out), role_rows, train_config(ctx.cfg),
+                               seed=ctx.cfg.run.seed + ctx.iteration, dtype=ctx.cfg.model.dtype,
+                               on_step=writer.next_pass(role, updates), tracking=tracking)
+        # Per-update logs and the per-process row split stay in the adapter's metrics file, out of the warehouse.
+        metrics.pop("steps", None)
+        metrics.pop("rows_by_rank", None)
+        updates += metrics.get("n_updates") or 0
+        by_role[role] = metrics
+    metrics = checkpoint_metrics(by_role, carry_untrained(ctx, {r for r in by_role if r}, out))
     record_checkpoint(ctx.wh, ctx.run_id, ctx.iteration, str(out), metrics)
     return StageReport(STAGE, rows_in=len(rows), rows_out=1,
                        info={k: metrics.get(k) for k in ("loss", "grad_norm", "tokens_per_s")})
+
+
+def checkpoint_metrics(by_role: dict[str | None, dict], carried: list[str]) -> dict:
+    """The checkpoint's metrics: the one pass's (`shared`); under per_role the Solver's pass's, with the rows,
+    tokens, updates and seconds of every pass summed, `adv_mean_by_role` of them all, each pass's own metrics under
+    `passes` and the roles whose adapter was carried unchanged under `carried`."""
+    if list(by_role) == [None]:
+        return by_role[None]
+    metrics = dict(by_role[Role.SOLVER.value])
+    for key in ("n_rows", "n_skipped", "tokens", "completion_tokens", "n_updates", "seconds", "cpu_seconds",
+                "total_seconds", "old_logps_seconds"):
+        metrics[key] = sum(m.get(key) or 0 for m in by_role.values())
+    metrics["adv_mean_by_role"] = {k: v for m in by_role.values() for k, v in (m.get("adv_mean_by_role") or {}).items()}
+    metrics["passes"] = {role: {k: m.get(k) for k in ("loss", "grad_norm", "n_rows", "n_updates", "tokens",
+                                                      "total_seconds")} for role, m in by_role.items()}
+    metrics["carried"] = carried
+    return metrics
 
 
 def retain(ctx: StageContext) -> dict[str, list[int]]:
@@ -187,8 +248,10 @@ def retain(ctx: StageContext) -> dict[str, list[int]]:
     for r in adapters:
         if (project / r["adapter_path"]).exists():
             shutil.rmtree(project / r["adapter_path"])
-    for r in optimizers:
-        (project / r["adapter_path"] / OPTIMIZER_FILE).unlink(missing_ok=True)
+    for r in optimizers:  # the checkpoint's, and under per_role each role's beside it
+        for state in [project / r["adapter_path"] / OPTIMIZER_FILE,
+                      *(project / r["adapter_path"] / ROLES_DIR).glob(f"*/{OPTIMIZER_FILE}")]:
+            state.unlink(missing_ok=True)
     pruned = {"adapters": [r["iteration"] for r in adapters], "optimizers": [r["iteration"] for r in optimizers]}
     if adapters or optimizers:
         record_pruned(ctx.wh, ctx.run_id, pruned["adapters"], pruned["optimizers"])

@@ -393,7 +393,8 @@ def record_checkpoint(wh: Warehouse, run_id: str, iteration: int, adapter_path: 
 
 
 #: The columns of a `train_steps` row the trainer reports (besides run_id and iteration).
-TRAIN_STEP_COLUMNS = ("step", "loss", "grad_norm", "entropy", "clip_fraction", "learning_rate", "tokens", "seconds")
+TRAIN_STEP_COLUMNS = ("step", "role", "loss", "grad_norm", "entropy", "clip_fraction", "learning_rate", "tokens",
+                      "seconds")
 
 
 def record_train_step(wh: Warehouse, run_id: str, iteration: int, step: dict) -> None:
@@ -402,9 +403,13 @@ def record_train_step(wh: Warehouse, run_id: str, iteration: int, step: dict) ->
                                      **{c: step.get(c) for c in TRAIN_STEP_COLUMNS}}])
 
 
-def train_steps_before(wh: Warehouse, run_id: str, iteration: int) -> int:
-    """The optimizer updates the run recorded before `iteration`: where its `training_curve.global_step` goes on."""
-    return wh.scalar("SELECT count(*) FROM train_steps WHERE run_id = ? AND iteration < ?", [run_id, iteration])
+def train_steps_before(wh: Warehouse, run_id: str, iteration: int, role: str | None = None) -> int:
+    """The optimizer updates the run recorded before `iteration`: where its `training_curve.global_step` goes on;
+    with `role`, those of that role's own adapter (`train.adapters` per_role)."""
+    if role is None:
+        return wh.scalar("SELECT count(*) FROM train_steps WHERE run_id = ? AND iteration < ?", [run_id, iteration])
+    return wh.scalar("SELECT count(*) FROM train_steps WHERE run_id = ? AND iteration < ? AND role = ?",
+                     [run_id, iteration, role])
 
 
 def clear_train_steps(wh: Warehouse, run_id: str, iteration: int) -> None:

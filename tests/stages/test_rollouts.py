@@ -119,3 +119,26 @@ def test_the_bar_moves_with_each_engine_batch_and_commits_stay_as_they_were(make
         else:
             assert [d for d, _, _ in seen] == [0, 8, 12]
     assert rows[True] == rows[False] and len(rows[True]) == 24
+
+
+def test_each_role_generates_with_its_own_adapter_and_the_rows_say_which(make_ctx, tmp_path):
+    """`train.adapters` per_role: the Solver generates with the checkpoint's adapter, the Planner with its own in
+    `roles/planner`, the Critic (never trained: no adapter of its own) with the base model; `rollouts.adapter`
+    records each. Shared: every role with the checkpoint's."""
+    checkpoint = tmp_path / "adapters" / "r" / "iteration-1"
+    for folder in (checkpoint, checkpoint / "roles" / "planner"):
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_text("{}")
+    mixed = [Unit("planner", "q0", "math", {"question": "What is 1+1?"}), units(1, 1)[0],
+             Unit("critic_question", "q1", "math", {"question": "What is 2+2?"})]
+    for adapters, expect in (("per_role", [str(checkpoint / "roles" / "planner"), str(checkpoint), None]),
+                             ("shared", [str(checkpoint)] * 3)):
+        ctx, llm = make_ctx(f"train.adapters={adapters}", iteration=2)
+        ctx.adapter = str(checkpoint)
+        generate(ctx, Stage.SOLVE, Purpose.SOLVE, mixed)
+        assert llm.adapters_used == expect  # one engine call a role, each under its adapter
+        rows = ctx.wh.rows("SELECT role, adapter FROM rollouts ORDER BY created_at, role")
+        relative = {str(checkpoint): "adapters/r/iteration-1",
+                    str(checkpoint / "roles" / "planner"): "adapters/r/iteration-1/roles/planner", None: None}
+        assert {r["role"]: r["adapter"] for r in rows} == {
+            role: relative[path] for role, path in zip(("planner", "solver", "critic"), expect)}

@@ -1,8 +1,11 @@
-"""The train stage's choice of each rollout's training temperature."""
+"""The train stage: which rows train, at which temperature, on which adapter; retention of old adapters."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sage.configs import load_config
+from sage.configs.names import Role
 from sage.stages.train import sampling_temperature
 
 
@@ -175,14 +178,16 @@ def test_train_roles_listing_only_roles_switched_off_is_refused():
 
 
 def _trained(wh, project, run_id: str, iterations) -> None:
-    """Checkpoint rows and adapter directories (weights, config, optimizer state) as the train stage leaves them."""
+    """Checkpoint rows and adapter directories (weights, config, optimizer state) as the train stage leaves them,
+    with a Planner's own adapter in `roles/planner` as `train.adapters` per_role writes it."""
     from sage.engines.train import OPTIMIZER_FILE
 
     for k in iterations:
         folder = project / "adapters" / run_id / f"iteration-{k}"
-        folder.mkdir(parents=True)
-        for name in ("adapter_config.json", "adapter_model.safetensors", OPTIMIZER_FILE):
-            (folder / name).write_text(name)
+        for at in (folder, folder / "roles" / "planner"):
+            at.mkdir(parents=True)
+            for name in ("adapter_config.json", "adapter_model.safetensors", OPTIMIZER_FILE):
+                (at / name).write_text(name)
         wh.insert_batch("checkpoints", [dict(run_id=run_id, iteration=k, adapter_path=str(folder))])
 
 
@@ -223,8 +228,10 @@ def test_retention_keeps_the_best_and_the_last_adapters_and_the_newest_optimizer
     adapters = project / "adapters" / "r"
     assert sorted(p.name for p in adapters.iterdir()) == ["iteration-2", "iteration-4", "iteration-5"]
     assert [(adapters / f"iteration-{k}" / OPTIMIZER_FILE).exists() for k in (2, 4, 5)] == [False, True, True]
+    assert [(adapters / f"iteration-{k}" / "roles" / "planner" / OPTIMIZER_FILE).exists()
+            for k in (2, 4, 5)] == [False, True, True]
     assert (adapters / "iteration-2" / "adapter_model.safetensors").exists()
-    assert len(list(other.glob("adapters/old/iteration-*/" + OPTIMIZER_FILE))) == 5
+    assert len(list(other.glob("adapters/old/iteration-*/**/" + OPTIMIZER_FILE))) == 10
     with pytest.raises(ValueError):
         load_config("cpu", ["train.keep_last=0"])  # the newest adapter is what the next iteration starts from
 
@@ -295,3 +302,70 @@ def test_trackers_go_on_from_the_global_step_training_curve_gives(tmp_path):
             "SELECT iteration, step, global_step FROM training_curve WHERE run_id = 'r'")}
         assert [train_steps_before(wh, "r", k) for k in (1, 2, 3)] == [0, 3, 5]
         assert all(train_steps_before(wh, "r", k) + 1 == curve[(k, 1)] for k in (1, 2, 3))
+
+
+def test_per_role_adapters_keep_the_planners_updates_off_the_solvers_adapter(tiny_model, tmp_path):
+    """`train.adapters` per_role: the Solver's adapter (the checkpoint) is exactly the one its own rows alone train,
+    where the shared adapter moves with the Planner's rows too; the Planner's own adapter goes in `roles/planner`.
+    Each pass's updates are in `train_steps` with their role, numbered on from the Solver's. At iteration 2 the
+    Planner, with no rows, keeps its adapter, and the Critic, never trained, generates with the base model."""
+    from safetensors.torch import load_file
+
+    from sage.stages import train
+    from sage.stages.context import StageContext
+    from sage.warehouse import Warehouse
+
+    def trained(name: str, *overrides: str, iteration: int = 1, adapter: str | None = None,
+                roles: tuple[str, ...] = ("solver", "planner")) -> tuple[Path, dict, list[dict], StageContext]:
+        project = tmp_path / name
+        cfg = load_config("cpu", [f"run.dir={project}", f"model.name={tiny_model}", "train.lora_rank=4",
+                                  "train.lora_alpha=8", "train.mmap_threshold_kb=null", "train.minibatch_size=2", "train.grad_accum=1",
+                                  *overrides])
+        with Warehouse.open(project / "warehouse.duckdb") as wh:
+            rows = [_rollout(f"s{k}-{iteration}", "solver", "solve", (5, 6, k + 7), (8, 9, k + 10)) for k in range(3)]
+            rows += [_rollout(f"p{k}-{iteration}", "planner", "plan", (11, k + 12), (13, 14, 15, k + 16)) for k in range(2)]
+            rows = [dict(r, iteration=iteration) for r in rows if r["role"] in roles]
+            wh.insert_batch("rollouts", rows)
+            wh.insert_batch("scores", [dict(_score(r["rollout_id"], r["role"], 1.0 - 0.7 * k), iteration=iteration)
+                                       for k, r in enumerate(rows)])
+            ctx = StageContext(cfg, wh, run_id="r", iteration=iteration, adapter=adapter)
+            train.run(ctx)
+            metrics = wh.records("SELECT metrics FROM checkpoints WHERE iteration = ?", [iteration])[0]["metrics"]
+            steps = wh.rows("SELECT step, role FROM train_steps WHERE iteration = ? ORDER BY step", [iteration])
+        return project / "adapters" / "r" / f"iteration-{iteration}", metrics, steps, ctx
+
+    def weights(folder: Path) -> dict:
+        return load_file(folder / "adapter_model.safetensors")
+
+    def same(a: dict, b: dict) -> bool:
+        return a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+
+    alone, _, _, _ = trained("alone", "train.roles=[solver]")
+    shared, _, shared_steps, _ = trained("shared")
+    own, metrics, steps, _ = trained("own", "train.adapters=per_role")
+    assert same(weights(own), weights(alone)) and not same(weights(shared), weights(alone))
+    assert (own / "roles" / "planner" / "adapter_model.safetensors").is_file()
+    assert not same(weights(own / "roles" / "planner"), weights(alone))
+    assert {s["role"] for s in shared_steps} == {None}
+    assert [s["role"] for s in steps] == ["solver", "solver", "planner"]  # ceil(3 / 2) updates, then ceil(2 / 2)
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert metrics["n_rows"] == 5 and set(metrics["passes"]) == {"solver", "planner"}
+    assert metrics["passes"]["solver"]["n_rows"] == 3 and metrics["carried"] == []
+
+    later, metrics, _, ctx = trained("own", "train.adapters=per_role", iteration=2, adapter=str(own), roles=("solver",))
+    assert metrics["carried"] == ["planner"]
+    assert same(weights(later / "roles" / "planner"), weights(own / "roles" / "planner"))
+    assert not same(weights(later), weights(own))
+    assert ctx.adapter_for(Role.PLANNER) == str(own / "roles" / "planner")
+    assert ctx.adapter_for(Role.CRITIC) is None and ctx.adapter_for(Role.SOLVER) == str(own)
+
+
+def test_per_role_adapters_need_the_solver_trained():
+    import pytest
+
+    from sage.configs import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.adapters per_role makes the Solver's adapter the checkpoint.*add "
+                                          r"solver to train.roles"):
+        load_config(overrides=["train.adapters=per_role", "train.roles=[planner]"])
+    assert load_config(overrides=["train.adapters=per_role", "train.roles=[solver, planner]"])
