@@ -354,8 +354,9 @@ class SandboxConfig(_Section):
     backend: Literal["auto", "bwrap", "unshare", "rlimit"] = Field(
         "auto", description="Isolation backend; `auto` takes the first that works of bwrap and unshare, and never "
         "rlimit, which does not isolate generated code from the host and must be chosen explicitly.")
-    timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit of one execution, seconds.")
-    cpu_s: int = Field(5, ge=1, description="RLIMIT_CPU of one execution, seconds.")
+    timeout_s: float = Field(5.0, gt=0, description="Time limit of one execution, seconds: the CPU time its "
+                             "processes are charged together, and 3 times it on the wall clock at most.")
+    cpu_s: int = Field(5, ge=1, description="RLIMIT_CPU of each process of one execution, seconds.")
     memory_mb: int = Field(1024, ge=64, description="RLIMIT_AS of one execution, MiB.")
     max_output_bytes: int = Field(1_000_000, ge=1024, description="Most bytes read from the child's "
                                   "stdout/stderr/result pipes.")

@@ -15,14 +15,15 @@ Backends, tried in order (`available_backends()` probes each once per process):
 
 Always: the system `/usr/bin/python3 -I -S` (the virtualenv may live where other uids cannot read), minimal
 environment, hard=soft rlimits set in the job's own process before any untrusted code, stdin from /dev/null,
-capped non-blocking reads, a wall-clock deadline in the parent, SIGKILL of the process group and (as root)
-of every process of the uid, temp dirs removed. The deadline covers that teardown: a job returns by its
-time limit plus `TEARDOWN_S` whatever it did, and its duration includes the teardown; what the kernel has
-not finished by then goes on in the background, and a uid is reused only once none of its processes
-remain. Each concurrent job has its own uid (`isolation`), so RLIMIT_NPROC, `kill(-1)` and the final sweep
-stay per job. Results come back as typed JSON records on a separate pipe with a per-run nonce (`child`);
-the parent reads them as hostile input (`protocol`): a malformed record fails only its own job, with
-status `protocol_error`.
+capped non-blocking reads, a time limit kept in the parent (`clock`: the CPU time charged to all the job's
+processes, under a wall-clock ceiling of `clock.WALL_FACTOR` times the limit), SIGKILL of the process group and
+(as root) of every process of the uid, temp dirs removed. The limit covers that teardown: a job returns within
+`TEARDOWN_S` of being stopped (its processes charged its limit, or the ceiling reached) whatever it did, and its
+duration includes the teardown; what the kernel has not finished by then goes on in the background, and a uid is
+reused only once none of its processes remain. Each concurrent job has its own uid (`isolation`), so
+RLIMIT_NPROC, `kill(-1)` and the final sweep stay per job. Results come back as typed JSON records on a separate
+pipe with a per-run nonce (`child`); the parent reads them as hostile input (`protocol`): a malformed record fails
+only its own job, with status `protocol_error`.
 
 Warm slots (bwrap and unshare): within one `execute` call of two jobs or more each worker keeps a slot (`slot.py`): the
 namespaces, uid and tmpfs above, with a zygote (`zygote.py`) as their pid 1 that forks a fresh child per
@@ -51,6 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sage.configs.schema import SandboxConfig
+from sage.engines.verify.clock import JobClock
 from sage.engines.verify.isolation import (
     BACKENDS,
     FSIZE_BYTES,
@@ -100,6 +102,10 @@ class ExecResult:
     duration_s: float
     stdout: str = ""  # capped tail, informational only
     stderr: str = ""
+    # CPU seconds the job's processes had been charged when its time limit stopped it (`clock.JobClock`): at least
+    # the limit when its CPU time ran out, less when the wall-clock ceiling did. None for any other end (not
+    # measured: that would cost every job a pass over /proc).
+    cpu_s: float | None = None
 
 
 _PROBED: dict[str, bool] = {}
@@ -128,10 +134,10 @@ def _tail(data: bytearray, cap: int = 4000) -> str:
 
 
 def _communicate(exited, streams: tuple[int, int], job_w: int, payload: bytes, res_r: int, records: Records,
-                 cfg: SandboxConfig, deadline: float,
+                 cfg: SandboxConfig, clock: JobClock,
                  watch: int | None = None) -> tuple[str | None, bytearray, bytearray]:
     """Feed the job, read stdout/stderr/results until the end record, exit (`exited()`, checked at least every
-    50 ms and whenever `watch` is readable), the deadline or a cap."""
+    50 ms and whenever `watch` is readable), the end of its time limit (`clock`) or a cap."""
     sel = selectors.DefaultSelector()
     out, err = bytearray(), bytearray()
     bufs = {streams[0]: out, streams[1]: err, res_r: None}
@@ -145,13 +151,13 @@ def _communicate(exited, streams: tuple[int, int], job_w: int, payload: bytes, r
     pending, got, reason = memoryview(payload), 0, None
     try:
         while reason is None and not records.ended and records.violation is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if clock.expired(now):
                 reason = "timeout"
                 break
             if exited():
                 reason = "exited"
-            for key, _ in sel.select(min(left, 0.05)):
+            for key, _ in sel.select(min(clock.wait_s(now), 0.05)):
                 fd = key.fd
                 if fd == watch:
                     if exited():
@@ -230,15 +236,16 @@ def _run_in_slot(job: Job, slot: Slot, cfg: SandboxConfig) -> ExecResult:
     """Run one job in a warm slot's fresh fork (starting the slot first if needed); the slot is kept only
     when the job ended and its zygote reported the slot clean, and is torn down otherwise."""
     start = time.monotonic()
-    deadline = start + cfg.timeout_s
+    clock = JobClock(cfg.timeout_s, start)
     nonce = secrets.token_hex(16)
     records = Records(nonce, len(job.inputs), cfg.max_output_bytes + 4096)
     reason, out, err, report = "exited", bytearray(), bytearray(), None
     reads: list[int] = []  # the parent's ends of the results, stdout and stderr pipes
     try:
-        if not slot.alive and not slot.start(deadline):
+        if not slot.alive and not slot.start(clock.ceiling):
             err += slot.start_error.encode()
             raise _SlotFailed
+        clock.watch(slot.proc.pid, slot.residents)
         job_r, job_w = os.pipe()
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -260,9 +267,9 @@ def _run_in_slot(job: Job, slot: Slot, cfg: SandboxConfig) -> ExecResult:
             return bool(got)
 
         reason, out, err = _communicate(exited, (out_r, err_r), job_w, _payload(job, cfg, nonce, slot.backend),
-                                        res_r, records, cfg, deadline, watch=slot.sock.fileno())
+                                        res_r, records, cfg, clock, watch=slot.sock.fileno())
         if reason is None and records.ended and records.violation is None:  # wait for the zygote's report
-            got.append(slot.report(deadline))
+            got.append(slot.report(clock.ceiling))
         report = got[0] if got else None
         _drain(res_r, records, (out_r, err_r), out, err, cfg)
     except (_SlotFailed, OSError):
@@ -274,9 +281,9 @@ def _run_in_slot(job: Job, slot: Slot, cfg: SandboxConfig) -> ExecResult:
             and records.violation is None
         returncode = report[0] if report else None
         if not keep:
-            closed = slot.close(deadline + TEARDOWN_S)
+            closed = slot.close(clock.teardown_by())
             returncode = returncode if returncode is not None else closed
-    return _result(job, records, reason, returncode, out, err, slot.backend, time.monotonic() - start)
+    return _result(job, records, reason, returncode, out, err, slot.backend, time.monotonic() - start, clock)
 
 
 class _SlotFailed(Exception):
@@ -289,7 +296,7 @@ def _readable(sock) -> bool:
 
 def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
     start = time.monotonic()
-    deadline = start + cfg.timeout_s
+    clock = JobClock(cfg.timeout_s, start)
     uid = UIDS.take() if IS_ROOT else None
     tmp = temp_dir("sage-sbx-") if scratch_root_needed(backend) else None
     nonce = secrets.token_hex(16)
@@ -313,17 +320,18 @@ def _run_job(job: Job, backend: str, cfg: SandboxConfig) -> ExecResult:
         finally:
             os.close(job_r)
             os.close(res_w)
+        clock.watch(proc.pid)
         try:
             streams = (proc.stdout.fileno(), proc.stderr.fileno())
             reason, out, err = _communicate(lambda: proc.poll() is not None, streams, job_w, payload, res_r,
-                                            records, cfg, deadline)
+                                            records, cfg, clock)
             _drain(res_r, records, streams, out, err, cfg)
         finally:
             os.close(res_r)
     finally:
-        grace = min(0.05, max(0.0, deadline - time.monotonic())) if records.ended else 0.0
-        returncode = teardown(proc, uid, tmp, backend, deadline + TEARDOWN_S, grace)
-    return _result(job, records, reason, returncode, out, err, backend, time.monotonic() - start)
+        grace = min(0.05, max(0.0, clock.ceiling - time.monotonic())) if records.ended else 0.0
+        returncode = teardown(proc, uid, tmp, backend, clock.teardown_by(), grace)
+    return _result(job, records, reason, returncode, out, err, backend, time.monotonic() - start, clock)
 
 
 def _drain(res_r: int, records: Records, streams: tuple[int, int], out: bytearray, err: bytearray,
@@ -345,7 +353,7 @@ def _drain(res_r: int, records: Records, streams: tuple[int, int], out: bytearra
                 sink.extend(data)
 
 
-def _result(job, records, reason, returncode, out, err, backend, duration) -> ExecResult:
+def _result(job, records, reason, returncode, out, err, backend, duration, clock) -> ExecResult:
     status = _status(reason, records, returncode, err)
     n = len(job.inputs)
     if status == "protocol_error":
@@ -358,7 +366,8 @@ def _result(job, records, reason, returncode, out, err, backend, duration) -> Ex
         for i in range(n):
             if i not in records.seen:
                 errors[i] = status if status != "ok" else "no result"
-    return ExecResult(outputs, errors, status, backend, duration, _tail(out), _tail(err))
+    return ExecResult(outputs, errors, status, backend, duration, _tail(out), _tail(err),
+                      clock.used_s if reason == "timeout" else None)
 
 
 class Sandbox:

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import time
 
+from sage.engines.verify.clock import tree
 from sage.engines.verify.isolation import (
     IS_ROOT,
     TMPFS_BYTES,
@@ -39,6 +40,9 @@ class Slot:
         self.backend = backend
         self.proc = self.sock = self.uid = self.tmp = None
         self.start_error = ""
+        # The slot's own processes (the wrappers, the zygote), parents first: what they were charged before a job
+        # is not the job's (`clock.JobClock.watch`); the zygote is charged each job's processes as it reaps them.
+        self.residents: list[int] = []
 
     @property
     def alive(self) -> bool:
@@ -64,6 +68,7 @@ class Slot:
                                          "ro_dirs": interpreter()[1]}, 4))
         os.close(setup_w)
         if self._line(until) == b"ready":
+            self.residents = tree(self.proc.pid)
             return True
         self.start_error = self._stderr()
         return False

@@ -257,6 +257,93 @@ def test_a_job_s_processes_stay_in_its_session(backend):
     assert (res.status, res.outputs) == ("ok", [[True, 0]]), (res.errors, res.stderr[-300:])
 
 
+# A job's time limit counts the CPU its processes were charged together (`clock.JobClock`), under a wall-clock
+# ceiling of WALL_FACTOR limits. RLIMIT_CPU (cpu_s, per process) is set well above the limit: it is not what stops
+# these jobs. On a loaded machine a job may get less than its limit of CPU before the ceiling: the tests hold either
+# way.
+LIMIT_S = 2.0
+SLEEPERS = {"wakes": f"import time\ndef f():\n    time.sleep({1.5 * LIMIT_S})\n    return 'woke'\n",
+            "sleeps": "import time\ndef f():\n    time.sleep(1000)\n    return 'woke'\n"}
+# Spins in two processes, the second a grandchild in a session and process group of its own (a double fork, so
+# re-parented to the namespace's first process); each prints the CPU time it has used so far.
+SPINNER = ("import os, time\ndef spin(tag):\n    shown = 0.0\n    while True:\n"
+           "        used = time.process_time()\n        if used - shown >= 0.02:\n"
+           "            print(tag, used, flush=True)\n            shown = used\n"
+           "def f():\n    if os.fork() == 0:\n        if os.fork() == 0:\n            os.setsid()\n"
+           "            os.setpgid(0, 0)\n            spin('b')\n        os._exit(0)\n    spin('a')\n")
+# 28 processes that each start a session and spin; a job that needs `need` seconds of CPU and says what it used
+HOG = ("import os\ndef f():\n    for _ in range(28):\n        try:\n            if os.fork() == 0:\n"
+       "                os.setsid()\n                while True:\n                    pass\n"
+       "        except OSError:\n            break\n    while True:\n        pass\n")
+WORKER = ("import time\ndef f(need):\n    while time.process_time() < need:\n        pass\n"
+          "    return time.process_time()\n")
+
+
+def _timed(backend: str, workers: int) -> Sandbox:
+    return Sandbox(SandboxConfig(backend=backend, workers=workers, timeout_s=LIMIT_S, cpu_s=30, memory_mb=512))
+
+
+def _ceiling() -> float:
+    from sage.engines.verify.clock import WALL_FACTOR
+
+    return WALL_FACTOR * LIMIT_S
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sleeping_job_is_charged_no_time_and_ends_at_the_wall_clock_ceiling(backend):
+    """Sleeping one and a half limits costs a job nothing (a wall-clock limit killed it); sleeping for good ends it
+    at the ceiling, not before, charged less than its limit. In warm slots (a batch) and in a one-job sandbox."""
+    batch = _timed(backend, 2).execute([Job(SLEEPERS["wakes"], "f", [[]]), Job(SLEEPERS["sleeps"], "f", [[]])])
+    alone = _timed(backend, 1).execute([Job(SLEEPERS["wakes"], "f", [[]])])
+    for woke in (batch[0], alone[0]):
+        assert (woke.status, woke.outputs) == ("ok", ["woke"]), (woke.status, woke.errors, woke.stderr[-300:])
+    asleep = batch[1]
+    assert asleep.status == "timeout" and asleep.cpu_s is not None and asleep.cpu_s < LIMIT_S, asleep
+    assert _ceiling() <= asleep.duration_s <= _ceiling() + 1.0, asleep.duration_s
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_spinning_job_is_charged_for_all_its_processes_and_stopped_at_its_limit(backend, workers):
+    """Both spinning processes are charged to the job, the grandchild in a session of its own too: the job is
+    charged at least what they say they used, and stopped once that is its limit (each would have had 30 s by
+    RLIMIT_CPU) or, given less, at the ceiling. Alone and in a warm slot beside an honest job."""
+    jobs = [Job(SPINNER, "f", [[]])] + [Job("def f():\n    return 1\n", "f", [[]])] * (workers - 1)
+    res, *honest = _timed(backend, workers).execute(jobs)
+    assert res.status == "timeout" and res.cpu_s is not None, (res.status, res.errors, res.stderr[-300:])
+    shown: dict[str, float] = {}
+    for line in res.stdout.splitlines():
+        tag, _, used = line.partition(" ")
+        if tag in ("a", "b") and used:
+            shown[tag] = float(used)
+    assert set(shown) == {"a", "b"}, res.stdout[-300:]
+    # /proc counts whole clock ticks: each process's time may read up to a tick short
+    assert sum(shown.values()) - 0.05 <= res.cpu_s <= LIMIT_S + 0.5, (shown, res.cpu_s)
+    if res.cpu_s < LIMIT_S:  # it got less than its limit of CPU: only the ceiling may have stopped it
+        assert res.duration_s >= _ceiling(), (res.cpu_s, res.duration_s)
+    assert [(r.status, r.outputs) for r in honest] == [("ok", [1])] * (workers - 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_honest_job_beside_cpu_hogs_is_charged_only_the_cpu_it_got(backend):
+    """Three neighbours of 29 spinning processes each take what CPU they can; the honest job beside them needs 0.6 s
+    of CPU and passes however long the wall clock ran (within the ceiling). Each hog fails its own row."""
+    *hogs, honest = _timed(backend, 4).execute([Job(HOG, "f", [[]])] * 3 + [Job(WORKER, "f", [[0.6]])])
+    assert honest.status == "ok" and 0.6 <= honest.outputs[0] < LIMIT_S, (honest.status, honest.errors)
+    for hog in hogs:
+        assert hog.status == "timeout", (hog.status, hog.errors)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_job_of_a_warm_slot_is_charged_its_own_cpu(backend):
+    """The slot's zygote is charged each job's processes as it reaps them; a job is not charged the earlier jobs'
+    (three jobs of 0.7 limits in one slot: together two limits)."""
+    need = 0.7 * LIMIT_S
+    results = _timed(backend, 1).execute([Job(WORKER, "f", [[need]])] * 3)
+    assert [r.status for r in results] == ["ok"] * 3, [(r.status, r.cpu_s) for r in results]
+    assert all(need <= r.outputs[0] < LIMIT_S for r in results)
+
+
 PATCHES = {  # a wrong candidate that breaks what its replies go through
     "len": "import builtins\nbuiltins.len = lambda x: 0\n",
     "memoryview": "import builtins\nbuiltins.memoryview = lambda d: d[:0]\n",

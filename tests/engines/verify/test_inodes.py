@@ -1,6 +1,7 @@
-"""Inode exhaustion: a candidate that creates files until its tmpfs runs out of inodes, then spins until
-killed. The private tmpfs mounts cap inodes, so the job returns within the time limit plus 0.5 s with
-teardown included, and leaves no process and no mount behind; bwrap run by an unprivileged user gets the
+"""Inode exhaustion: a candidate that creates files until its tmpfs runs out of inodes, then waits until
+killed (asleep, so its time limit stops it at a known moment: the wall-clock ceiling, `clock.WALL_FACTOR` limits).
+The private tmpfs mounts cap inodes, so the job returns within 0.5 s of the ceiling with teardown included, and
+leaves no process and no mount behind; bwrap run by an unprivileged user gets the
 cap too (through a user namespace of its own). Not run on `rlimit`: its work dir is on the host's disk, with
 no cap to test."""
 
@@ -16,15 +17,17 @@ import psutil
 import pytest
 
 from sage.configs.schema import SandboxConfig
+from sage.engines.verify.clock import WALL_FACTOR
 from sage.engines.verify.isolation import IS_ROOT, TMPFS_INODES, UIDS
 from sage.engines.verify.sandbox import Job, Sandbox, available_backends
 
 TIMEOUT_S = 2.0
-FILL = ("import os\ndef f(spin):\n    made = []\n    for d in ('.', '/tmp', '/dev/shm'):\n        n = 0\n"
+CEILING_S = WALL_FACTOR * TIMEOUT_S
+FILL = ("import os\ndef f(wait):\n    made = []\n    for d in ('.', '/tmp', '/dev/shm'):\n        n = 0\n"
         "        try:\n            while n < 10**7:\n"
         "                os.close(os.open(os.path.join(d, 'i%d' % n), os.O_CREAT | os.O_WRONLY, 0o600))\n"
         "                n += 1\n        except OSError:\n            pass\n        made.append(n)\n"
-        "    while spin:\n        pass\n    return made\n")
+        "    while wait:\n        __import__('time').sleep(1)\n    return made\n")
 
 
 def _mounts() -> list[str]:
@@ -43,12 +46,12 @@ def test_inode_exhaustion_returns_in_time_and_leaves_nothing(backend):
     sandbox = Sandbox(SandboxConfig(backend=backend, timeout_s=TIMEOUT_S, cpu_s=5, workers=2))
     before = _mounts()
     start = time.monotonic()
-    capped, spinning = sandbox.execute([Job(FILL, "f", [[False]]), Job(FILL, "f", [[True]])])
+    capped, waiting = sandbox.execute([Job(FILL, "f", [[False]]), Job(FILL, "f", [[True]])])
     wall = time.monotonic() - start
     made = capped.outputs[0]
     assert capped.status == "ok" and made[0] > 0 and sum(made) <= 3 * TMPFS_INODES, made
-    assert spinning.status == "timeout" and spinning.outputs == [None]
-    assert spinning.duration_s <= TIMEOUT_S + 0.5 and wall <= TIMEOUT_S + 0.5, (spinning.duration_s, wall)
+    assert waiting.status == "timeout" and waiting.outputs == [None]
+    assert waiting.duration_s <= CEILING_S + 0.5 and wall <= CEILING_S + 0.5, (waiting.duration_s, wall)
     assert _mounts() == before
     assert not _sandbox_processes()
 
@@ -60,9 +63,9 @@ from sage.engines.verify.isolation import scratch_root_needed
 from sage.engines.verify.sandbox import Job, Sandbox
 sandbox = Sandbox(SandboxConfig(backend="bwrap", timeout_s=float(sys.argv[2]), cpu_s=5, workers=2))
 start = time.monotonic()
-capped, spinning = sandbox.execute([Job(sys.argv[1], "f", [[False]]), Job(sys.argv[1], "f", [[True]])])
+capped, waiting = sandbox.execute([Job(sys.argv[1], "f", [[False]]), Job(sys.argv[1], "f", [[True]])])
 print(json.dumps({"inode_cap": scratch_root_needed("bwrap"), "made": capped.outputs[0],
-                  "status": [capped.status, spinning.status], "duration": spinning.duration_s,
+                  "status": [capped.status, waiting.status], "duration": waiting.duration_s,
                   "wall": time.monotonic() - start}))
 """
 
@@ -86,7 +89,7 @@ def test_unprivileged_bwrap_caps_inodes_too():
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["inode_cap"] and got["status"] == ["ok", "timeout"]
     assert 0 < min(got["made"]) and max(got["made"]) <= TMPFS_INODES, got["made"]
-    assert got["duration"] <= TIMEOUT_S + 0.5 and got["wall"] <= TIMEOUT_S + 0.5, got
+    assert got["duration"] <= CEILING_S + 0.5 and got["wall"] <= CEILING_S + 0.5, got
     assert _mounts() == before
     end = time.monotonic() + 5  # unprivileged, no uid sweep: the sandbox's pid namespace dies by itself
     while (left := _processes_since(nobody, started)) and time.monotonic() < end:

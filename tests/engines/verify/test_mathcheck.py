@@ -185,6 +185,17 @@ def test_a_hedge_the_reference_shares_is_compared():
                               ("3", "at least 3")]) == [1.0, 1.0, 0.0]
 
 
+def test_the_suite_parity_report_lists_a_hedged_answer_apart_as_refused_by_design():
+    """`python -m experiments.math_parity --suite` counts a row that math-verify credits and the hedge rule refuses
+    beside the agreement, not in it; any other difference stays a difference."""
+    from experiments.math_parity import by_design
+
+    assert by_design("1000.99", "the number is not 10 which is 1,000.99€", True, False)
+    assert by_design("1000.99", "1000,99", True, False) is None  # refused for another reason
+    assert by_design("3", "at least 3", False, False) is None  # agrees
+    assert by_design("x \\geq 3", "x \\geq 3", True, False) is None  # the reference hedges too
+
+
 @pytest.mark.parametrize("text,gold,equivalent", [
     ("The solutions are \\boxed{3} and \\boxed{4}.", "3, 4", True),
     ("The solutions are \\boxed{3} and \\boxed{4}.", "4", False),
