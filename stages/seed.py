@@ -50,7 +50,8 @@ from sage.warehouse import content_id, norm_hash
 from sage.warehouse.queries import existing_ids
 
 STAGE = Stage.SEED
-#: A sandbox run that timed out is retried with this many times `sandbox.timeout_s` (wall clock).
+#: A sandbox run that timed out is retried with this many times `sandbox.timeout_s` (the job's CPU time and its
+#: wall-clock ceiling); each process's `sandbox.cpu_s` stays.
 RETRY_WALL_FACTOR = 8
 
 
@@ -178,8 +179,8 @@ def reference_chunk(engines, jobs: list) -> list:
 
 
 def _patient_sandbox(ctx: StageContext):
-    """A sandbox for the retries: the same CPU and memory limits, a much longer wall-clock limit, one worker per
-    core (a wall-clock timeout under load says nothing about the code; running out of CPU time does)."""
+    """A sandbox for the retries: the same per-process CPU and memory limits, a much longer job limit and wall-clock
+    ceiling, one worker per core (a timeout under load says little about the code; running out of `cpu_s` does)."""
     import os
 
     from sage.engines.verify.sandbox import Sandbox
