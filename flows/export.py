@@ -2,7 +2,8 @@
 
 Without `--merge` the checkpoint's adapter directory is copied exactly as peft saved it (vLLM serves it with
 `--enable-lora --lora-modules`), with the training metrics beside it and without the optimizer state (twice the
-adapter's size, of use only to the next iteration's training). With `--merge` the run's base model (its stored
+adapter's size, of use only to the next iteration's training). Under `train.adapters` per_role that is the Solver's
+adapter; the other roles' (`roles/`) stay in the project. With `--merge` the run's base model (its stored
 `model.name`, resolved like the run resolved it) is loaded with the adapter, merged (`merge_and_unload`) and saved
 with its tokenizer as a plain model directory that `from_pretrained` and `vllm serve` load without peft. Merging
 happens in float32 and the result is saved in the base model's own dtype. The destination is written through a
@@ -20,7 +21,7 @@ from typing import Annotated
 
 import typer
 
-from sage.engines.train import OPTIMIZER_FILE
+from sage.engines.train import OPTIMIZER_FILE, ROLES_DIR
 from sage.warehouse import Warehouse
 from sage.warehouse.checkpoints import CheckpointNotFound, resolve_checkpoint
 
@@ -74,7 +75,7 @@ def export_adapter(wh: Warehouse, run_id: str, checkpoint: str, dest: Path, merg
                           tmp)
         else:
             shutil.rmtree(tmp)
-            shutil.copytree(adapter, tmp, ignore=shutil.ignore_patterns(OPTIMIZER_FILE))
+            shutil.copytree(adapter, tmp, ignore=shutil.ignore_patterns(OPTIMIZER_FILE, ROLES_DIR))
         return _publish(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

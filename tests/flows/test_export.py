@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from sage.configs import config_hash, config_json, load_config
-from sage.engines.train import OPTIMIZER_FILE
+from sage.engines.train import OPTIMIZER_FILE, ROLES_DIR
 from sage.flows.export import ExportError, export_adapter, export_command
 from sage.warehouse import Warehouse
 from sage.warehouse.checkpoints import record_pruned
@@ -62,11 +62,14 @@ def test_export_adapter_and_merged_model_give_the_same_logits(project, tiny_mode
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     d, adapter = project
+    planner = adapter / ROLES_DIR / "planner"  # another role's own adapter (train.adapters per_role): not the Solver's
+    planner.mkdir(parents=True, exist_ok=True)
+    (planner / "adapter_config.json").write_text("{}")
     with Warehouse.open(d / "warehouse.duckdb", read_only=True) as wh:
         copied = export_adapter(wh, "r", "best", tmp_path / "adapter", merge=False)
         merged = export_adapter(wh, "r", "1", tmp_path / "merged", merge=True)
     assert copied == (tmp_path / "adapter").resolve() and merged == (tmp_path / "merged").resolve()
-    names = sorted(p.name for p in adapter.iterdir() if p.name != OPTIMIZER_FILE)
+    names = sorted(p.name for p in adapter.iterdir() if p.name not in (OPTIMIZER_FILE, ROLES_DIR))
     assert (adapter / OPTIMIZER_FILE).is_file() and "adapter_config.json" in names  # the next iteration's, not served
     assert sorted(p.name for p in copied.iterdir()) == names
     assert not filecmp.cmpfiles(adapter, copied, names, shallow=False)[1]  # byte for byte, nothing mismatched
