@@ -66,6 +66,7 @@ ADDED: dict[str, object] = {
     "iteration.hints": "always",
     "iteration.hint_share": 0.5,
     "train.adapters": "shared",
+    "iteration.generated_share": 0.0,
 }
 
 

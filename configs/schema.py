@@ -129,6 +129,13 @@ class IterationConfig(_Section):
                               "answers shown its plan (rounded; at least one, and at least one without); with "
                               "on_failure, the hinted answers a failed question gets, as a share of n_solve (at "
                               "least one).")
+    generated_share: float = Field(
+        0.0, ge=0, le=1, description="The curriculum the Solver sees: this share of the n_plan questions the plan "
+        "and solve stages draw (rounded half up) comes from this run's admitted generated questions, the most "
+        "recently admitted first (MAE's half_new draws half), the rest from the whole pool as with 0. When fewer are "
+        "admitted than asked, every admitted one is drawn and the pool fills the batch; the plan stage's line says "
+        "how many were asked for and drawn, and the `solver_curriculum` view the generated share of each "
+        "iteration's Solver answers. 0: every question uniformly from the pool (SAGE.md).")
     domains: list[Literal["math", "code"]] = Field(["math", "code"], min_length=1,
                                                    description="Domains sampled from the pool.")
     math_labels: Literal["agreement", "program", "answer"] = Field(
