@@ -67,6 +67,12 @@ ADDED: dict[str, object] = {
     "iteration.hint_share": 0.5,
     "train.adapters": "shared",
     "iteration.generated_share": 0.0,
+    "iteration.admission": "quality",
+    "iteration.band_low": 0.3,
+    "iteration.band_high": 0.7,
+    "rewards.challenger_difficulty": "difficulty",
+    "rewards.repetition_weight": 1.0,
+    "rewards.repetition_similarity": 0.5,
 }
 
 

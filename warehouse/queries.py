@@ -244,7 +244,7 @@ def scoring_inputs(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
     """Every trainable rollout of the iteration with what its reward needs (NULL where not applicable)."""
     return wh.rows("""
         SELECT r.rollout_id, r.role, r.purpose, q.domain, r.format_reward,
-               g.s_q, g.difficulty, g.verifier_valid, g.admitted,  -- challenger: the question it wrote
+               g.s_q, g.difficulty, g.verifier_valid, g.admitted, g.batch_repetition,  -- challenger: its question
                pl.s_p AS plan_s_p, pl.passed AS plan_passed, -- planner: its own plan; solver: the plan it got
                v.s_gt
         FROM rollouts r

@@ -238,3 +238,54 @@ def test_the_same_problem_in_other_words_is_a_duplicate_or_contaminated(tmp_path
     assert {k: v["rejection_reason"] for k, v in _decided(wh).items()} == {
         "a_val": "contaminated", "b_seed": "duplicate", "c_first": None, "d_again": "duplicate", "e_new": None,
         "f_code": None}
+
+
+FRONTIER = {  # question: probe pass rate p (1 - difficulty); None: never probed
+    "p0": 0.0, "p25": 0.25, "p30": 0.3, "p50": 0.5, "p70": 0.7, "p75": 0.75, "p100": 1.0, "unprobed": None}
+_WORDS = ["apples", "boats", "coins", "drums", "eggs", "flags", "grapes", "hats"]
+
+
+def _probed(name: str, p: float | None, k: int) -> dict:
+    row = _generated(name, f"A crate holds {k + 3} {_WORDS[k]} and {k + 11} more arrive. How many {_WORDS[k]}?")
+    return {**row, "difficulty": None if p is None else 1.0 - p}
+
+
+@pytest.mark.parametrize("rule, admitted, reasons", [
+    ("quality", set(FRONTIER), {}),
+    ("solvable", {"p25", "p30", "p50", "p70", "p75"}, {"p0": "too_hard", "p100": "too_easy", "unprobed": "unprobed"}),
+    ("band", {"p30", "p50", "p70"}, {"p0": "too_hard", "p25": "too_hard", "p75": "too_easy", "p100": "too_easy",
+                                     "unprobed": "unprobed"}),
+])
+def test_admission_rules_on_the_probe_pass_rate(tmp_path, rule, admitted, reasons):
+    """`iteration.admission`: quality (the default) admits any pass rate; solvable (AZR) 0 < p < 1; band (R-Zero)
+    band_low <= p <= band_high, the edges included. The admit line gives the admitted questions' mean p."""
+    rows = [_probed(name, p, k) for k, (name, p) in enumerate(FRONTIER.items())]
+    wh, report = _admit(tmp_path, rows, f"iteration.admission={rule}")
+    got = _decided(wh)
+    assert {k for k, v in got.items() if v["admitted"]} == admitted
+    assert {k: v["rejection_reason"] for k, v in got.items() if not v["admitted"]} == reasons
+    rates = [FRONTIER[k] for k in admitted if FRONTIER[k] is not None]
+    assert report.info["mean_pass_rate"] == round(sum(rates) / len(rates), 3)
+    # the view: every probed question's p beside the run's rule and band (no `runs` row here: the defaults)
+    view = {r["question_id"]: r for r in wh.rows("SELECT * FROM admission_frontier")}
+    assert view == {} or set(view) <= set(FRONTIER)
+
+
+def test_a_narrower_band_and_a_band_out_of_order(tmp_path):
+    rows = [_probed(name, p, k) for k, (name, p) in enumerate(FRONTIER.items())]
+    wh, _ = _admit(tmp_path, rows, "iteration.admission=band", "iteration.band_low=0.5", "iteration.band_high=0.5")
+    assert {k for k, v in _decided(wh).items() if v["admitted"]} == {"p50"}
+    with pytest.raises(ValueError, match="band_low .* is above iteration.band_high"):
+        load_config("cpu", ["iteration.band_low=0.8", "iteration.band_high=0.2"])
+
+
+def test_batch_repetition_is_the_share_of_the_batch_a_question_repeats(tmp_path):
+    """Three rewordings of one question and one other: each of the three repeats three of the four written
+    (R-Zero's |cluster| / batch at rewards.repetition_similarity 0.5), the other only itself; an unparseable
+    question (no text) is outside the batch."""
+    rows = [_generated("a", COPY), _generated("b", COPY.replace("Sara", "Sarah")),
+            _generated("c", COPY.replace("jar?", "box?")), _generated("d", _TEXTS[0]),
+            {**_generated("e", ""), "text": "", "verifier_valid": False}]
+    wh, _ = _admit(tmp_path, rows, "iteration.near_duplicate_threshold=null")
+    got = dict(wh.execute("SELECT question_id, batch_repetition FROM questions WHERE origin = 'generated'"))
+    assert got == {"a": 0.75, "b": 0.75, "c": 0.75, "d": 0.25, "e": None}

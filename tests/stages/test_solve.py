@@ -272,7 +272,10 @@ def test_the_solve_line_gives_the_generated_share_of_the_solvers_answers(scripte
                            "generated_drawn": 1}
     assert ctx.wh.rows("SELECT * FROM solver_curriculum") == [
         {"run_id": "r", "iteration": 2, "answers": 4, "generated_answers": 2, "generated_share": 0.5, "questions": 2,
-         "generated_questions": 1, "generated_asked": None}]   # no `runs` row here: the config is not stored
+         "generated_questions": 1, "generated_asked": 0}]   # no `runs` row: no config, so none asked
+    ctx.wh.insert_batch("runs", [{"run_id": "r", "config": ctx.cfg.model_dump(mode="json"), "config_hash": "h",
+                                  "base_model": "m", "seed": 0}])
+    assert ctx.wh.rows("SELECT generated_asked FROM solver_curriculum") == [{"generated_asked": 1}]
 
     seeds_only, _ = scripted_stage(solver, "iteration.n_plan=2", "iteration.n_solve=2", "iteration.planner=false",
                                    "iteration.generated_share=0.5")

@@ -9,10 +9,37 @@ SELECT r.run_id, r.iteration,
        avg(CASE WHEN q.origin = 'generated' THEN 1.0 ELSE 0.0 END)        AS generated_share,
        count(DISTINCT r.question_id)                                      AS questions,
        count(DISTINCT r.question_id) FILTER (WHERE q.origin = 'generated') AS generated_questions,
-       any_value(CAST(floor(coalesce(CAST(u.config -> 'iteration' ->> 'generated_share' AS DOUBLE), 0)
-                            * CAST(u.config -> 'iteration' ->> 'n_plan' AS DOUBLE) + 0.5) AS INTEGER))
+       any_value(CAST(floor(coalesce(CAST(u.config -> 'iteration' ->> 'generated_share' AS DOUBLE)
+                                     * CAST(u.config -> 'iteration' ->> 'n_plan' AS DOUBLE), 0) + 0.5) AS INTEGER))
                                                                           AS generated_asked
 FROM rollouts r JOIN questions q ON q.question_id = r.question_id LEFT JOIN runs u ON u.run_id = r.run_id
 WHERE r.role = 'solver' AND r.purpose = 'solve'
 GROUP BY r.run_id, r.iteration
 ORDER BY r.run_id, r.iteration;
+
+-- Admission at the frontier (`iteration.admission`, `rewards.challenger_difficulty`). `batch_repetition`: the share of
+-- the iteration's written questions within `rewards.repetition_similarity` (MinHash word-shingle Jaccard) of this
+-- one, itself included, set by the admit stage: the repetition penalty of R-Zero's Challenger reward.
+ALTER TABLE questions ADD COLUMN batch_repetition DOUBLE;
+
+-- Every probed generated question: its probes, pass rate p (their mean s_gt, 1 - difficulty), the run's admission
+-- rule and band, whether p is in the band, and what admission decided. A histogram of p:
+-- SELECT round(pass_rate, 1), count(*) FROM admission_frontier WHERE admitted GROUP BY 1 ORDER BY 1.
+CREATE VIEW admission_frontier AS
+WITH probes AS (
+    SELECT r.run_id, r.question_id, count(*) AS probes, avg(v.s_gt) AS pass_rate
+    FROM rollouts r JOIN verdicts v USING (rollout_id)
+    WHERE r.purpose = 'probe'
+    GROUP BY r.run_id, r.question_id
+)
+SELECT q.run_id, q.iteration, q.question_id, q.domain, p.probes, p.pass_rate,
+       coalesce(u.config -> 'iteration' ->> 'admission', 'quality')            AS admission,
+       coalesce(CAST(u.config -> 'iteration' ->> 'band_low' AS DOUBLE), 0.3)   AS band_low,
+       coalesce(CAST(u.config -> 'iteration' ->> 'band_high' AS DOUBLE), 0.7)  AS band_high,
+       p.pass_rate BETWEEN coalesce(CAST(u.config -> 'iteration' ->> 'band_low' AS DOUBLE), 0.3)
+                       AND coalesce(CAST(u.config -> 'iteration' ->> 'band_high' AS DOUBLE), 0.7) AS in_band,
+       q.batch_repetition, q.s_q, q.admitted, q.rejection_reason
+FROM questions q JOIN probes p ON p.run_id = q.run_id AND p.question_id = q.question_id
+LEFT JOIN runs u ON u.run_id = q.run_id
+WHERE q.origin = 'generated'
+ORDER BY q.run_id, q.iteration, q.question_id;
