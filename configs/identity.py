@@ -73,6 +73,7 @@ ADDED: dict[str, object] = {
     "rewards.challenger_difficulty": "difficulty",
     "rewards.repetition_weight": 1.0,
     "rewards.repetition_similarity": 0.5,
+    "seeds.heldout": [],
 }
 
 

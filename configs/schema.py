@@ -442,6 +442,13 @@ class SeedsConfig(_Section):
         "(e.g. `{basic_arithmetic: {max_terms: 2, max_digits: 2}}`); the math questions, seed and validation alike, "
         "are split evenly among them. None: gsm_symbolic, basic_arithmetic, simple_equations, "
         "fraction_simplification, gcd and lcm as reasoning-gym configures them.")
+    heldout: list[str] = Field(
+        default_factory=list, description="JSONL files of held-out test problems no run may train on (each line "
+        "`{question, answer?, domain?, source?}`, domain math unless given), e.g. experiments/ood_math.jsonl, the "
+        "out-of-distribution set. The seed stage stores them with origin `test`: never in the pool, never validated "
+        "on. Admission rejects a copy by text or content key as `contaminated`, the admit line counts any test "
+        "problem the pool holds (`test_in_pool`), and the `heldout_leaks` view lists every pool question that copies "
+        "a held-out one.")
     seed: int = Field(0, description="Seed of the procedural generators.")
     skip_bad: bool = Field(False, description="Load a user's seed file even when some of its code problems "
                            "cannot be used (the reference solution fails, hangs, lacks its entry point or is "

@@ -88,6 +88,18 @@ def _key(q: dict) -> str | None:
     return content_key(q["text"] or "") if q.get("domain") == "math" else None
 
 
+def _cache_keys(rows: list[dict]) -> list[dict]:
+    """Set each row's `key` (`_key`); the {question_id, content_key} updates for rows whose stored
+    `questions.content_key` is missing, so `heldout_leaks` compares content in SQL (admit stores the keys it
+    computes: the analyser is Python)."""
+    missing = []
+    for r in rows:
+        r["key"] = _key(r)
+        if r["key"] is not None and r.get("content_key") is None:
+            missing.append({"question_id": r["question_id"], "content_key": r["key"]})
+    return missing
+
+
 def run(ctx: StageContext) -> StageReport:
     it = ctx.cfg.iteration
     if not it.challenger:
@@ -96,9 +108,10 @@ def run(ctx: StageContext) -> StageReport:
     for q in pending:
         q["content_key"] = _key(q)
     pool = pool_texts(ctx.wh, ctx.run_id)
-    seen = pool_norm_hashes(ctx.wh, ctx.run_id) | {k for r in pool if (k := _key(r))}
     held = heldout_questions(ctx.wh)
-    heldout = frozenset(h["norm_hash"] for h in held) | {k for h in held if (k := _key(h))}
+    keys = _cache_keys(pool + held)
+    seen = pool_norm_hashes(ctx.wh, ctx.run_id) | {k for r in pool if (k := r["key"])}
+    heldout = frozenset(h["norm_hash"] for h in held) | {k for h in held if (k := h["key"])}
     # The texts a new question is compared with: the pool and the held-out questions, then each question of this
     # iteration before it (admitted or not: a copy of a rejected question is a copy all the same).
     refs = pool + [{"question_id": h["question_id"], "text": h["text"]} for h in held]
@@ -118,17 +131,21 @@ def run(ctx: StageContext) -> StageReport:
         if q["text"]:
             ref_sigs = np.vstack([ref_sigs, sig[None, :]])
             ref_ids.append(q["question_id"])
-        updates.append(dict(question_id=q["question_id"], admitted=reason is None,
+        updates.append(dict(question_id=q["question_id"], content_key=q["content_key"], admitted=reason is None,
                             admitted_iteration=ctx.iteration if reason is None else None, rejection_reason=reason,
                             near_dup_similarity=similarity, near_dup_of=None if at is None else ref_ids[at],
                             batch_repetition=repeats.get(i)))
     with ctx.wh.transaction():
         update_rows(ctx.wh, "questions", "question_id", updates)
+        update_rows(ctx.wh, "questions", "question_id", keys)
     admitted = sum(u["admitted"] for u in updates)
     reasons: dict[str, int] = {}
     for u in updates:
         if u["rejection_reason"]:
             reasons[u["rejection_reason"]] = reasons.get(u["rejection_reason"], 0) + 1
+    # a test problem (seeds.heldout) the pool holds by text or content: the held-out set leaked into training
+    leaked = sum(h["origin"] == "test" and bool({h["norm_hash"], h["key"]} & seen) for h in held)
+    reasons.update({"test_in_pool": leaked} if leaked else {})
     rates = [p for q, u in zip(pending, updates) if u["admitted"] and (p := pass_rate(q)) is not None]
     mean_rate = {"mean_pass_rate": round(sum(rates) / len(rates), 3)} if rates else {}
     return StageReport(STAGE, rows_in=len(pending), rows_out=admitted,

@@ -151,19 +151,19 @@ def pool_norm_hashes(wh: Warehouse, run_id: str) -> set[str]:
 
 
 def pool_texts(wh: Warehouse, run_id: str) -> list[dict]:
-    """(question_id, domain, text) of the run's pool (seeds plus admitted), in a stable order."""
+    """(question_id, domain, text, norm_hash, content_key) of the run's pool (seeds plus admitted), in a stable
+    order."""
     return wh.rows("""
-        SELECT question_id, domain, text FROM questions
+        SELECT question_id, domain, text, norm_hash, content_key FROM questions
         WHERE origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted)
         ORDER BY question_id""", [run_id])
 
 
 def heldout_questions(wh: Warehouse) -> list[dict]:
-    """(question_id, domain, text, norm_hash) of every validation and benchmark question: text a generated
-    question must not copy."""
-    return wh.rows("SELECT question_id, domain, text, norm_hash FROM questions WHERE origin IN ('validation', "
-                   "'benchmark') "
-                   "ORDER BY question_id")
+    """(question_id, origin, domain, text, norm_hash, content_key) of every validation, benchmark and test question:
+    text a generated question must not copy."""
+    return wh.rows("SELECT question_id, origin, domain, text, norm_hash, content_key FROM questions "
+                   "WHERE origin IN ('validation', 'benchmark', 'test') ORDER BY question_id")
 
 
 def generated_questions(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:

@@ -289,3 +289,31 @@ def test_batch_repetition_is_the_share_of_the_batch_a_question_repeats(tmp_path)
     wh, _ = _admit(tmp_path, rows, "iteration.near_duplicate_threshold=null")
     got = dict(wh.execute("SELECT question_id, batch_repetition FROM questions WHERE origin = 'generated'"))
     assert got == {"a": 0.75, "b": 0.75, "c": 0.75, "d": 0.25, "e": None}
+
+
+def test_a_test_problem_is_guarded_like_validation_and_a_leak_into_the_pool_is_reported(tmp_path):
+    """Test problems (origin `test`, `seeds.heldout`): a generated copy in other words is `contaminated`; a seed that
+    asks a test problem's sum is a leak the admit line counts (`test_in_pool`) and `heldout_leaks` lists, beside a
+    seed that copies a validation problem's text; admit stores the content keys it compares."""
+    test_q = dict(question_id="t1", origin="test", domain="math", text="State the answer: 7 + 5 =",
+                  verifier={"answer": "12"}, norm_hash=norm_hash("State the answer: 7 + 5 ="))
+    leak = dict(question_id="seed_leak", origin="seed", domain="math", text="What is 7 + 5?", verifier={"answer": "12"},
+                norm_hash=norm_hash("What is 7 + 5?"))
+    copy_val = dict(question_id="seed_val", origin="seed", domain="math", text=VALIDATION.upper(),
+                    verifier={"answer": "12"}, norm_hash=norm_hash(VALIDATION))
+    rows = [test_q, leak, copy_val, _generated("copy_test", "Compute 7 + 5."), _generated("fine", _TEXTS[1])]
+    wh, report = _admit(tmp_path, rows)
+    assert {k: v["rejection_reason"] for k, v in _decided(wh).items()} == {"copy_test": "contaminated", "fine": None}
+    assert report.info["test_in_pool"] == 1 and report.info["contaminated"] == 1
+    keys = dict(wh.execute("SELECT question_id, content_key FROM questions"))
+    assert keys["t1"] == keys["seed_leak"] == keys["copy_test"] == "7+5" and keys["fine"] is None
+    wh.insert_batch("runs", [{"run_id": "r", "config": {}, "config_hash": "h", "base_model": "m", "seed": 0}])
+    leaks = wh.rows("SELECT question_id, origin, heldout_id, heldout_origin, matched_by FROM heldout_leaks")
+    assert leaks == [
+        {"question_id": "seed_leak", "origin": "seed", "heldout_id": "t1", "heldout_origin": "test",
+         "matched_by": "content"},
+        {"question_id": "seed_val", "origin": "seed", "heldout_id": "val", "heldout_origin": "validation",
+         "matched_by": "text"}]
+    # without test problems the line has no such count
+    _, plain = _admit(tmp_path, [_generated("fine", _TEXTS[1])])
+    assert "test_in_pool" not in plain.info

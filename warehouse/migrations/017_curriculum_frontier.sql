@@ -43,3 +43,33 @@ FROM questions q JOIN probes p ON p.run_id = q.run_id AND p.question_id = q.ques
 LEFT JOIN runs u ON u.run_id = q.run_id
 WHERE q.origin = 'generated'
 ORDER BY q.run_id, q.iteration, q.question_id;
+
+-- Guarding the held-out sets. `test`: a new origin, problems held out from every choice (`seeds.heldout`, e.g. the
+-- out-of-distribution set), never in the pool and never validated on. `content_key`: what a math question asks
+-- whatever its words (the arithmetic analyser's key: a sum, an equation, a GCD's numbers), stored by the admit stage
+-- for the questions it compares, so SQL can compare content, not only text.
+ALTER TABLE questions ADD COLUMN content_key VARCHAR;
+
+-- Every question of a run's pool (seeds, admitted questions) that copies a validation, benchmark or test question,
+-- by normalised text or, where both keys are stored, by content: a held-out problem the run trains on.
+CREATE VIEW heldout_leaks AS
+WITH pool AS (
+    SELECT r.run_id, q.question_id, q.origin, q.admitted_iteration, q.text, q.norm_hash, q.content_key
+    FROM runs r JOIN questions q
+      ON q.origin = 'seed' OR (q.origin = 'generated' AND q.admitted AND q.run_id = r.run_id)
+),
+held AS (
+    SELECT question_id, origin, text, norm_hash, content_key FROM questions
+    WHERE origin IN ('validation', 'benchmark', 'test')
+),
+matches AS (
+    SELECT p.*, h.question_id AS heldout_id, h.origin AS heldout_origin, h.text AS heldout_text, 'text' AS matched_by
+    FROM pool p JOIN held h ON h.norm_hash = p.norm_hash
+    UNION ALL
+    SELECT p.*, h.question_id, h.origin, h.text, 'content'
+    FROM pool p JOIN held h ON h.content_key = p.content_key AND h.norm_hash <> p.norm_hash
+)
+SELECT run_id, question_id, origin, admitted_iteration AS iteration, text, heldout_id, heldout_origin, heldout_text,
+       matched_by
+FROM matches
+ORDER BY run_id, heldout_origin, question_id, heldout_id;
