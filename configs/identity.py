@@ -66,6 +66,14 @@ ADDED: dict[str, object] = {
     "iteration.hints": "always",
     "iteration.hint_share": 0.5,
     "train.adapters": "shared",
+    "iteration.generated_share": 0.0,
+    "iteration.admission": "quality",
+    "iteration.band_low": 0.3,
+    "iteration.band_high": 0.7,
+    "rewards.challenger_difficulty": "difficulty",
+    "rewards.repetition_weight": 1.0,
+    "rewards.repetition_similarity": 0.5,
+    "seeds.heldout": [],
 }
 
 

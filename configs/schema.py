@@ -129,6 +129,23 @@ class IterationConfig(_Section):
                               "answers shown its plan (rounded; at least one, and at least one without); with "
                               "on_failure, the hinted answers a failed question gets, as a share of n_solve (at "
                               "least one).")
+    generated_share: float = Field(
+        0.0, ge=0, le=1, description="The curriculum the Solver sees: this share of the n_plan questions the plan "
+        "and solve stages draw (rounded half up) comes from this run's admitted generated questions, the most "
+        "recently admitted first (MAE's half_new draws half), the rest from the whole pool as with 0. When fewer are "
+        "admitted than asked, every admitted one is drawn and the pool fills the batch; the plan stage's line says "
+        "how many were asked for and drawn, and the `solver_curriculum` view the generated share of each "
+        "iteration's Solver answers. 0: every question uniformly from the pool (SAGE.md).")
+    admission: Literal["quality", "solvable", "band"] = Field(
+        "quality", description="Which probe pass rates admission accepts; p = the mean s_gt of a question's n_probe "
+        "probe answers (1 - difficulty). `quality`: any (SAGE.md: the filter ignores difficulty). `solvable`: 0 < p < "
+        "1, questions the Solver sometimes solves (AZR). `band`: band_low <= p <= band_high, the Solver's frontier "
+        "(R-Zero). A question outside is rejected `too_easy` or `too_hard` (`unprobed` when it has no probe answer); "
+        "a few probes estimate p coarsely (with n_probe 2, p is 0, 0.5 or 1), so raise n_probe with these rules.")
+    band_low: float = Field(0.3, ge=0, le=1, description="With admission band, the lowest probe pass rate admitted "
+                            "(R-Zero: 0.3).")
+    band_high: float = Field(0.7, ge=0, le=1, description="With admission band, the highest probe pass rate admitted "
+                             "(R-Zero: 0.7).")
     domains: list[Literal["math", "code"]] = Field(["math", "code"], min_length=1,
                                                    description="Domains sampled from the pool.")
     math_labels: Literal["agreement", "program", "answer"] = Field(
@@ -148,6 +165,13 @@ class IterationConfig(_Section):
     minhash_permutations: int = Field(128, ge=16, description="MinHash permutations (signature length) for the "
                                       "near-duplicate estimate; its standard error is about 1/sqrt(this).")
 
+    @model_validator(mode="after")
+    def _band_in_order(self) -> IterationConfig:
+        if self.band_low > self.band_high:
+            raise ValueError(f"iteration.band_low ({self.band_low}) is above iteration.band_high ({self.band_high}); "
+                             f"the band admits probe pass rates between them, so swap them")
+        return self
+
     def roles_off(self) -> set[Role]:
         """The roles that write no rollout in an iteration under the `challenger` and `planner` switches: the
         Challenger and the Planner when switched off, and the Critic when both are (it scores their outputs)."""
@@ -163,6 +187,17 @@ class RewardsConfig(_Section):
                                "was withheld).")
     solver_gt: float = Field(0.6, ge=0, le=1, description="Solver reward weight on the verifier's s_gt.")
     solver_format: float = Field(0.2, ge=0, le=1, description="Solver reward weight on the format reward.")
+    challenger_difficulty: Literal["difficulty", "uncertainty"] = Field(
+        "difficulty", description="The difficulty third of an admitted question's Challenger reward. `difficulty` "
+        "(SAGE.md): r_d = 1 - p, p its probes' mean s_gt, which pays most for a question nobody solves. "
+        "`uncertainty` (R-Zero): max(0, 1 - 2|p - 0.5| - repetition_weight x repetition), which pays most at p = 0.5, "
+        "less for each batch mate it repeats: `questions.batch_repetition` is the share of the iteration's "
+        "questions within repetition_similarity of it, itself included (R-Zero's |cluster| / batch).")
+    repetition_weight: float = Field(1.0, ge=0, description="With challenger_difficulty uncertainty, the weight of "
+                                     "the repetition penalty (R-Zero's lambda, 1).")
+    repetition_similarity: float = Field(0.5, gt=0, le=1, description="The MinHash word-shingle Jaccard similarity "
+                                         "at which two questions of one iteration count as repeating each other "
+                                         "(`questions.batch_repetition`); measured under every setting.")
     group_by: Literal["role", "role_domain"] = Field("role", description="TRR++ normalisation groups: per "
                                                      "role, or per role x domain.")
     eps: float = Field(1e-6, gt=0, description="TRR++: A = (r - mean) / (std + eps).")
@@ -407,6 +442,13 @@ class SeedsConfig(_Section):
         "(e.g. `{basic_arithmetic: {max_terms: 2, max_digits: 2}}`); the math questions, seed and validation alike, "
         "are split evenly among them. None: gsm_symbolic, basic_arithmetic, simple_equations, "
         "fraction_simplification, gcd and lcm as reasoning-gym configures them.")
+    heldout: list[str] = Field(
+        default_factory=list, description="JSONL files of held-out test problems no run may train on (each line "
+        "`{question, answer?, domain?, source?}`, domain math unless given), e.g. experiments/ood_math.jsonl, the "
+        "out-of-distribution set. The seed stage stores them with origin `test`: never in the pool, never validated "
+        "on. Admission rejects a copy by text or content key as `contaminated`, the admit line counts any test "
+        "problem the pool holds (`test_in_pool`), and the `heldout_leaks` view lists every pool question that copies "
+        "a held-out one.")
     seed: int = Field(0, description="Seed of the procedural generators.")
     skip_bad: bool = Field(False, description="Load a user's seed file even when some of its code problems "
                            "cannot be used (the reference solution fails, hangs, lacks its entry point or is "

@@ -38,6 +38,13 @@ from pathlib import Path
 
 from experiments.learning import mcnemar_exact, wilson
 
+#: `hints`' overrides, which the curriculum rows build on
+HINTS = ["iteration.hints=mixed", "iteration.hint_share=0.5", "train.hinted_prompt=plain", "rewards.solver_plan=0",
+         "rewards.solver_gt=0.8", "train.loss_weighting=role_share"]
+#: the out-of-distribution set as test problems no run may train on (`seeds.heldout`; a path from the repository root,
+#: where the studies run)
+GUARD = ["seeds.heldout=[experiments/ood_math.jsonl]"]
+
 #: name: (what the row changes, its `--set` overrides on the config). `cpu.yaml` trains the Solver and the Planner,
 #: so "no Solver training" trains the Planner alone; "Solver alone" is plain RLVR on the seed pool with the same
 #: updates (one pass over an iteration's rows, ceil(rows / 8) AdamW updates, the same learning rate and batch).
@@ -63,8 +70,7 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # (Guide); the plan's score out of the Solver's reward. The roles weigh over the whole pass (role_share)
     "hints": ("the full loop with plans as hints: half of a passed plan's answers see it and train on the plain "
               "prompt, the plan's score out of the Solver's reward",
-              ["iteration.hints=mixed", "iteration.hint_share=0.5", "train.hinted_prompt=plain",
-               "rewards.solver_plan=0", "rewards.solver_gt=0.8", "train.loss_weighting=role_share"]),
+              HINTS),
     # one change each, to tell the parts of `hints` apart: the roles weighed over the whole pass; hints only where the
     # plain answers all failed (Guide's adaptive hints) with the rest of `hints`
     "role-share": ("the full loop, each role weighed over the whole pass (`train.loss_weighting=role_share`)",
@@ -80,10 +86,21 @@ ROWS: dict[str, tuple[str, list[str]]] = {
                                   ["iteration.hints=on_failure", "iteration.hint_share=0.5",
                                    "train.hinted_prompt=plain", "rewards.solver_plan=0", "rewards.solver_gt=0.8",
                                    "train.loss_weighting=role_share", "train.adapters=per_role"]),
+    # the curriculum at the Solver's frontier, each step on `hints` (docs/decisions.md): half of the Solver's
+    # questions from the admitted ones, newest first, the out-of-distribution set guarded; then admission in R-Zero's
+    # band on eight probes; then the Challenger trained on R-Zero's reward, which pays most at p = 0.5
+    "curriculum": ("`hints` with half the Solver's questions admitted ones (`iteration.generated_share=0.5`)",
+                   [*HINTS, *GUARD, "iteration.generated_share=0.5"]),
+    "frontier": ("`curriculum` admitting probe pass rates in 0.3-0.7 on eight probes",
+                 [*HINTS, *GUARD, "iteration.generated_share=0.5", "iteration.n_probe=8", "iteration.admission=band"]),
+    "frontier-challenger": ("`frontier` with the Challenger trained on R-Zero's uncertainty reward",
+                            [*HINTS, *GUARD, "iteration.generated_share=0.5", "iteration.n_probe=8",
+                             "iteration.admission=band", "rewards.challenger_difficulty=uncertainty",
+                             "train.roles=[solver,planner,challenger]"]),
 }
 #: the rows that are candidate changes to the loop, not ablations: run only when named in `--rows`
 CANDIDATES = {"untrained-planner", "unrewarded-plan", "hints", "role-share", "hints-on-failure", "role-adapters",
-              "adapters-hints-on-failure"}
+              "adapters-hints-on-failure", "curriculum", "frontier", "frontier-challenger"}
 #: the rows the command runs by default: the paper's ablations and the baseline
 ABLATIONS = [r for r in ROWS if r not in CANDIDATES]
 LOAD_EVERY_S = 30

@@ -28,7 +28,8 @@ kept checkpoint but are where the base model's answers with and without its plan
 
 `--ood` tests on the fixed out-of-distribution set instead (`experiments/ood.py`: kinds of problem no seed or
 validation problem has, which the base model partly solves), in `DIR/heldout-ood/`, writing `heldout-ood.md` and
-`.json`, and counts the test problems the run's pool holds by text or content (a Challenger may write one).
+`.json`. Every set's report counts the test problems the run's pool holds by text or content (a Challenger may write
+one; a fresh problem, drawn unlike every text of the run, may ask what a seed asks in other words).
 """
 
 from __future__ import annotations
@@ -109,14 +110,16 @@ def _read_run(out: Path) -> dict:
                     "SELECT iteration, val_accuracy FROM checkpoints WHERE run_id = ?", [run_id])}}
 
 
-def ood_overlap(items: list, trained_texts: list[str]) -> int:
-    """How many of the test `items` the run's pool (seeds and admitted questions) holds, by normalised text or by
-    content (`challenge.content_key`): a Challenger that writes a test problem trains on it."""
+def pool_overlap(tested: list[str], trained_texts: list[str]) -> int:
+    """How many of the `tested` question texts the run's pool (seeds and admitted questions) holds, by normalised
+    text or by content (`challenge.content_key`: the same sum, equation, GCD or LCM in other words): a Challenger
+    that writes a test problem trains on it, and a fresh problem (drawn unlike every text of the run) may still ask
+    what a seed asks."""
     from sage.stages.challenge import content_key
     from sage.warehouse import norm_hash
 
     pool = {norm_hash(t) for t in trained_texts} | {k for t in trained_texts if (k := content_key(t))}
-    return sum(bool({norm_hash(i.question), content_key(i.question)} & pool) for i in items)
+    return sum(bool({norm_hash(t), content_key(t)} & pool) for t in tested)
 
 
 def test_set(ood: bool, validation: bool, n: int | None) -> str:
@@ -183,10 +186,11 @@ def evaluate(out: Path, n: int | None, iterations: list[int] | None = None, ever
             print(f"[heldout] iteration {k} ({'base model' if k == 0 else adapters[k]}): pass@1 "
                   f"{done.info['val_accuracy']:.3f} on {done.rows_in} problems, {done.rows_out} answered now, "
                   f"{time.perf_counter() - start:.1f} s", flush=True)
+        tested = [r["text"] for r in wh.rows("SELECT text FROM questions WHERE origin = 'validation'")]
         answered = [r["iteration"] for r in wh.rows(
             "SELECT DISTINCT iteration FROM rollouts WHERE run_id = ? AND purpose = 'validate' ORDER BY 1", [run_id])]
         return {"run_id": run_id, "n": n, "set": "ood" if ood else "validation" if validation_set else "fresh",
-                "kept": run["kept"], "in_pool": ood_overlap(ood_items, run["trained_texts"]) if ood_items else 0,
+                "kept": run["kept"], "in_pool": pool_overlap(tested, run["trained_texts"]),
                 "iterations": {k: {"adapter": adapters.get(k), "validation": run["validation"].get(k),
                                    "test": validation(wh, run_id, k), "sources": _source_rows(wh, run_id, k),
                                    "pipeline": plans_at_inference(wh, run_id, k, cfg.iteration.beta)}
@@ -233,7 +237,8 @@ def report(result: dict, command: str) -> str:
     kind = {"ood": "out-of-distribution", "validation": "validation"}.get(result.get("set"), "fresh")
     lines = [f"# Checkpoints against the base model on {total(0)[1]} {kind} test problems (run {result['run_id']})",
              "", f"- command: `.venv/bin/python -m experiments.heldout {command}`",
-             f"- test problems the run's pool (seeds and admitted questions) also holds: {result.get('in_pool', 0)}",
+             f"- test problems the run's pool (seeds and admitted questions) also holds, by text or content: "
+             f"{result.get('in_pool', 0)}",
              f"- the kept checkpoint (chosen on validation): iteration {kept}; adapters: "
              f"{Path(its[ks[-1]]['adapter']).parent if its[ks[-1]]['adapter'] else '-'}", "",
              row("iteration", [f"{k}{' (kept)' if k == kept else ''}" for k in ks]), "|---|" + "---:|" * len(ks),

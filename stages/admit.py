@@ -3,15 +3,19 @@
 (`challenge.content_key`: its own arithmetic with the unknown renamed, a GCD's numbers; the same problem in other
 words) is a validation or benchmark question's (`contaminated`) or already in the pool (`duplicate`), and (when
 `iteration.near_duplicate_threshold` is set) it is not a near-duplicate of one, nor of any question written before
-it in this iteration (so a batch of copies of one puzzle admits at most one); every rejection keeps its reason.
+it in this iteration (so a batch of copies of one puzzle admits at most one), and its probe pass rate p (1 -
+difficulty) suits `iteration.admission` (`quality`: any; `solvable`: 0 < p < 1, AZR; `band`: band_low <= p <=
+band_high, R-Zero); every rejection keeps its reason. The report gives the admitted questions' mean p.
 
 Reads: this iteration's generated questions not yet decided (`admitted` NULL), the pool's text and text hashes,
 the validation and benchmark questions (origin `validation`, `benchmark`).
 Writes: `questions.admitted`, `admitted_iteration`, `rejection_reason` (`contaminated`, `invalid_verifier`,
 `low_quality`, `duplicate`, `near_duplicate`; for a math label that is not grounded, the challenge stage's reason
 instead of `invalid_verifier`: `no_program`, `program_failed`, `number_mismatch`, `operation_mismatch`,
-`arithmetic_mismatch`, `label_mismatch`, `no_answer`; `unparseable` was set by the challenge stage), and for
-every decided question `near_dup_similarity` (the MinHash estimate of word-shingle Jaccard similarity to the
+`arithmetic_mismatch`, `label_mismatch`, `no_answer`; `too_easy`, `too_hard`, `unprobed` under a frontier rule;
+`unparseable` was set by the challenge stage), `batch_repetition` (the share of the iteration's written questions
+within `rewards.repetition_similarity` of it, itself included: R-Zero's |cluster| / batch), and for every decided
+question `near_dup_similarity` (the MinHash estimate of word-shingle Jaccard similarity to the
 closest pool, held-out, or earlier question of this iteration) and `near_dup_of` (that question), in one
 transaction.
 Questions are decided in id order, so of two identical new questions the same one is admitted on every re-run.
@@ -24,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from sage.configs.names import Stage
-from sage.engines.text.similar import most_similar, signatures
+from sage.engines.text.similar import most_similar, repetition, signatures
 from sage.stages.challenge import content_key
 from sage.stages.context import StageContext, StageReport, switched_off
 from sage.warehouse.queries import (
@@ -41,11 +45,29 @@ LABEL_FAILURES = frozenset({"no_program", "program_failed", "number_mismatch", "
                             "arithmetic_mismatch", "label_mismatch", "no_answer"})
 
 
+def pass_rate(q: dict) -> float | None:
+    """The question's probe pass rate p, its probes' mean s_gt (1 - difficulty); None when it was not probed."""
+    return None if q.get("difficulty") is None else round(1.0 - q["difficulty"], 9)
+
+
+def frontier(p: float | None, admission: str, low: float, high: float) -> str | None:
+    """The rejection reason of probe pass rate `p` under `iteration.admission`, or None: `quality` takes any;
+    `solvable` 0 < p < 1 (AZR); `band` low <= p <= high (R-Zero). `unprobed` when a rule needs p and there is none."""
+    if admission == "quality":
+        return None
+    if p is None:
+        return "unprobed"
+    above, below = (p >= 1, p <= 0) if admission == "solvable" else (p > high, p < low)
+    return "too_easy" if above else "too_hard" if below else None
+
+
 def decide(q: dict, alpha: float, seen: set[str], heldout: frozenset[str] = frozenset(),
-           similarity: float = 0.0, threshold: float | None = None) -> str | None:
+           similarity: float = 0.0, threshold: float | None = None, admission: str = "quality",
+           band: tuple[float, float] = (0.3, 0.7)) -> str | None:
     """The rejection reason, or None to admit. A copy of a validation or benchmark question is `contaminated`
     whatever else holds, so every copy is counted. `seen` and `heldout` hold normalised-text hashes and, for math,
-    content keys (`q["content_key"]`, absent or None when the question has none)."""
+    content keys (`q["content_key"]`, absent or None when the question has none). Last, the probe pass rate must
+    suit `admission` (`frontier`)."""
     key = q.get("content_key")
     if q["norm_hash"] in heldout or (key is not None and key in heldout):
         return "contaminated"
@@ -58,12 +80,24 @@ def decide(q: dict, alpha: float, seen: set[str], heldout: frozenset[str] = froz
         return "duplicate"
     if threshold is not None and similarity >= threshold:
         return "near_duplicate"
-    return None
+    return frontier(pass_rate(q), admission, *band)
 
 
 def _key(q: dict) -> str | None:
     """A math question's content key (`challenge.content_key`); None for code, whose text is a task, not a sum."""
     return content_key(q["text"] or "") if q.get("domain") == "math" else None
+
+
+def _cache_keys(rows: list[dict]) -> list[dict]:
+    """Set each row's `key` (`_key`); the {question_id, content_key} updates for rows whose stored
+    `questions.content_key` is missing, so `heldout_leaks` compares content in SQL (admit stores the keys it
+    computes: the analyser is Python)."""
+    missing = []
+    for r in rows:
+        r["key"] = _key(r)
+        if r["key"] is not None and r.get("content_key") is None:
+            missing.append({"question_id": r["question_id"], "content_key": r["key"]})
+    return missing
 
 
 def run(ctx: StageContext) -> StageReport:
@@ -74,9 +108,10 @@ def run(ctx: StageContext) -> StageReport:
     for q in pending:
         q["content_key"] = _key(q)
     pool = pool_texts(ctx.wh, ctx.run_id)
-    seen = pool_norm_hashes(ctx.wh, ctx.run_id) | {k for r in pool if (k := _key(r))}
     held = heldout_questions(ctx.wh)
-    heldout = frozenset(h["norm_hash"] for h in held) | {k for h in held if (k := _key(h))}
+    keys = _cache_keys(pool + held)
+    seen = pool_norm_hashes(ctx.wh, ctx.run_id) | {k for r in pool if (k := r["key"])}
+    heldout = frozenset(h["norm_hash"] for h in held) | {k for h in held if (k := h["key"])}
     # The texts a new question is compared with: the pool and the held-out questions, then each question of this
     # iteration before it (admitted or not: a copy of a rejected question is a copy all the same).
     refs = pool + [{"question_id": h["question_id"], "text": h["text"]} for h in held]
@@ -84,24 +119,34 @@ def run(ctx: StageContext) -> StageReport:
     sigs = signatures([r["text"] for r in refs] + [q["text"] or "" for q in pending], it.shingle_words,
                       it.minhash_permutations)
     ref_sigs, new_sigs = sigs[:len(refs)], sigs[len(refs):]
+    written = [i for i, q in enumerate(pending) if q["text"]]
+    repeats = dict(zip(written, repetition(new_sigs[written], ctx.cfg.rewards.repetition_similarity)))
     updates = []
-    for q, sig in zip(pending, new_sigs):
+    for i, (q, sig) in enumerate(zip(pending, new_sigs)):
         similarity, at = most_similar(sig, ref_sigs)
-        reason = decide(q, it.alpha, seen, heldout, similarity, it.near_duplicate_threshold)
+        reason = decide(q, it.alpha, seen, heldout, similarity, it.near_duplicate_threshold, it.admission,
+                        (it.band_low, it.band_high))
         if reason is None:
             seen.update(k for k in (q["norm_hash"], q["content_key"]) if k)
         if q["text"]:
             ref_sigs = np.vstack([ref_sigs, sig[None, :]])
             ref_ids.append(q["question_id"])
-        updates.append(dict(question_id=q["question_id"], admitted=reason is None,
+        updates.append(dict(question_id=q["question_id"], content_key=q["content_key"], admitted=reason is None,
                             admitted_iteration=ctx.iteration if reason is None else None, rejection_reason=reason,
-                            near_dup_similarity=similarity, near_dup_of=None if at is None else ref_ids[at]))
+                            near_dup_similarity=similarity, near_dup_of=None if at is None else ref_ids[at],
+                            batch_repetition=repeats.get(i)))
     with ctx.wh.transaction():
         update_rows(ctx.wh, "questions", "question_id", updates)
+        update_rows(ctx.wh, "questions", "question_id", keys)
     admitted = sum(u["admitted"] for u in updates)
     reasons: dict[str, int] = {}
     for u in updates:
         if u["rejection_reason"]:
             reasons[u["rejection_reason"]] = reasons.get(u["rejection_reason"], 0) + 1
+    # a test problem (seeds.heldout) the pool holds by text or content: the held-out set leaked into training
+    leaked = sum(h["origin"] == "test" and bool({h["norm_hash"], h["key"]} & seen) for h in held)
+    reasons.update({"test_in_pool": leaked} if leaked else {})
+    rates = [p for q, u in zip(pending, updates) if u["admitted"] and (p := pass_rate(q)) is not None]
+    mean_rate = {"mean_pass_rate": round(sum(rates) / len(rates), 3)} if rates else {}
     return StageReport(STAGE, rows_in=len(pending), rows_out=admitted,
-                       info={"admitted": admitted, "rejected": len(updates) - admitted, **reasons})
+                       info={"admitted": admitted, "rejected": len(updates) - admitted, **reasons, **mean_rate})

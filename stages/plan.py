@@ -1,13 +1,17 @@
 """plan: the Planner writes a numbered plan for questions sampled from the pool.
 
 Reads: the pool (seeds + questions admitted up to and including this iteration: admission runs first).
-Samples `iteration.n_plan` questions with a seed derived from (run seed, iteration).
+Samples `iteration.n_plan` questions with a seed derived from (run seed, iteration); `iteration.generated_share`
+of them from the run's admitted questions, the most recent first (`curriculum`), which the report's
+`generated_asked` and `generated_drawn` count (fewer drawn than asked: the pool had too few, and filled the rest).
 Writes: one Planner rollout per question (purpose `plan`); nothing with `iteration.planner` false (an ablation:
 the solve stage then samples the same questions itself).
 Idempotency key: rollout id. Fails: engine errors propagate; model output never fails the stage.
 """
 
 from __future__ import annotations
+
+import math
 
 from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport, switched_off
@@ -18,10 +22,23 @@ from sage.warehouse.queries import sample_pool
 STAGE = Stage.PLAN
 
 
+def curriculum(ctx: StageContext) -> int:
+    """How many of the `n_plan` questions `iteration.generated_share` asks of the admitted ones (rounded half up)."""
+    return math.floor(ctx.cfg.iteration.generated_share * ctx.cfg.iteration.n_plan + 0.5)
+
+
 def sample(ctx: StageContext) -> list[dict]:
     """The iteration's `n_plan` pool questions: the ones the Planner plans, or, without it, the Solver answers."""
     return sample_pool(ctx.wh, ctx.run_id, ctx.iteration, ctx.cfg.iteration.domains, ctx.cfg.iteration.n_plan,
-                       content_id("plan-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration))
+                       content_id("plan-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration), curriculum(ctx))
+
+
+def drawn_info(ctx: StageContext, questions: list[dict]) -> dict:
+    """The report's curriculum counts (with a `generated_share`): generated questions asked for and drawn."""
+    if not ctx.cfg.iteration.generated_share:
+        return {}
+    return {"generated_asked": curriculum(ctx),
+            "generated_drawn": sum(q["origin"] == "generated" for q in questions)}
 
 
 def run(ctx: StageContext) -> StageReport:
@@ -30,4 +47,4 @@ def run(ctx: StageContext) -> StageReport:
     questions = sample(ctx)
     units = [Unit("planner", q["question_id"], q["domain"], question_fields(q)) for q in questions]
     _, written = generate(ctx, STAGE, Purpose.PLAN, units)
-    return StageReport(STAGE, rows_in=len(questions), rows_out=written)
+    return StageReport(STAGE, rows_in=len(questions), rows_out=written, info=drawn_info(ctx, questions))

@@ -57,6 +57,16 @@ def challenger_reward(s_q: float, r_d: float | None, r_f: float, admitted: bool)
     return reward, {"s_q": s_q, "r_d": r_d, "r_f": r_f, "admitted": bool(admitted), "suppressed": not admitted}
 
 
+def uncertainty(r_d: float | None, repetition: float | None, weight: float) -> float | None:
+    """R-Zero's difficulty term: max(0, 1 - 2|p - 0.5| - weight x repetition), p = 1 - r_d the probes' mean s_gt and
+    `repetition` the share of the Challenger's batch the question repeats (`questions.batch_repetition`, 0 when not
+    measured). It pays most for a question the Solver answers right half the time, none for one it always or never
+    does; None without a probe (`challenger_reward` then refuses an admitted question, as for r_d)."""
+    if r_d is None:
+        return None
+    return max(0.0, 1.0 - 2.0 * abs(0.5 - r_d) - weight * (repetition or 0.0))
+
+
 def planner_reward(s_p: float, r_f: float, w: RewardsConfig) -> tuple[float, dict[str, Any]]:
     """r_p = w_critic * s_p + w_format * r_f (0.5 / 0.5 by default)."""
     reward = w.planner_critic * s_p + w.planner_format * r_f
@@ -134,7 +144,12 @@ def trr_advantages(rewards: list[float], groups: list[str], eps: float) -> list[
 def _reward(row: dict, ctx: StageContext) -> tuple[float, dict[str, Any]]:
     w, r_f = ctx.cfg.rewards, float(row["format_reward"] or 0.0)
     if row["purpose"] == Purpose.CHALLENGE:
-        return challenger_reward(float(row["s_q"] or 0.0), row["difficulty"], r_f, bool(row["admitted"]))
+        s_q, admitted = float(row["s_q"] or 0.0), bool(row["admitted"])
+        if w.challenger_difficulty == "uncertainty":  # R-Zero's term in place of r_d (rewards.challenger_difficulty)
+            r_u = uncertainty(row["difficulty"], row["batch_repetition"], w.repetition_weight)
+            reward, parts = challenger_reward(s_q, r_u, r_f, admitted)
+            return reward, {**parts, "r_d": row["difficulty"], "r_u": r_u, "repetition": row["batch_repetition"]}
+        return challenger_reward(s_q, row["difficulty"], r_f, admitted)
     if row["role"] == Role.CRITIC:
         return critic_reward(r_f)
     if row["purpose"] == Purpose.PLAN:

@@ -3,9 +3,9 @@
 Reads: `seeds.source` (the default offline set from reasoning-gym, or a user's JSONL/Parquet file or
 Hugging Face dataset), or `seeds.sets`: published datasets' local files in their own formats (MATH, GSM8K,
 HumanEval, MBPP), each set `n` rows of its file's usable rows shuffled by `seeds.seed`, sets naming one file taking
-disjoint rows in the order listed, no two problems of the same normalised text. Writes: `questions` rows with
-origin `seed` or `validation` (run_id NULL: every run of the warehouse shares them), all in one transaction, after
-the whole source has been checked.
+disjoint rows in the order listed, no two problems of the same normalised text; and `seeds.heldout`'s test files.
+Writes: `questions` rows with origin `seed`, `validation` or `test` (held out from every choice; run_id NULL: every
+run of the warehouse shares them), all in one transaction, after the whole source has been checked.
 Idempotency key: question id = hash(origin, domain, text, source); the stage itself is recorded in
 `stage_runs` under run id `seeds:<hash of the seeds settings and of a user file's content>`, so a second
 `sage seed` does nothing, and an edited file loads its new rows.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import deque
+from pathlib import Path
 
 from sage.configs import ConfigError
 from sage.configs.names import Stage
@@ -61,6 +62,8 @@ def seeds_key(ctx: StageContext) -> str:
     key = [s.source, file_digest(s.source), s.n_math, s.n_code, s.seed, v.n_math, v.n_code, s.skip_bad]
     if s.math_generators is not None:  # unset keeps the key of seeds loaded before the field existed
         key.append(json.dumps(s.math_generators, sort_keys=True))
+    if s.heldout:  # likewise: the held-out test files, and their content
+        key.append(json.dumps([[path, file_digest(path)] for path in s.heldout]))
     if s.sets:  # likewise: each set, and the content of its file
         key.append(json.dumps([[*spec.model_dump().values(), spec.path and file_digest(spec.path)]
                                for spec in s.sets]))
@@ -77,6 +80,39 @@ def question_row(item: SeedItem) -> dict:
     return dict(question_id=question_id(item), origin="seed" if item.split == "seed" else "validation",
                 domain=item.domain, text=item.question, verifier=item.verifier, source=item.source,
                 norm_hash=norm_hash(item.question))
+
+
+def test_rows(paths: list[str]) -> list[dict]:
+    """The `questions` rows (origin `test`) of the held-out test files `seeds.heldout`: each JSONL line
+    `{question, answer?, domain?, source?}`, domain math unless given; no problem twice. Raises SeedFileError
+    naming the file and line of a missing file, a line that is not a JSON object with a question, or an unknown
+    domain."""
+    rows: dict[str, dict] = {}
+    for path in paths:
+        try:
+            lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SeedFileError(f"{path}: cannot read the held-out file ({e.__class__.__name__}); fix "
+                                f"seeds.heldout or the file") from None
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            domain = row.get("domain", "math") if isinstance(row, dict) else None
+            if not (isinstance(row, dict) and isinstance(row.get("question"), str) and row["question"].strip()
+                    and domain in ("math", "code")):
+                raise SeedFileError(f"{path}:{n}: expected a JSON object with a non-empty 'question' (and domain "
+                                    f"math or code, if given)")
+            text, source = row["question"].strip(), str(row.get("source") or f"{path}:{n}")
+            answer = row.get("answer")
+            qid = content_id("question", "test", domain, text, source)
+            rows.setdefault(norm_hash(text), dict(
+                question_id=qid, origin="test", domain=domain, text=text, source=source, norm_hash=norm_hash(text),
+                verifier={} if answer is None else {"answer": str(answer).strip()}))
+    return list(rows.values())
 
 
 def _gather(ctx: StageContext) -> list[SeedItem]:
@@ -317,12 +353,15 @@ def run(ctx: StageContext) -> StageReport:
             raise SeedFileError("\n".join([f"{len(bad_code)} code problem(s) of {ctx.cfg.seeds.source} cannot be "
                                              f"used (fix them, or load the rest with --skip-bad):"]
                                            + [f"  {i.where or i.source}: {why}" for i, why in bad_code]))
-    rows = [question_row(i) for i in items]
+    tests = test_rows(ctx.cfg.seeds.heldout)
+    rows = [question_row(i) for i in items] + tests
     have = existing_ids(ctx.wh, "questions", "question_id", [r["question_id"] for r in rows])
     rows = [r for r in rows if r["question_id"] not in have]
     added = ctx.wh.insert_batch("questions", rows)
     info = {f"{o}_{d}": sum(1 for i in items if i.split == o and i.domain == d)
             for o in ("seed", "validation") for d in ("math", "code")}
+    if tests:
+        info["test"] = len(tests)
     if dropped:
         info["skipped"] = [f"{i.where or i.source}: {why}" for i, why in dropped]
     return StageReport(STAGE, rows_in=len(items) + len(dropped), rows_out=added, info=info)

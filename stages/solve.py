@@ -10,6 +10,7 @@ question, as validation asks it, in the same TRR++ group. With `on_failure` ever
 verifies them itself (as validate does; `verify` then finds them done), and a question whose plan passed and whose
 plain answers all failed (s_gt < 1) gets `hint_count` more answers shown the plan (self-hinting RL, Guide).
 `rollouts.plan_id` names the plan either way and `rollouts.plan_shown` says whether the prompt showed it.
+Its report gives the generated share of the Solver's answers (`solver_curriculum`; `iteration.generated_share`).
 With `iteration.planner` false (an ablation) it answers the pool questions the plan stage would have sampled,
 each without a plan, the prompt of a withheld plan, and `rollouts.plan_id` is NULL (so s~_p = 0).
 Idempotency key: rollout id. Fails: engine errors propagate; model output never fails the stage.
@@ -22,7 +23,13 @@ from sage.stages import plan
 from sage.stages.context import StageContext, StageReport, switched_off
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.stages.verify import verify_rollouts
-from sage.warehouse.queries import best_plain_answers, generated_questions, plans_for, questions_by_id
+from sage.warehouse.queries import (
+    best_plain_answers,
+    generated_questions,
+    plans_for,
+    questions_by_id,
+    solver_curriculum,
+)
 
 
 def run_probe(ctx: StageContext) -> StageReport:
@@ -96,4 +103,15 @@ def run_solve(ctx: StageContext) -> StageReport:
         units += hinted
     return StageReport(Stage.SOLVE, rows_in=len({(u.question_id, u.plan_id) for u in units}), rows_out=written,
                        info={"with_plan": sum(u.n for u in units if u.kind.endswith("_plan")),
-                             "without": sum(u.n for u in units if not u.kind.endswith("_plan"))})
+                             "without": sum(u.n for u in units if not u.kind.endswith("_plan")),
+                             **_curriculum_info(ctx)})
+
+
+def _curriculum_info(ctx: StageContext) -> dict:
+    """The generated share of the iteration's Solver answers (`make run`'s solve line) and, with
+    `iteration.generated_share`, the generated questions asked for and drawn (`solver_curriculum`)."""
+    row = solver_curriculum(ctx.wh, ctx.run_id, ctx.iteration)
+    info = {"generated_share": round(row.get("generated_share") or 0.0, 3)}
+    if ctx.cfg.iteration.generated_share:
+        info.update(generated_asked=plan.curriculum(ctx), generated_drawn=row.get("generated_questions", 0))
+    return info

@@ -120,15 +120,26 @@ def update_rows(wh: Warehouse, table: str, key: str, rows: list[dict]) -> None:
 
 # -- the pool and the iteration's questions ------------------------------------------------------------------
 
-def sample_pool(wh: Warehouse, run_id: str, upto_iteration: int, domains: list[str], k: int, key: str) -> list[dict]:
+def sample_pool(wh: Warehouse, run_id: str, upto_iteration: int, domains: list[str], k: int, key: str,
+                generated: int = 0) -> list[dict]:
     """`k` questions of the pool (seeds plus this run's questions admitted at or before `upto_iteration`) drawn
     uniformly without replacement: the pool ordered by md5(key, question id), a random order that `key` fixes,
-    so a re-run draws the same ones. Only the drawn rows leave DuckDB, so the cost does not grow with the pool."""
-    ids = [i for (i,) in wh.execute("""
-        SELECT question_id FROM questions
+    so a re-run draws the same ones. Only the drawn rows leave DuckDB, so the cost does not grow with the pool.
+    With `generated` (`iteration.generated_share`), that many of the `k` come first from the run's admitted
+    questions, the most recently admitted first (ties in the same random order), or all of them when fewer are
+    admitted; the rest are drawn as above from the pool left."""
+    pool = """
+        SELECT question_id, origin, admitted_iteration FROM questions
         WHERE domain IN (SELECT unnest(?::VARCHAR[]))
-          AND (origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted AND admitted_iteration <= ?))
-        ORDER BY md5(? || question_id), question_id LIMIT ?""", [domains, run_id, upto_iteration, key, k])]
+          AND (origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted AND admitted_iteration <= ?))"""
+    args = [domains, run_id, upto_iteration]
+    new = [i for (i,) in wh.execute(f"""
+        SELECT question_id FROM ({pool}) WHERE origin = 'generated'
+        ORDER BY admitted_iteration DESC, md5(? || question_id), question_id LIMIT ?""",
+                                    [*args, key, min(generated, k)])] if generated else []
+    ids = new + [i for (i,) in wh.execute(f"""
+        SELECT question_id FROM ({pool}) WHERE NOT list_contains(?::VARCHAR[], question_id)
+        ORDER BY md5(? || question_id), question_id LIMIT ?""", [*args, new, key, k - len(new)])]
     drawn = questions_by_id(wh, ids)
     return [drawn[i] for i in ids]
 
@@ -140,19 +151,19 @@ def pool_norm_hashes(wh: Warehouse, run_id: str) -> set[str]:
 
 
 def pool_texts(wh: Warehouse, run_id: str) -> list[dict]:
-    """(question_id, domain, text) of the run's pool (seeds plus admitted), in a stable order."""
+    """(question_id, domain, text, norm_hash, content_key) of the run's pool (seeds plus admitted), in a stable
+    order."""
     return wh.rows("""
-        SELECT question_id, domain, text FROM questions
+        SELECT question_id, domain, text, norm_hash, content_key FROM questions
         WHERE origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted)
         ORDER BY question_id""", [run_id])
 
 
 def heldout_questions(wh: Warehouse) -> list[dict]:
-    """(question_id, domain, text, norm_hash) of every validation and benchmark question: text a generated
-    question must not copy."""
-    return wh.rows("SELECT question_id, domain, text, norm_hash FROM questions WHERE origin IN ('validation', "
-                   "'benchmark') "
-                   "ORDER BY question_id")
+    """(question_id, origin, domain, text, norm_hash, content_key) of every validation, benchmark and test question:
+    text a generated question must not copy."""
+    return wh.rows("SELECT question_id, origin, domain, text, norm_hash, content_key FROM questions "
+                   "WHERE origin IN ('validation', 'benchmark', 'test') ORDER BY question_id")
 
 
 def generated_questions(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
@@ -166,7 +177,7 @@ def generated_questions(wh: Warehouse, run_id: str, iteration: int) -> list[dict
 def questions_by_id(wh: Warehouse, ids: list[str]) -> dict[str, dict]:
     if not ids:
         return {}
-    rows = _rows_with_ids(wh, "SELECT question_id, domain, text, verifier, source FROM questions "
+    rows = _rows_with_ids(wh, "SELECT question_id, origin, domain, text, verifier, source FROM questions "
                               "WHERE question_id IN (SELECT id FROM _ids)", ids)
     return {r["question_id"]: r for r in rows}
 
@@ -213,6 +224,13 @@ def set_difficulty_from_probes(wh: Warehouse, run_id: str, iteration: int) -> No
         WHERE questions.question_id = p.question_id""", [run_id, iteration])
 
 
+def solver_curriculum(wh: Warehouse, run_id: str, iteration: int) -> dict:
+    """The iteration's row of the `solver_curriculum` view ({} before any Solver answer): answers, generated_answers,
+    generated_share, questions, generated_questions, generated_asked."""
+    rows = wh.rows("SELECT * FROM solver_curriculum WHERE run_id = ? AND iteration = ?", [run_id, iteration])
+    return rows[0] if rows else {}
+
+
 def plans_for(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
     return wh.records("""
         SELECT p.plan_id, p.question_id, p.s_p, p.passed, r.parsed
@@ -226,7 +244,7 @@ def scoring_inputs(wh: Warehouse, run_id: str, iteration: int) -> list[dict]:
     """Every trainable rollout of the iteration with what its reward needs (NULL where not applicable)."""
     return wh.rows("""
         SELECT r.rollout_id, r.role, r.purpose, q.domain, r.format_reward,
-               g.s_q, g.difficulty, g.verifier_valid, g.admitted,  -- challenger: the question it wrote
+               g.s_q, g.difficulty, g.verifier_valid, g.admitted, g.batch_repetition,  -- challenger: its question
                pl.s_p AS plan_s_p, pl.passed AS plan_passed, -- planner: its own plan; solver: the plan it got
                v.s_gt
         FROM rollouts r

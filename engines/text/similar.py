@@ -37,3 +37,13 @@ def most_similar(signature: np.ndarray, others: np.ndarray) -> tuple[float, int 
     sims = (others == signature).mean(axis=1)
     best = int(sims.argmax())
     return float(sims[best]), best
+
+
+def repetition(sigs: np.ndarray, threshold: float) -> list[float]:
+    """For each row of `sigs`, the share of all rows (itself included) whose estimated Jaccard similarity to it is at
+    least `threshold`: how much of a batch a text repeats (R-Zero's repetition penalty, |cluster| / batch, with a
+    text's cluster its neighbours at `threshold`). [] for no rows."""
+    if len(sigs) == 0:
+        return []
+    close = (sigs[:, None, :] == sigs[None, :, :]).mean(axis=2) >= threshold
+    return [float(v) for v in close.sum(axis=1) / len(sigs)]

@@ -3,7 +3,7 @@ validation problem's by text or by content, and heldout's count of test problems
 
 from collections import Counter
 
-from experiments.heldout import ood_overlap
+from experiments.heldout import pool_overlap
 from experiments.ood import CHOSEN, load_ood
 from sage.configs import load_config
 from sage.engines.data.seeds import default_math
@@ -25,12 +25,15 @@ def test_no_problem_is_a_seed_or_a_validation_problem_of_the_defaults():
     cpu = default_math(s.n_math, s.seed, "seed", s.math_generators) + default_math(
         cfg.validate.n_math, s.seed, "validation", s.math_generators)
     items = load_ood()
-    assert ood_overlap(items, [i.question for i in cpu]) == 0
+    assert pool_overlap([i.question for i in items], [i.question for i in cpu]) == 0
 
 
 def test_a_pool_that_holds_a_test_problem_in_other_words_is_counted():
     items = load_ood()
     equation = next(i for i in items if i.source == "ood:subtracted_unknown" and content_key(i.question))
     reworded = "Solve for the unknown: " + equation.question.split(":", 1)[1].strip()
-    assert ood_overlap(items, [reworded, "What is 2 + 2?"]) == 1
-    assert ood_overlap(items, [items[0].question.upper()]) == 1
+    tested = [i.question for i in items]
+    assert pool_overlap(tested, [reworded, "What is 2 + 2?"]) == 1
+    assert pool_overlap(tested, [items[0].question.upper()]) == 1
+    # a fresh test problem drawn unlike every text of the run is counted when a seed asks the same in other words
+    assert pool_overlap(["What is 3 + 4?", "What is 9 + 9?"], ["Calculate 3 + 4.", "What is 1 + 1?"]) == 1

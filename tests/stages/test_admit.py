@@ -238,3 +238,82 @@ def test_the_same_problem_in_other_words_is_a_duplicate_or_contaminated(tmp_path
     assert {k: v["rejection_reason"] for k, v in _decided(wh).items()} == {
         "a_val": "contaminated", "b_seed": "duplicate", "c_first": None, "d_again": "duplicate", "e_new": None,
         "f_code": None}
+
+
+FRONTIER = {  # question: probe pass rate p (1 - difficulty); None: never probed
+    "p0": 0.0, "p25": 0.25, "p30": 0.3, "p50": 0.5, "p70": 0.7, "p75": 0.75, "p100": 1.0, "unprobed": None}
+_WORDS = ["apples", "boats", "coins", "drums", "eggs", "flags", "grapes", "hats"]
+
+
+def _probed(name: str, p: float | None, k: int) -> dict:
+    row = _generated(name, f"A crate holds {k + 3} {_WORDS[k]} and {k + 11} more arrive. How many {_WORDS[k]}?")
+    return {**row, "difficulty": None if p is None else 1.0 - p}
+
+
+@pytest.mark.parametrize("rule, admitted, reasons", [
+    ("quality", set(FRONTIER), {}),
+    ("solvable", {"p25", "p30", "p50", "p70", "p75"}, {"p0": "too_hard", "p100": "too_easy", "unprobed": "unprobed"}),
+    ("band", {"p30", "p50", "p70"}, {"p0": "too_hard", "p25": "too_hard", "p75": "too_easy", "p100": "too_easy",
+                                     "unprobed": "unprobed"}),
+])
+def test_admission_rules_on_the_probe_pass_rate(tmp_path, rule, admitted, reasons):
+    """`iteration.admission`: quality (the default) admits any pass rate; solvable (AZR) 0 < p < 1; band (R-Zero)
+    band_low <= p <= band_high, the edges included. The admit line gives the admitted questions' mean p."""
+    rows = [_probed(name, p, k) for k, (name, p) in enumerate(FRONTIER.items())]
+    wh, report = _admit(tmp_path, rows, f"iteration.admission={rule}")
+    got = _decided(wh)
+    assert {k for k, v in got.items() if v["admitted"]} == admitted
+    assert {k: v["rejection_reason"] for k, v in got.items() if not v["admitted"]} == reasons
+    rates = [FRONTIER[k] for k in admitted if FRONTIER[k] is not None]
+    assert report.info["mean_pass_rate"] == round(sum(rates) / len(rates), 3)
+    # the view: every probed question's p beside the run's rule and band (no `runs` row here: the defaults)
+    view = {r["question_id"]: r for r in wh.rows("SELECT * FROM admission_frontier")}
+    assert view == {} or set(view) <= set(FRONTIER)
+
+
+def test_a_narrower_band_and_a_band_out_of_order(tmp_path):
+    rows = [_probed(name, p, k) for k, (name, p) in enumerate(FRONTIER.items())]
+    wh, _ = _admit(tmp_path, rows, "iteration.admission=band", "iteration.band_low=0.5", "iteration.band_high=0.5")
+    assert {k for k, v in _decided(wh).items() if v["admitted"]} == {"p50"}
+    with pytest.raises(ValueError, match="band_low .* is above iteration.band_high"):
+        load_config("cpu", ["iteration.band_low=0.8", "iteration.band_high=0.2"])
+
+
+def test_batch_repetition_is_the_share_of_the_batch_a_question_repeats(tmp_path):
+    """Three rewordings of one question and one other: each of the three repeats three of the four written
+    (R-Zero's |cluster| / batch at rewards.repetition_similarity 0.5), the other only itself; an unparseable
+    question (no text) is outside the batch."""
+    rows = [_generated("a", COPY), _generated("b", COPY.replace("Sara", "Sarah")),
+            _generated("c", COPY.replace("jar?", "box?")), _generated("d", _TEXTS[0]),
+            {**_generated("e", ""), "text": "", "verifier_valid": False}]
+    wh, _ = _admit(tmp_path, rows, "iteration.near_duplicate_threshold=null")
+    got = dict(wh.execute("SELECT question_id, batch_repetition FROM questions WHERE origin = 'generated'"))
+    assert got == {"a": 0.75, "b": 0.75, "c": 0.75, "d": 0.25, "e": None}
+
+
+def test_a_test_problem_is_guarded_like_validation_and_a_leak_into_the_pool_is_reported(tmp_path):
+    """Test problems (origin `test`, `seeds.heldout`): a generated copy in other words is `contaminated`; a seed that
+    asks a test problem's sum is a leak the admit line counts (`test_in_pool`) and `heldout_leaks` lists, beside a
+    seed that copies a validation problem's text; admit stores the content keys it compares."""
+    test_q = dict(question_id="t1", origin="test", domain="math", text="State the answer: 7 + 5 =",
+                  verifier={"answer": "12"}, norm_hash=norm_hash("State the answer: 7 + 5 ="))
+    leak = dict(question_id="seed_leak", origin="seed", domain="math", text="What is 7 + 5?", verifier={"answer": "12"},
+                norm_hash=norm_hash("What is 7 + 5?"))
+    copy_val = dict(question_id="seed_val", origin="seed", domain="math", text=VALIDATION.upper(),
+                    verifier={"answer": "12"}, norm_hash=norm_hash(VALIDATION))
+    rows = [test_q, leak, copy_val, _generated("copy_test", "Compute 7 + 5."), _generated("fine", _TEXTS[1])]
+    wh, report = _admit(tmp_path, rows)
+    assert {k: v["rejection_reason"] for k, v in _decided(wh).items()} == {"copy_test": "contaminated", "fine": None}
+    assert report.info["test_in_pool"] == 1 and report.info["contaminated"] == 1
+    keys = dict(wh.execute("SELECT question_id, content_key FROM questions"))
+    assert keys["t1"] == keys["seed_leak"] == keys["copy_test"] == "7+5" and keys["fine"] is None
+    wh.insert_batch("runs", [{"run_id": "r", "config": {}, "config_hash": "h", "base_model": "m", "seed": 0}])
+    leaks = wh.rows("SELECT question_id, origin, heldout_id, heldout_origin, matched_by FROM heldout_leaks")
+    assert leaks == [
+        {"question_id": "seed_leak", "origin": "seed", "heldout_id": "t1", "heldout_origin": "test",
+         "matched_by": "content"},
+        {"question_id": "seed_val", "origin": "seed", "heldout_id": "val", "heldout_origin": "validation",
+         "matched_by": "text"}]
+    # without test problems the line has no such count
+    _, plain = _admit(tmp_path, [_generated("fine", _TEXTS[1])])
+    assert "test_in_pool" not in plain.info

@@ -94,3 +94,19 @@ def test_a_rerun_regenerates_only_what_is_missing_with_the_same_seed(scripted_st
     ctx.wh.execute("DELETE FROM rollouts WHERE rollout_id = ?", [lost["rollout_id"]])
     assert plan.run(ctx).rows_out == 1 and llm.calls == [2, 2, 1, 1]
     assert llm.requests[-1].seed == lost["seed"] and snapshot(ctx) == before
+
+
+def test_a_generated_share_plans_admitted_questions_and_the_report_counts_them(scripted_stage):
+    """`iteration.generated_share` 0.5 of 4: two of the planned questions are admitted ones, the newest first; with
+    one admitted the report says one drawn of two asked (the seeds filled the rest); without the setting the report
+    has no curriculum counts."""
+    ctx, _ = scripted_stage(planner, "iteration.n_plan=4", "iteration.generated_share=0.5", iteration=2)
+    ctx.wh.insert_batch("questions", seeds(8) + [
+        question("g_old", "What is 5+5?", "generated", run_id="r", iteration=1, admitted=True, admitted_iteration=1)])
+    report = plan.run(ctx)
+    planned = [r["question_id"] for r in ctx.wh.rows("SELECT question_id FROM rollouts")]
+    assert "g_old" in planned and len(planned) == 4
+    assert report.info == {"generated_asked": 2, "generated_drawn": 1}
+
+    plain, _ = scripted_stage(planner, "iteration.n_plan=4", wh=ctx.wh, iteration=3)
+    assert plan.run(plain).info == {}

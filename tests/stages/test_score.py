@@ -286,3 +286,39 @@ def test_an_answer_without_the_planner_is_scored_as_one_whose_plan_was_withheld(
     assert got["none"]["components"] == got["withheld"]["components"] == {"s_p_tilde": 0.0, "s_gt": 1.0, "r_f": 0.5}
     assert got["none"]["reward"] == got["withheld"]["reward"] == pytest.approx(0.6 * 1.0 + 0.2 * 0.5)
     assert got["shown"]["reward"] == pytest.approx(0.2 * 0.9 + 0.6 * 1.0 + 0.2 * 0.5)
+
+
+def test_uncertainty_pays_most_at_half_and_less_for_repeating_the_batch():
+    from sage.stages.score import uncertainty
+
+    # p = 1 - r_d: 0.5 pays 1, 0 and 1 pay nothing, 0.25 and 0.75 pay a half
+    assert [uncertainty(r_d, 0.0, 1.0) for r_d in (0.5, 0.0, 1.0, 0.25, 0.75)] == [1.0, 0.0, 0.0, 0.5, 0.5]
+    assert uncertainty(0.5, 0.25, 1.0) == 0.75 and uncertainty(0.5, 0.25, 2.0) == 0.5
+    assert uncertainty(0.25, 0.75, 1.0) == 0.0                   # never below 0 (R-Zero's max(0, .))
+    assert uncertainty(0.5, None, 1.0) == 1.0 and uncertainty(None, 0.5, 1.0) is None
+
+
+def test_the_stage_pays_the_uncertainty_term_when_configured(scripted_stage):
+    """`rewards.challenger_difficulty` uncertainty: an admitted question answered right half the time earns
+    (s_q + 1 - repetition + r_f) / 3 where the paper's term pays it (s_q + 0.5 + r_f) / 3; one nobody solves earns
+    nothing for difficulty; a rejected one stays suppressed."""
+    from sage.stages import score
+    from tests.stages.pool import question
+
+    def scored(*overrides: str) -> dict[str, dict]:
+        ctx, _ = scripted_stage(lambda req: "", *overrides)
+        ctx.wh.insert_batch("questions", [question("ref", "What is 2+2?")] + [
+            {**_generated("half", "What is 3 + 3?", True, None, difficulty=0.5), "batch_repetition": 0.25},
+            _generated("hard", "What is 4 + 4?", True, None, difficulty=1.0),
+            _generated("dup", "What is 5 + 5?", False, "duplicate", difficulty=0.5)])
+        ctx.wh.insert_batch("rollouts", [_challenge_rollout(name) for name in ("half", "hard", "dup")])
+        score.run(ctx)
+        return {r["rollout_id"]: r for r in ctx.wh.records("SELECT * FROM scores")}
+
+    paper, frontier = scored(), scored("rewards.challenger_difficulty=uncertainty")
+    assert paper["half"]["reward"] == pytest.approx(2.5 / 3) and paper["hard"]["reward"] == pytest.approx(1.0)
+    assert frontier["half"]["reward"] == pytest.approx(2.75 / 3) and frontier["hard"]["reward"] == pytest.approx(2 / 3)
+    assert frontier["half"]["components"] == {"s_q": 1.0, "r_d": 0.5, "r_u": 0.75, "repetition": 0.25, "r_f": 1.0,
+                                              "admitted": True, "suppressed": False}
+    assert frontier["dup"]["reward"] == paper["dup"]["reward"] == pytest.approx(2 / 3)
+    assert paper["half"]["components"] == {"s_q": 1.0, "r_d": 0.5, "r_f": 1.0, "admitted": True, "suppressed": False}

@@ -287,3 +287,31 @@ def test_a_reference_solution_that_times_out_under_load_is_retried_with_a_longer
     assert [i.question for i in kept] == ["double"] and kept[0].verifier["outputs"] == [2, 4]
     assert [i.question for i, _ in dropped] == ["loops"]  # out of CPU time with the longer limit too
     assert dropped[0][1].startswith("the reference solution failed (timeout")
+
+
+def test_heldout_test_files_load_as_test_problems_never_in_the_pool(tmp_path):
+    """`seeds.heldout`: each line a test problem, stored with origin `test` (domain math unless given, no problem
+    twice), counted in the report; the seeds' key changes only with the setting; a bad line names file and line."""
+    from sage.configs import load_config
+    from sage.stages import seed
+    from sage.stages.context import StageContext
+    from sage.warehouse.queries import pool_texts
+
+    src = _write_jsonl(tmp_path / "s.jsonl", [GOOD_MATH])
+    held = _write_jsonl(tmp_path / "ood.jsonl", [{"question": "What is 1.5 + 2.1?", "answer": "3.6", "source": "ood:d"},
+                                                 {"question": "What is 1.5 + 2.1? "}, dict(GOOD_CODE, question="f")])
+    cfg = load_config("cpu", [f"seeds.source={src}", f"seeds.heldout=[{held}]"])
+    with Warehouse.open(":memory:") as wh:
+        ctx = StageContext(cfg, wh)
+        report = seed.run(ctx)
+        rows = wh.rows("SELECT origin, domain, text, source, verifier FROM questions ORDER BY origin, text")
+        assert [(r["origin"], r["domain"], r["text"]) for r in rows] == [
+            ("seed", "math", "What is 2+3?"), ("test", "math", "What is 1.5 + 2.1?"), ("test", "code", "f")]
+        assert rows[1]["source"] == "ood:d" and json.loads(rows[1]["verifier"]) == {"answer": "3.6"}
+        assert report.info["test"] == 2 and [r["text"] for r in pool_texts(wh, "r")] == ["What is 2+3?"]
+        assert seed.seeds_key(ctx) != seed.seeds_key(StageContext(load_config("cpu", [f"seeds.source={src}"]), None))
+    (tmp_path / "bad.jsonl").write_text('{"question": "q"}\n[1, 2]\n', encoding="utf-8")
+    with pytest.raises(SeedFileError, match=r"bad.jsonl:2: expected a JSON object with a non-empty 'question'"):
+        seed.test_rows([str(tmp_path / "bad.jsonl")])
+    with pytest.raises(SeedFileError, match=r"missing.jsonl: cannot read the held-out file"):
+        seed.test_rows([str(tmp_path / "missing.jsonl")])

@@ -119,7 +119,8 @@ def test_the_solver_sees_a_plan_only_when_it_passed_the_gate(scripted_stage):
     assert sorted(("Plan (follow it):" in t, problem_of(t)) for t in tasks) == sorted((v, k) for k, v in GATED.items())
     assert llm.calls == [3] and [r.n for r in llm.requests] == [2, 2, 2]
     assert [r["plan_shown"] for r in rows] == [GATED[plans[r["plan_id"]]] for r in rows]
-    assert report.rows_in == 3 and report.rows_out == 6 and report.info == {"with_plan": 4, "without": 2}
+    assert report.rows_in == 3 and report.rows_out == 6
+    assert report.info == {"with_plan": 4, "without": 2, "generated_share": 0.0}
 
 
 def test_mixed_hints_show_a_passed_plan_to_a_share_of_its_answers_and_the_rest_answer_plainly(scripted_stage):
@@ -138,7 +139,8 @@ def test_mixed_hints_show_a_passed_plan_to_a_share_of_its_answers_and_the_rest_a
         assert r["template"] == TEMPLATE_VERSION[kind]
         assert ("Plan (follow it):" in r["prompt_text"]) == r["plan_shown"]
     assert len({r["rollout_id"] for r in rows}) == 6
-    assert (report.rows_in, report.rows_out, report.info) == (3, 6, {"with_plan": 2, "without": 4})
+    assert (report.rows_in, report.rows_out, report.info) == (3, 6, {"with_plan": 2, "without": 4,
+                                                                     "generated_share": 0.0})
     plain = {r["question_id"]: r["prompt_ids"] for r in rows if not r["plan_shown"]}
     assert len(set(map(tuple, plain.values()))) == 3         # one plain prompt per question
 
@@ -205,7 +207,7 @@ def test_hints_on_failure_show_the_plan_only_where_every_plain_answer_failed(scr
     assert [(r["text"], r["plan_shown"], r["n"], r["verified"]) for r in rows] == [
         ("Compute 6*7.", False, 4, 4), ("What is 10-3?", False, 4, 4), ("What is 2+2?", False, 4, 4),
         ("What is 2+2?", True, 2, 0)]                       # the hinted answers are left to the verify stage
-    assert report.rows_out == 14 and report.info == {"with_plan": 2, "without": 12}
+    assert report.rows_out == 14 and report.info == {"with_plan": 2, "without": 12, "generated_share": 0.0}
     calls = len(llm.calls)
     assert solve.run_solve(ctx).rows_out == 0 and len(llm.calls) == calls
 
@@ -248,6 +250,35 @@ def test_without_the_planner_the_solver_answers_the_sampled_questions_as_after_a
                for r in rows)
     assert [prompt_text(r) for r in llm.requests] and all("Plan (follow it)" not in prompt_text(r)
                                                           for r in llm.requests)
-    assert (report.rows_in, report.rows_out, report.info) == (2, 4, {"with_plan": 0, "without": 4})
+    assert (report.rows_in, report.rows_out, report.info) == (2, 4, {"with_plan": 0, "without": 4,
+                                                                     "generated_share": 0.0})
     assert all(r["plan_shown"] is False for r in rows)
     assert solve.run_solve(ctx).rows_out == 0 and len(llm.requests) == 2  # a re-run asks nothing
+
+
+def test_the_solve_line_gives_the_generated_share_of_the_solvers_answers(scripted_stage):
+    """`iteration.generated_share` 0.5 of `n_plan` 2 asks one admitted question of the sample, and the solve report
+    gives the generated share of the answers and how many generated questions were asked for and drawn; a pool with
+    no admitted question falls back to the seeds and says so (asked 1, drawn 0)."""
+    ctx, _ = scripted_stage(solver, "iteration.n_plan=2", "iteration.n_solve=2", "iteration.planner=false",
+                            "iteration.generated_share=0.5", iteration=2)
+    ctx.wh.insert_batch("questions", [question(f"p{k}", t, "seed") for k, t in enumerate(GATED)] + [
+        question("g2", "What is 6+6?", "generated", run_id="r", iteration=2, admitted=True, admitted_iteration=2),
+        question("g3", "What is 5+5?", "generated", run_id="r", iteration=3, admitted=True, admitted_iteration=3)])
+    report = solve.run_solve(ctx)
+    answered = ctx.wh.rows("SELECT question_id, count(*) AS n FROM rollouts GROUP BY ALL ORDER BY ALL")
+    assert len(answered) == 2 and answered[0] == {"question_id": "g2", "n": 2}   # g3: not admitted by iteration 2
+    assert report.info == {"with_plan": 0, "without": 4, "generated_share": 0.5, "generated_asked": 1,
+                           "generated_drawn": 1}
+    assert ctx.wh.rows("SELECT * FROM solver_curriculum") == [
+        {"run_id": "r", "iteration": 2, "answers": 4, "generated_answers": 2, "generated_share": 0.5, "questions": 2,
+         "generated_questions": 1, "generated_asked": 0}]   # no `runs` row: no config, so none asked
+    ctx.wh.insert_batch("runs", [{"run_id": "r", "config": ctx.cfg.model_dump(mode="json"), "config_hash": "h",
+                                  "base_model": "m", "seed": 0}])
+    assert ctx.wh.rows("SELECT generated_asked FROM solver_curriculum") == [{"generated_asked": 1}]
+
+    seeds_only, _ = scripted_stage(solver, "iteration.n_plan=2", "iteration.n_solve=2", "iteration.planner=false",
+                                   "iteration.generated_share=0.5")
+    seeds_only.wh.insert_batch("questions", [question(f"p{k}", t, "seed") for k, t in enumerate(GATED)])
+    assert solve.run_solve(seeds_only).info == {"with_plan": 0, "without": 4, "generated_share": 0.0,
+                                                "generated_asked": 1, "generated_drawn": 0}

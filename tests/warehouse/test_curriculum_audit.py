@@ -168,3 +168,23 @@ def test_admitted_questions_report_table(wh):
         (1, "What is 4+5?", "9", "10", False), (1, "What is 1+3?", "4", "1", False)]
     assert list(rows[0]) == ["iteration", "family", "text", "label", "label_check", "program_result", "probe_mode",
                              "probe_mode_share", "s_q", "difficulty", "suspect_label"]
+
+
+def test_admission_frontier_gives_each_probed_questions_pass_rate_beside_the_band(wh):
+    """`admission_frontier` (migration 017): per probed question its probes and pass rate (their mean s_gt), the
+    run's admission rule and band (a config without them: quality, 0.3-0.7) and whether p is in the band."""
+    rows = by_question(wh, "SELECT question_id, probes, pass_rate, admission, band_low, band_high, in_band, admitted "
+                           "FROM admission_frontier WHERE run_id = ?")
+    assert {q: (r["probes"], r["pass_rate"], r["in_band"]) for q, r in rows.items()} == {
+        "g1": (3, pytest.approx(1 / 3), True), "g3": (2, 0.0, False), "g4": (2, 0.5, True), "g5": (2, 0.5, True),
+        "g6": (3, 0.0, False), "h1": (3, pytest.approx(1 / 3), True)}
+    assert {(r["admission"], r["band_low"], r["band_high"]) for r in rows.values()} == {("quality", 0.3, 0.7)}
+    assert rows["g1"]["admitted"] and not rows["g3"]["admitted"]
+
+
+def test_solver_curriculum_counts_the_answers_to_generated_questions(wh):
+    """`solver_curriculum`: g1's four training answers are all to a generated question; probes are not counted; a
+    config without `generated_share` asked for none."""
+    assert wh.rows("SELECT * FROM solver_curriculum WHERE run_id = ?", [RUN]) == [
+        {"run_id": RUN, "iteration": 1, "answers": 4, "generated_answers": 4, "generated_share": 1.0, "questions": 1,
+         "generated_questions": 1, "generated_asked": 0}]

@@ -41,3 +41,20 @@ def test_every_pool_question_is_drawn_about_equally_often(tmp_path):
     assert set(counts) == {"s1", "s3", "s5", "s7", "s9", "g0", "g4"}
     assert all(150 <= c <= 250 for c in counts.values()), counts   # 700 * 2 / 7 = 200 each
     wh.close()
+
+
+def test_a_generated_share_draws_the_newest_admitted_questions_first_and_the_pool_fills_the_rest(tmp_path):
+    wh = _warehouse(tmp_path)
+    # run r's admitted math questions by iteration 3: g0 (admitted at 1), g4 (2), g2 (3)
+    drawn = [q["question_id"] for q in sample_pool(wh, "r", 3, ["math"], 4, "k1", generated=2)]
+    assert drawn[:2] == ["g2", "g4"] and len(set(drawn)) == 4
+    assert set(drawn[2:]) <= {"s1", "s3", "s5", "s7", "s9", "g0"}
+    assert drawn == [q["question_id"] for q in sample_pool(wh, "r", 3, ["math"], 4, "k1", generated=2)]
+    # more asked than admitted: every admitted one, then the seeds; at most k in all
+    short = [q["question_id"] for q in sample_pool(wh, "r", 3, ["math"], 5, "k1", generated=5)]
+    assert short[:3] == ["g2", "g4", "g0"] and len(short) == 5 and all(i.startswith("s") for i in short[3:])
+    assert len(sample_pool(wh, "r", 3, ["math"], 2, "k1", generated=5)) == 2
+    assert {q["origin"] for q in sample_pool(wh, "r", 3, ["math"], 2, "k1", generated=2)} == {"generated"}
+    # without a share the draw is the uniform one, as before the setting existed
+    assert sample_pool(wh, "r", 3, ["math"], 4, "k1", generated=0) == sample_pool(wh, "r", 3, ["math"], 4, "k1")
+    wh.close()
