@@ -167,7 +167,7 @@ def plain_peft_step(model, rows: list[TrainRow], cfg: TrainConfig, *, device: st
                                 dtype=torch.bfloat16, enabled=bf16_autocast):
                 logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=c_len + 1).logits[:, :-1]
             logits = logits.float()
-            if bool((temps != 1).any()):  # no full-vocabulary division the trainer's rows do not need
+            if bool((temps != 1).any()):  # at temperature 1, no division over the whole vocabulary
                 logits = logits / temps[:, None, None]
             logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, -c_len:, None])[..., 0]
             ratio = torch.exp(logp - (logp.detach() if old is None else old))
