@@ -7,11 +7,12 @@ order), the same gradient clipping. Tokens/s counts prompt + completion tokens o
 loop only (model loading excluded). Goal: ratio (TRL / plain) >= 0.9; `python -m bench.train_check` holds the
 trainer to a stated lead over the plain loop.
 
-The plain loop's ratio is 1 (the current policy, detached). Ours takes pi_old as the train stage does: the random
-rows carry the sampling log-probs the hf backend would have stored for them (the fresh adapter's, scored before
-timing), so with `--old-policy sampler` (the default; what `auto` is on the hf backend, `cpu.yaml`) they are
-pi_old and nothing is recomputed; `--old-policy recompute` (vLLM's) scores pi_old of the later updates' rows
-before the first update and importance-weighs every token against the stored log-probs (`trainer`).
+Both take pi_old as the train stage does on the hf backend: the random rows carry the sampling log-probs the hf
+backend would have stored for them (the fresh adapter's, scored before timing), and they are pi_old of TRL's
+clipped ratio in every update, so the second update weighs its rows against the policy that drew them. With
+`--old-policy sampler` (the default; what `auto` is on the hf backend, `cpu.yaml`) ours recomputes nothing;
+`--old-policy recompute` (vLLM's) has ours score pi_old of the later updates' rows before the first update and
+importance-weigh every token against the stored log-probs (`trainer`), while the plain loop keeps the stored ones.
 
     .venv/bin/python bench/train.py                 # SmolLM2-135M on CPU (falls back to a random mid-size Llama)
     .venv/bin/python bench/train.py --model random  # the random Llama explicitly
@@ -108,7 +109,8 @@ def run_rows(run_dir: str, iteration: int, overrides: list[str]) -> list[TrainRo
 
 
 def _pad_batch(rows: list[TrainRow], pad_id: int, device):
-    """Left-padded prompts + right-padded completions, exactly the layout our trainer feeds TRL."""
+    """Left-padded prompts + right-padded completions, exactly the layout our trainer feeds TRL, with each row's
+    advantage, sampling temperature and stored log-probs (None unless every row stores them)."""
     import torch
 
     p_len = max(len(r.prompt_ids) for r in rows)
@@ -116,19 +118,30 @@ def _pad_batch(rows: list[TrainRow], pad_id: int, device):
     ids = torch.full((len(rows), p_len + c_len), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
     cmask = torch.zeros((len(rows), c_len), dtype=torch.float32)
+    old = torch.zeros((len(rows), c_len), dtype=torch.float32)
     for i, r in enumerate(rows):
         p, c = len(r.prompt_ids), len(r.completion_ids)
         ids[i, p_len - p:p_len] = torch.tensor(r.prompt_ids)
         ids[i, p_len:p_len + c] = torch.tensor(r.completion_ids)
         attn[i, p_len - p:p_len + c] = 1
         cmask[i, :c] = 1
+        if r.logprobs is not None:
+            old[i, :c] = torch.tensor(r.logprobs, dtype=torch.float32)
     adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
-    return ids.to(device), attn.to(device), cmask.to(device), adv.to(device), c_len
+    temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32)
+    old = old.to(device) if all(r.logprobs is not None for r in rows) else None
+    return ids.to(device), attn.to(device), cmask.to(device), adv.to(device), temps.to(device), old, c_len
 
 
 def plain_peft_step(model, rows: list[TrainRow], cfg: TrainConfig, *, device: str = "cpu", pad_id: int = 0,
                     bf16_autocast: bool = False) -> dict:
-    """One pass over `rows` with a hand-written loop: forward, log-softmax, PG loss, backward, clip, AdamW."""
+    """One pass over `rows` with a hand-written loop: forward, log-softmax, PG loss, backward, clip, AdamW.
+
+    The loss is the trainer's: TRL's clipped objective -min(r A, clip(r, 1 - clip_eps_low, 1 + clip_eps_high) A)
+    of each completion token, r = pi / pi_old at the row's temperature, summed over the update's completion tokens
+    and divided by their number (`dapo`, `token_mean`). pi_old is the rows' stored sampling log-probs, as the
+    train stage takes them on the hf backend, so a later update's rows are weighed against the policy that drew
+    them; rows without stored log-probs take the current policy, detached (r = 1, gradient -A grad log pi)."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -149,13 +162,18 @@ def plain_peft_step(model, rows: list[TrainRow], cfg: TrainConfig, *, device: st
         n_tokens = sum(len(r.completion_ids) for r in update)
         total = 0.0
         for m in range(0, len(update), cfg.minibatch_size):
-            ids, attn, cmask, adv, c_len = _pad_batch(update[m:m + cfg.minibatch_size], pad_id, device)
+            ids, attn, cmask, adv, temps, old, c_len = _pad_batch(update[m:m + cfg.minibatch_size], pad_id, device)
             with torch.autocast(device_type="cuda" if str(device).startswith("cuda") else "cpu",
                                 dtype=torch.bfloat16, enabled=bf16_autocast):
                 logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=c_len + 1).logits[:, :-1]
-            logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, -c_len:, None])[..., 0]
-            # d/dθ of TRL's clipped objective at ratio 1 is -A ∇log π: the same gradient
-            loss = -(adv[:, None] * logp * cmask).sum() / n_tokens
+            logits = logits.float()
+            if bool((temps != 1).any()):  # at temperature 1, no division over the whole vocabulary
+                logits = logits / temps[:, None, None]
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, -c_len:, None])[..., 0]
+            ratio = torch.exp(logp - (logp.detach() if old is None else old))
+            clipped = torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
+            per_token = -torch.min(ratio * adv[:, None], clipped * adv[:, None])
+            loss = (per_token * cmask).sum() / n_tokens
             loss.backward()
             total += float(loss.detach())
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)))
