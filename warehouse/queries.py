@@ -10,7 +10,7 @@ import os
 import socket
 from pathlib import Path
 
-from sage.configs.names import TRAINED_PURPOSES, Purpose
+from sage.configs.names import TRAINED_PURPOSES, Purpose, Stage
 from sage.warehouse.db import Warehouse
 
 
@@ -47,9 +47,12 @@ def runs_overview(wh: Warehouse) -> list[dict]:
 
 
 def stage_states(wh: Warehouse, run_id: str) -> list[dict]:
+    """Each recorded stage of the run, by iteration and then in the order the stages run (`Stage`), whenever
+    each was last started: a stage redone later still lists in its place."""
     return wh.rows("""
         SELECT iteration, stage, status, rows_in, rows_out, attempts, round(seconds, 2) AS seconds, error
-        FROM stage_runs WHERE run_id = ? ORDER BY iteration, started_at""", [run_id])
+        FROM stage_runs WHERE run_id = ?
+        ORDER BY iteration, list_position(?::VARCHAR[], stage), started_at""", [run_id, [str(s) for s in Stage]])
 
 
 # -- stage_runs: what makes "skip what is done, re-run the failed stage" possible ------------------------

@@ -8,12 +8,11 @@ not `done`: the next `sage run` redoes it the same way, replacing its rows.
 
 from __future__ import annotations
 
-from sage.configs.names import Purpose, Stage
+from sage.configs.names import ITERATION_STAGES, Purpose, Stage
 from sage.warehouse.db import Warehouse
 
 #: The stages of one iteration in the order they run; validation of the iteration's adapter comes last.
-ORDER = (Stage.CHALLENGE, Stage.CRITIQUE_QUESTION, Stage.PROBE, Stage.VERIFY_PROBE, Stage.ADMIT, Stage.PLAN,
-         Stage.CRITIQUE_PLAN, Stage.SOLVE, Stage.VERIFY, Stage.SCORE, Stage.TRAIN, Stage.VALIDATE)
+ORDER = (*ITERATION_STAGES, Stage.VALIDATE)
 
 _OF_RUN = "run_id = $run AND iteration = $it"
 _ROLLOUTS = f"SELECT rollout_id FROM rollouts WHERE {_OF_RUN} AND purpose = '{{}}'"
