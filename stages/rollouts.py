@@ -85,13 +85,17 @@ def format_key(unit: Unit) -> str:
 
 
 def parse(role: Role, domain: str, text: str, key: str | None = None) -> tags.Parsed:
+    """A completion's fields and format reward, by its role's output format. Raises ValueError for a role with no
+    parser: a role added to `Role` needs one here (and its tags in engines/text/tags.py)."""
     if role == Role.CHALLENGER:
         return tags.parse_challenger(text, domain, key)
     if role == Role.PLANNER:
         return tags.parse_planner(text)
     if role == Role.CRITIC:
         return tags.parse_critic(text)
-    return tags.parse_solver(text, domain)
+    if role == Role.SOLVER:
+        return tags.parse_solver(text, domain)
+    raise ValueError(f"no parser for role {role!r}; give it one in stages/rollouts.py `parse`")
 
 
 def _free(ctx: StageContext, role: Role, purpose: Purpose, greedy: bool, rollout_ids: list[str]) -> frozenset[int]:

@@ -132,15 +132,20 @@ def trr_advantages(rewards: list[float], groups: list[str], eps: float) -> list[
 
 # ------------------------------------------------------------------------------------------ the stage
 def _reward(row: dict, ctx: StageContext) -> tuple[float, dict[str, Any]]:
-    w, r_f = ctx.cfg.rewards, float(row["format_reward"] or 0.0)
-    if row["purpose"] == Purpose.CHALLENGE:
+    """A rollout's reward by its role's formula. Raises ValueError for a role with none: a role added to `Role`
+    needs its reward here before its rollouts can be scored."""
+    w, r_f, role = ctx.cfg.rewards, float(row["format_reward"] or 0.0), row["role"]
+    if role == Role.CHALLENGER:
         return challenger_reward(float(row["s_q"] or 0.0), row["difficulty"], r_f, bool(row["admitted"]))
-    if row["role"] == Role.CRITIC:
+    if role == Role.CRITIC:
         return critic_reward(r_f)
-    if row["purpose"] == Purpose.PLAN:
+    if role == Role.PLANNER:
         return planner_reward(float(row["plan_s_p"] if row["plan_s_p"] is not None else 0.0), r_f, w)
-    s_p_tilde = float(row["plan_s_p"]) if row["plan_passed"] else 0.0
-    return solver_reward(s_p_tilde, float(row["s_gt"]), r_f, w)
+    if role == Role.SOLVER:
+        s_p_tilde = float(row["plan_s_p"]) if row["plan_passed"] else 0.0
+        return solver_reward(s_p_tilde, float(row["s_gt"]), r_f, w)
+    raise ValueError(f"score: rollout {row['rollout_id']} has role {role!r}, which has no reward formula; "
+                     f"give it one in stages/score.py `_reward`")
 
 
 def check_inputs(rows: list[dict], run_id: str, iteration: int) -> None:

@@ -119,3 +119,11 @@ def test_the_bar_moves_with_each_engine_batch_and_commits_stay_as_they_were(make
         else:
             assert [d for d, _, _ in seen] == [0, 8, 12]
     assert rows[True] == rows[False] and len(rows[True]) == 24
+
+
+def test_a_role_without_a_parser_raises_instead_of_parsing_as_the_solver():
+    from sage.stages.rollouts import parse
+
+    assert parse("solver", "math", "<answer>4</answer>") == tags.parse_solver("<answer>4</answer>", "math")
+    with pytest.raises(ValueError, match="no parser for role 'referee'"):
+        parse("referee", "math", "<answer>4</answer>")

@@ -286,3 +286,15 @@ def test_an_answer_without_the_planner_is_scored_as_one_whose_plan_was_withheld(
     assert got["none"]["components"] == got["withheld"]["components"] == {"s_p_tilde": 0.0, "s_gt": 1.0, "r_f": 0.5}
     assert got["none"]["reward"] == got["withheld"]["reward"] == pytest.approx(0.6 * 1.0 + 0.2 * 0.5)
     assert got["shown"]["reward"] == pytest.approx(0.2 * 0.9 + 0.6 * 1.0 + 0.2 * 0.5)
+
+
+def test_a_role_without_a_reward_formula_raises_instead_of_scoring_as_the_solver():
+    from types import SimpleNamespace
+
+    from sage.stages.score import _reward
+
+    ctx = SimpleNamespace(cfg=SimpleNamespace(rewards=W))
+    row = dict(rollout_id="r1", purpose="solve", format_reward=1.0, plan_s_p=None, plan_passed=False, s_gt=1.0)
+    assert _reward({**row, "role": "solver"}, ctx)[0] == pytest.approx(W.solver_gt + W.solver_format)
+    with pytest.raises(ValueError, match=r"rollout r1 has role 'referee', which has no reward formula"):
+        _reward({**row, "role": "referee"}, ctx)
