@@ -34,6 +34,7 @@ from sage.configs.names import Purpose, Role, Stage
 from sage.engines.text.grammar import MATH_PROGRAM_ENTRY
 from sage.engines.text.similar import shingles
 from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate
 from sage.warehouse import content_id, norm_hash
 from sage.warehouse.queries import existing_ids, questions_by_id, rollouts_for, sample_pool
@@ -427,7 +428,7 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
         if not it["question"]:
             row.update(s_q=0.0, admitted=False, rejection_reason="unparseable",
                        verifier_error=r["format_reason"] or "no <question>")
-        elif copies_instructions(it["question"], challenger_kind(it["domain"], ctx.cfg.iteration.math_labels),
+        elif copies_instructions(it["question"], PromptKind.challenger(it["domain"], ctx.cfg.iteration.math_labels),
                                  ctx.cfg.roles.prompts):
             row.update(s_q=0.0, admitted=False, rejection_reason="unparseable", verifier_valid=False,
                        verifier_error="the question copies the Challenger's instructions")
@@ -450,15 +451,10 @@ def _instruction_shingles(kind: str, prompt_set: str) -> frozenset[str]:
     return frozenset(shingles(instructions, INSTRUCTION_WORDS))
 
 
-def copies_instructions(question: str, kind: str, prompt_set: str = "short") -> bool:
+def copies_instructions(question: str, kind: PromptKind, prompt_set: str = "short") -> bool:
     """Whether `question` repeats INSTRUCTION_WORDS or more words in a row of the Challenger prompt `kind`'s own
     instructions (in `prompt_set`, `roles.prompts`)."""
     return not _instruction_shingles(kind, prompt_set).isdisjoint(shingles(question, INSTRUCTION_WORDS))
-
-
-def challenger_kind(domain: str, math_labels: str) -> str:
-    """The Challenger's prompt kind (and output format) for a reference of `domain`."""
-    return "challenger_math_answer" if domain == "math" and math_labels == "answer" else f"challenger_{domain}"
 
 
 def run(ctx: StageContext) -> StageReport:
@@ -466,7 +462,7 @@ def run(ctx: StageContext) -> StageReport:
         return switched_off(STAGE, "iteration.challenger")
     refs = references(ctx)
     labels = ctx.cfg.iteration.math_labels
-    units = [Unit(challenger_kind(q["domain"], labels), q["question_id"], q["domain"],
+    units = [Unit(PromptKind.challenger(q["domain"], labels), q["question_id"], q["domain"],
                   {"question": q["text"], "family": q.get("source")}) for q in refs]
     _, written = generate(ctx, STAGE, Purpose.CHALLENGE, units)
     rollouts = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.CHALLENGE)

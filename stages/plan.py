@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sage.configs.names import Purpose, Stage
 from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.warehouse import content_id
 from sage.warehouse.queries import sample_pool
@@ -28,6 +29,6 @@ def run(ctx: StageContext) -> StageReport:
     if not ctx.cfg.iteration.planner:
         return switched_off(STAGE, "iteration.planner")
     questions = sample(ctx)
-    units = [Unit("planner", q["question_id"], q["domain"], question_fields(q)) for q in questions]
+    units = [Unit(PromptKind.PLANNER, q["question_id"], q["domain"], question_fields(q)) for q in questions]
     _, written = generate(ctx, STAGE, Purpose.PLAN, units)
     return StageReport(STAGE, rows_in=len(questions), rows_out=written)

@@ -22,19 +22,14 @@ from sage.configs.names import TRAINED_PURPOSES, Purpose, Role, Stage
 from sage.engines.llm.base import GenRequest, GenResult
 from sage.engines.text import tags
 from sage.stages.context import StageContext
-from sage.stages.prompts import field_limit, render, version
+from sage.stages.prompts import PromptKind, field_limit, render, version
 from sage.warehouse import content_id, seed_from_id
 from sage.warehouse.queries import existing_ids, stored_path
-
-ROLE_OF_KIND = {"challenger_math": Role.CHALLENGER, "challenger_math_answer": Role.CHALLENGER,
-                "challenger_code": Role.CHALLENGER, "planner": Role.PLANNER,
-                "critic_question": Role.CRITIC, "critic_plan": Role.CRITIC, "solver_math": Role.SOLVER,
-                "solver_code": Role.SOLVER, "solver_math_plan": Role.SOLVER, "solver_code_plan": Role.SOLVER}
 
 
 @dataclass
 class Unit:
-    kind: str                      # prompt template kind (stages/prompts)
+    kind: PromptKind               # which template (stages/prompts)
     question_id: str
     domain: str
     fields: dict[str, Any]         # template fields
@@ -42,9 +37,12 @@ class Unit:
     plan_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)   # kept for the caller, not stored
 
+    def __post_init__(self) -> None:
+        self.kind = PromptKind(self.kind)   # a kind's name given as text is checked here, not at render
+
     @property
     def role(self) -> Role:
-        return ROLE_OF_KIND[self.kind]
+        return self.kind.role
 
     def unit_id(self, ctx: StageContext, purpose: Purpose) -> str:
         return content_id("unit", ctx.run_id, ctx.iteration, purpose, self.question_id, self.plan_id,
@@ -69,7 +67,7 @@ def question_fields(question: dict, plan: str | None = None) -> dict[str, Any]:
     return fields
 
 
-def prompt(ctx: StageContext, kind: str, max_new_tokens: int, **fields: Any) -> list[dict]:
+def prompt(ctx: StageContext, kind: PromptKind, max_new_tokens: int, **fields: Any) -> list[dict]:
     """The chat messages of one prompt, its fields cut to the tokens the context leaves (`field_limit`)."""
     limit = field_limit(kind, getattr(ctx.llm, "tokenizer", None), ctx.cfg.model.max_model_len, max_new_tokens,
                         ctx.cfg.roles.prompts)
@@ -171,7 +169,7 @@ def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit
                     prompt_tokens=len(res.prompt_ids), completion_tokens=len(comp.token_ids),
                     parsed=p.fields, format_reward=p.format_reward, format_reason=p.reason,
                     constrained=req.regex_for(j) is not None,
-                    plan_shown=unit.kind.endswith("_plan") if unit.role == Role.SOLVER else None))
+                    plan_shown=unit.kind.shows_plan if unit.role == Role.SOLVER else None))
                 tokens += len(comp.token_ids)
         written += ctx.wh.insert_batch("rollouts", rows)
         ctx.report(stage, start + len(batch), len(pending), tokens)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from sage.configs.names import Purpose, Stage
 from sage.stages import plan
 from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.stages.verify import verify_rollouts
 from sage.warehouse.queries import best_plain_answers, generated_questions, plans_for, questions_by_id
@@ -31,7 +32,7 @@ def run_probe(ctx: StageContext) -> StageReport:
     alpha = ctx.cfg.iteration.alpha
     questions = [q for q in generated_questions(ctx.wh, ctx.run_id, ctx.iteration)
                  if q["verifier_valid"] and q["s_q"] is not None and q["s_q"] >= alpha]
-    units = [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q),
+    units = [Unit(PromptKind.solver(q["domain"]), q["question_id"], q["domain"], question_fields(q),
                   n=ctx.cfg.iteration.n_probe)
              for q in questions]
     _, written = generate(ctx, Stage.PROBE, Purpose.PROBE, units)
@@ -53,7 +54,7 @@ def _units(ctx: StageContext) -> list[Unit]:
     without it (the other answers); without the Planner, one per sampled pool question, without a plan."""
     n, it = ctx.cfg.iteration.n_solve, ctx.cfg.iteration
     if not it.planner:
-        return [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q), n=n)
+        return [Unit(PromptKind.solver(q["domain"]), q["question_id"], q["domain"], question_fields(q), n=n)
                 for q in plan.sample(ctx)]
     plans = plans_for(ctx.wh, ctx.run_id, ctx.iteration)
     qs = questions_by_id(ctx.wh, [p["question_id"] for p in plans])
@@ -64,14 +65,14 @@ def _units(ctx: StageContext) -> list[Unit]:
         if shown:
             units.append(_shown(q, p, shown))
         if n - shown:
-            units.append(Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q),
+            units.append(Unit(PromptKind.solver(q["domain"]), q["question_id"], q["domain"], question_fields(q),
                               n=n - shown, plan_id=p["plan_id"]))
     return units
 
 
 def _shown(q: dict, p: dict, n: int) -> Unit:
     """A unit of `n` answers to question `q` shown its plan `p`."""
-    return Unit(f"solver_{q['domain']}_plan", q["question_id"], q["domain"],
+    return Unit(PromptKind.solver(q["domain"], plan=True), q["question_id"], q["domain"],
                 question_fields(q, p["parsed"].get("plan") or ""), n=n, plan_id=p["plan_id"])
 
 
@@ -95,5 +96,5 @@ def run_solve(ctx: StageContext) -> StageReport:
         written += generate(ctx, Stage.SOLVE, Purpose.SOLVE, hinted)[1]
         units += hinted
     return StageReport(Stage.SOLVE, rows_in=len({(u.question_id, u.plan_id) for u in units}), rows_out=written,
-                       info={"with_plan": sum(u.n for u in units if u.kind.endswith("_plan")),
-                             "without": sum(u.n for u in units if not u.kind.endswith("_plan"))})
+                       info={"with_plan": sum(u.n for u in units if u.kind.shows_plan),
+                             "without": sum(u.n for u in units if not u.kind.shows_plan)})

@@ -1,4 +1,4 @@
-"""Prompt templates for the four roles (SAGE.md, "Roles"), one per kind.
+"""Prompt templates for the four roles (SAGE.md, "Roles"), one per kind (`PromptKind`, stages/prompts/kinds.py).
 
 `render(kind, **fields)` returns chat messages. `TEMPLATE_VERSION[kind]` (`"planner@<hash>"`) is a hash of
 everything the template puts in a prompt (system text, task text, worked example, optional lines) and is
@@ -36,6 +36,8 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
+
+from sage.stages.prompts.kinds import PromptKind
 
 #: The cut for a field when no tokenizer is at hand (a scripted engine).
 MAX_FIELD_CHARS = 3000
@@ -387,7 +389,7 @@ VERSIONS: dict[str, dict[str, str]] = {name: {kind: template_version(t) for kind
                                        for name, templates in PROMPT_SETS.items()}
 #: The `short` set's versions (cpu.yaml's).
 TEMPLATE_VERSION: dict[str, str] = VERSIONS["short"]
-KINDS: tuple[str, ...] = tuple(TEMPLATES)
+KINDS: tuple[PromptKind, ...] = tuple(PromptKind)
 
 
 def version(kind: str, prompt_set: str = "short") -> str:
