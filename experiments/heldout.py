@@ -111,8 +111,8 @@ def _read_run(out: Path) -> dict:
 
 def ood_overlap(items: list, trained_texts: list[str]) -> int:
     """How many of the test `items` the run's pool (seeds and admitted questions) holds, by normalised text or by
-    content (`challenge.content_key`): a Challenger that writes a test problem trains on it."""
-    from sage.stages.challenge import content_key
+    content (`arithmetic.content_key`): a Challenger that writes a test problem trains on it."""
+    from sage.engines.text.arithmetic import content_key
     from sage.warehouse import norm_hash
 
     pool = {norm_hash(t) for t in trained_texts} | {k for t in trained_texts if (k := content_key(t))}

@@ -162,7 +162,7 @@ def test_worked_example_parses_with_full_format_reward_and_fits_the_constraint(k
     # Under `constrain: true` the model can write exactly what the example shows.
     assert re.fullmatch(role_regex(key), reply), (kind, family, reply)
     if key == "challenger_math":     # and the worked example is itself grounded: a program, from its own numbers
-        from sage.stages.challenge import number_mismatch
+        from sage.engines.text.arithmetic import number_mismatch
 
         program, question = parsed.fields["program"], parsed.fields["question"]
         assert program and program.startswith("def solve():"), (family, program)
