@@ -25,6 +25,7 @@ Fails: engine errors propagate (the flow retries); model output never fails the 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import cache
 
 from sage.configs.names import Purpose, Role, Stage
@@ -76,6 +77,26 @@ def _sage_label_():
 """
 
 
+@dataclass(eq=False)
+class Draft:
+    """One Challenger rollout on its way to a `questions` row: what its reply says, then what the checks of its
+    label found (`_check_math`, `_check_code`), which `_question_rows` writes."""
+
+    rollout: dict
+    domain: str
+    fields: dict                       # the parsed reply (`tags.parse_challenger`)
+    question: str                      # its question, stripped; empty when it wrote none
+    valid: bool = False                # the verifier (label, or code outputs) holds
+    label: str | None = None           # math: how the label was grounded, or why not (`verifier.label`)
+    error: str | None = None           # why the verifier does not hold, as a sentence
+    program_result: str | None = None  # grounded math: what the program returned
+    answer_agrees: bool | None = None  # grounded math: whether the stated answer equals that result
+    outputs: list | None = None        # code: the reference solution's outputs, the expected ones
+
+    def fail(self, label: str, error: str) -> None:
+        self.valid, self.label, self.error = False, label, error
+
+
 def reference_chunk(engines, jobs: list) -> list:
     """Each reference solution's (or math program's) outputs over two sandbox runs, or None
     (`reference_outputs`); a chunk for `ctx.fanout`."""
@@ -84,25 +105,21 @@ def reference_chunk(engines, jobs: list) -> list:
     return reference_outputs(engines.sandbox, jobs)
 
 
-def _check_math(ctx: StageContext, items: list[dict]) -> None:
+def _check_math(ctx: StageContext, items: list[Draft]) -> None:
     """Answer-only (`math_labels: answer`): a reference answer is valid when the math checker finds it
     equivalent to itself: it parses, within the checker's time and memory limits (in its worker processes, never
     here), wherever the flow fans out."""
     if ctx.cfg.iteration.math_labels != "answer":
         return _ground_math(ctx, items)
-    answers = [(it["fields"].get("answer") or "").strip() for it in items]
+    answers = [(it.fields.get("answer") or "").strip() for it in items]
     scores = [s for chunk in ctx.fanout.map(parse_checks, answers) for s in chunk]
     for it, a, s in zip(items, answers, scores):
-        it["valid"] = bool(a) and s == 1.0
-        it["error"] = None if it["valid"] else ("no reference answer" if not a else "reference answer does not parse")
-        it["label"] = "answer_only" if it["valid"] else ("no_answer" if not a else None)  # None: invalid_verifier
+        it.valid = bool(a) and s == 1.0
+        it.error = None if it.valid else ("no reference answer" if not a else "reference answer does not parse")
+        it.label = "answer_only" if it.valid else ("no_answer" if not a else None)  # None: invalid_verifier
 
 
-def _fail(it: dict, label: str, error: str) -> None:
-    it["valid"], it["label"], it["error"] = False, label, error
-
-
-def _ground_math(ctx: StageContext, items: list[dict]) -> None:
+def _ground_math(ctx: StageContext, items: list[Draft]) -> None:
     """Grounded labels: each question's program runs twice in the sandbox (wherever the flow fans out), agreeing,
     and may use only numbers the question states. Under `program` its result is the label (the stated answer is
     kept beside it, with whether the two agree); under `agreement` the stated answer must equal it under the math
@@ -112,41 +129,40 @@ def _ground_math(ctx: StageContext, items: list[dict]) -> None:
     strict = ctx.cfg.iteration.math_labels == "agreement"
     runnable = []
     for it in items:
-        f = it["fields"]
+        f = it.fields
         answer, program = (f.get("answer") or "").strip(), (f.get("program") or "").strip()
         if strict and not answer:
-            _fail(it, "no_answer", "no reference answer")
+            it.fail("no_answer", "no reference answer")
         elif not program:
-            _fail(it, "no_program", "no program computes the answer")
-        elif mismatch := number_mismatch(program, it["question"]):
-            _fail(it, "number_mismatch", mismatch)
-        elif not strict and (mismatch := operation_mismatch(program, it["question"])):
-            _fail(it, "operation_mismatch", mismatch)
+            it.fail("no_program", "no program computes the answer")
+        elif mismatch := number_mismatch(program, it.question):
+            it.fail("number_mismatch", mismatch)
+        elif not strict and (mismatch := operation_mismatch(program, it.question)):
+            it.fail("operation_mismatch", mismatch)
         else:
             runnable.append(it)
-    jobs = [Job(it["fields"]["program"] + _LABEL_WRAPPER, "_sage_label_", [[]]) for it in runnable]
+    jobs = [Job(it.fields["program"] + _LABEL_WRAPPER, "_sage_label_", [[]]) for it in runnable]
     outputs_of = [outputs for chunk in ctx.fanout.map(reference_chunk, jobs) for outputs in chunk]
     ran = []
     for it, outputs in zip(runnable, outputs_of):
         if not outputs or not isinstance(outputs[0], str) or not outputs[0].strip():
-            _fail(it, "program_failed", "the program failed, returned no number or was nondeterministic")
-        elif mismatch := arithmetic_mismatch(it["question"], outputs[0]):
-            it["program_result"] = outputs[0].strip()
-            _fail(it, "arithmetic_mismatch", mismatch)
+            it.fail("program_failed", "the program failed, returned no number or was nondeterministic")
+        elif mismatch := arithmetic_mismatch(it.question, outputs[0]):
+            it.program_result = outputs[0].strip()
+            it.fail("arithmetic_mismatch", mismatch)
         else:
-            it["program_result"] = outputs[0].strip()
-            ran.append(it)
-    stated = [it for it in ran if (it["fields"].get("answer") or "").strip()]
-    pairs = [(it["program_result"], it["fields"]["answer"].strip()) for it in stated]
+            it.program_result = outputs[0].strip()
+            ran.append((it, it.program_result))
+    stated = [(it, result) for it, result in ran if (it.fields.get("answer") or "").strip()]
+    pairs = [(result, it.fields["answer"].strip()) for it, result in stated]
     scores = [s for chunk in ctx.fanout.map(agreement_checks, pairs) for s in chunk]
-    agrees = {id(it): s == 1.0 for it, s in zip(stated, scores)}
-    for it in ran:
-        it["answer_agrees"] = agrees.get(id(it), False)
-        if strict and not it["answer_agrees"]:
-            _fail(it, "label_mismatch", f"the stated answer does not equal the program's result "
-                                        f"{it['program_result'][:60]}")
+    agrees = {it: s == 1.0 for (it, _), s in zip(stated, scores)}
+    for it, result in ran:
+        it.answer_agrees = agrees.get(it, False)
+        if strict and not it.answer_agrees:
+            it.fail("label_mismatch", f"the stated answer does not equal the program's result {result[:60]}")
         else:
-            it["valid"], it["label"], it["error"] = True, "grounded", None
+            it.valid, it.label, it.error = True, "grounded", None
 
 
 #: The fewest distinct test inputs a code question's verifier needs (the prompt asks for 3 to 5). The audit of the
@@ -163,25 +179,23 @@ def _distinct(inputs: list) -> list:
     return seen
 
 
-def _check_code(ctx: StageContext, items: list[dict]) -> None:
+def _check_code(ctx: StageContext, items: list[Draft]) -> None:
     """Run each code question's reference solution twice in the sandbox (wherever the flow fans out); agreeing,
     error-free outputs that survive storage as JSON become the expected outputs."""
     from sage.engines.verify.outputs import storable
     from sage.engines.verify.sandbox import Job
 
-    runnable = [it for it in items if it["fields"].get("solution") and len(_distinct(it["fields"].get("inputs") or []))
-                >= MIN_CODE_TESTS]
+    runnable = [it for it in items
+                if it.fields.get("solution") and len(_distinct(it.fields.get("inputs") or [])) >= MIN_CODE_TESTS]
     for it in items:
         if it not in runnable:
-            it["valid"], it["error"] = False, (f"no reference solution or fewer than {MIN_CODE_TESTS} distinct test "
-                                               f"inputs")
-    jobs = [Job(it["fields"]["solution"], it["fields"].get("entry_point") or "", it["fields"]["inputs"])
-            for it in runnable]
+            it.valid, it.error = False, f"no reference solution or fewer than {MIN_CODE_TESTS} distinct test inputs"
+    jobs = [Job(it.fields["solution"], it.fields.get("entry_point") or "", it.fields["inputs"]) for it in runnable]
     outputs_of = [outputs for chunk in ctx.fanout.map(reference_chunk, jobs) for outputs in chunk]
     for it, outputs in zip(runnable, outputs_of):
         stored = storable(outputs)
-        it["valid"], it["outputs"] = stored is not None, stored
-        it["error"] = None if stored is not None else (
+        it.valid, it.outputs = stored is not None, stored
+        it.error = None if stored is not None else (
             "reference solution failed or was nondeterministic" if outputs is None else "outputs are not JSON-storable")
 
 
@@ -194,36 +208,34 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
         raise LookupError(f"challenge rollouts of iteration {ctx.iteration} name reference question(s) the "
                           f"warehouse does not hold: {', '.join(missing[:3])}; the question a new one varies "
                           f"decides its domain and verifier, so nothing is guessed")
-    items = []
-    for r in rollouts:
-        fields = r["parsed"]
-        items.append({"rollout": r, "domain": domain_of[r["question_id"]], "fields": fields,
-                      "question": (fields.get("question") or "").strip()})
-    _check_math(ctx, [it for it in items if it["domain"] == "math" and it["question"]])
-    _check_code(ctx, [it for it in items if it["domain"] == "code" and it["question"]])
+    items = [Draft(r, domain_of[r["question_id"]], r["parsed"], (r["parsed"].get("question") or "").strip())
+             for r in rollouts]
+    _check_math(ctx, [it for it in items if it.domain == "math" and it.question])
+    _check_code(ctx, [it for it in items if it.domain == "code" and it.question])
     rows = []
     for it in items:
-        f, r = it["fields"], it["rollout"]
-        if it["domain"] == "math":
-            verifier = {"answer": f.get("answer"), "label": it.get("label")}
+        f, r = it.fields, it.rollout
+        verifier: dict
+        if it.domain == "math":
+            verifier = {"answer": f.get("answer"), "label": it.label}
             if ctx.cfg.iteration.math_labels != "answer":
                 verifier.update(stated_answer=f.get("answer"), program=f.get("program"),
-                                program_result=it.get("program_result"), answer_agrees=it.get("answer_agrees"))
-                if ctx.cfg.iteration.math_labels == "program" and it.get("program_result") is not None:
-                    verifier["answer"] = it["program_result"]   # the label the Solver is checked against
+                                program_result=it.program_result, answer_agrees=it.answer_agrees)
+                if ctx.cfg.iteration.math_labels == "program" and it.program_result is not None:
+                    verifier["answer"] = it.program_result   # the label the Solver is checked against
         else:
             verifier = {"entry_point": f.get("entry_point"), "signature": f.get("signature"),
-                        "inputs": f.get("inputs") or [], "outputs": it.get("outputs")}
+                        "inputs": f.get("inputs") or [], "outputs": it.outputs}
         row = dict(question_id=content_id("question", "generated", r["rollout_id"]), origin="generated",
-                   domain=it["domain"], text=it["question"], verifier=verifier,
+                   domain=it.domain, text=it.question, verifier=verifier,
                    source=parent_rows[r["question_id"]].get("source") or Role.CHALLENGER,
-                   norm_hash=norm_hash(it["question"]), parent_id=r["question_id"], run_id=ctx.run_id,
-                   iteration=ctx.iteration, rollout_id=r["rollout_id"], verifier_valid=it.get("valid", False),
-                   verifier_error=it.get("error"))
-        if not it["question"]:
+                   norm_hash=norm_hash(it.question), parent_id=r["question_id"], run_id=ctx.run_id,
+                   iteration=ctx.iteration, rollout_id=r["rollout_id"], verifier_valid=it.valid,
+                   verifier_error=it.error)
+        if not it.question:
             row.update(s_q=0.0, admitted=False, rejection_reason="unparseable",
                        verifier_error=r["format_reason"] or "no <question>")
-        elif copies_instructions(it["question"], PromptKind.challenger(it["domain"], ctx.cfg.iteration.math_labels),
+        elif copies_instructions(it.question, PromptKind.challenger(it.domain, ctx.cfg.iteration.math_labels),
                                  ctx.cfg.roles.prompts):
             row.update(s_q=0.0, admitted=False, rejection_reason="unparseable", verifier_valid=False,
                        verifier_error="the question copies the Challenger's instructions")
