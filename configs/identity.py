@@ -8,6 +8,7 @@ decides rows, and a change to one is refused with the list of fields that differ
 later stays out of the hash at the value every earlier run computed with (`ADDED`), so run ids outlive the addition;
 tests/configs/test_identity_contract.py fails on a schema field in none of these lists nor hashed from the start.
 """
+# pyright: basic
 
 from __future__ import annotations
 

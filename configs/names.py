@@ -9,6 +9,7 @@ rows and row ids, so values are never edited, only added.
 A stage that writes rollouts is named after the purpose it writes (`Stage.CRITIQUE_PLAN` writes purpose
 `critique_plan`); `verify_probe` and `verify` write verdicts of the `probe` and `solve` rollouts.
 """
+# pyright: basic
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from sage.configs.schema import SageConfig
 from sage.flows.artifacts import LiveArtifacts
 from sage.flows.progress import QUIET, Display
 from sage.flows.record import handle_signals, stop_if_interrupted
-from sage.stages.context import Engines, StageContext
+from sage.stages.context import Engines, RunContext, StageContext
 from sage.warehouse import Warehouse, warehouse_path
 from sage.warehouse.queries import iteration_adapter
 from sage.warehouse.runs import create_run, load_run_config
@@ -73,23 +73,30 @@ class Session:
 
     # -- contexts for stages
 
-    def context(self, run_id: str, iteration: int) -> StageContext:
+    def context(self, run_id: str, iteration: int) -> RunContext:
         """A stage context for (run, iteration): the run's stored config, the adapter the iteration generates
         with (the one iteration k - 1 produced), this session's engines and fan-out."""
         cfg = self.run_config(run_id)
         adapter = iteration_adapter(self.warehouse, run_id, iteration - 1) if iteration > 1 else None
-        return self.context_for(cfg, run_id, iteration, adapter)
+        engines = self._engines_for(cfg, run_id)
+        return RunContext(cfg=cfg, wh=self.warehouse, run_id=run_id, iteration=iteration, adapter=adapter,
+                          progress=partial(self._report, run_id, iteration), engines=engines,
+                          fanout=self._fanout(cfg, engines))
 
     def context_for(self, cfg: SageConfig, run_id: str | None, iteration: int = 0,
                     adapter: str | None = None) -> StageContext:
         """A stage context for a config that need not be a stored run's (seeding, evaluating a base model)."""
-        key = run_id or f"model:{cfg.model.name}"
-        if key not in self._engines:
-            self._engines[key] = Engines(cfg, **self.given)
-        engines = self._engines[key]
+        engines = self._engines_for(cfg, run_id)
         return StageContext(cfg=cfg, wh=self.warehouse, run_id=run_id, iteration=iteration, adapter=adapter,
                             progress=partial(self._report, run_id, iteration), engines=engines,
                             fanout=self._fanout(cfg, engines))
+
+    def _engines_for(self, cfg: SageConfig, run_id: str | None) -> Engines:
+        """This session's engines for a run (or, without one, for the config's model), built on first use."""
+        key = run_id or f"model:{cfg.model.name}"
+        if key not in self._engines:
+            self._engines[key] = Engines(cfg, **self.given)
+        return self._engines[key]
 
     def _report(self, run_id: str | None, iteration: int, stage: str, done: int, total: int, tokens: int = 0, *,
                 unit: str = "rows", note: str = "", metrics: dict | None = None) -> None:

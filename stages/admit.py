@@ -18,6 +18,7 @@ Questions are decided in id order, so of two identical new questions the same on
 Idempotency: only undecided questions are touched. With `iteration.challenger` false (an ablation) it decides
 nothing. Fails: never on model output.
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import numpy as np
 from sage.configs.names import Stage
 from sage.engines.text.arithmetic import content_key
 from sage.engines.text.similar import most_similar, signatures
-from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.context import RunContext, StageReport, switched_off
 from sage.warehouse.queries import (
     generated_questions,
     heldout_questions,
@@ -66,7 +67,7 @@ def _key(q: dict) -> str | None:
     return content_key(q["text"] or "") if q.get("domain") == "math" else None
 
 
-def run(ctx: StageContext) -> StageReport:
+def run(ctx: RunContext) -> StageReport:
     it = ctx.cfg.iteration
     if not it.challenger:
         return switched_off(STAGE, "iteration.challenger")

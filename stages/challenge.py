@@ -21,18 +21,20 @@ Idempotency key: rollout id (see stages/rollouts.py); question id = hash("genera
 With `iteration.challenger` false (an ablation) it reads and writes nothing: the pool stays the seeds.
 Fails: engine errors propagate (the flow retries); model output never fails the stage.
 """
+# pyright: basic
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from sage.configs.names import Purpose, Role, Stage
 from sage.engines.text.arithmetic import arithmetic_mismatch, number_mismatch, operation_mismatch
 from sage.engines.text.grammar import MATH_PROGRAM_ENTRY
 from sage.engines.text.similar import shingles
-from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.context import RunContext, StageReport, switched_off
 from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate
 from sage.warehouse import content_id, norm_hash
@@ -41,7 +43,7 @@ from sage.warehouse.queries import existing_ids, questions_by_id, rollouts_for, 
 STAGE = Stage.CHALLENGE
 
 
-def references(ctx: StageContext) -> list[dict]:
+def references(ctx: RunContext) -> list[dict]:
     return sample_pool(ctx.wh, ctx.run_id, ctx.iteration - 1, ctx.cfg.iteration.domains, ctx.cfg.iteration.n_challenge,
                        content_id("challenge-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration))
 
@@ -105,7 +107,7 @@ def reference_chunk(engines, jobs: list) -> list:
     return reference_outputs(engines.sandbox, jobs)
 
 
-def _check_math(ctx: StageContext, items: list[Draft]) -> None:
+def _check_math(ctx: RunContext, items: list[Draft]) -> None:
     """Answer-only (`math_labels: answer`): a reference answer is valid when the math checker finds it
     equivalent to itself: it parses, within the checker's time and memory limits (in its worker processes, never
     here), wherever the flow fans out."""
@@ -119,7 +121,7 @@ def _check_math(ctx: StageContext, items: list[Draft]) -> None:
         it.label = "answer_only" if it.valid else ("no_answer" if not a else None)  # None: invalid_verifier
 
 
-def _ground_math(ctx: StageContext, items: list[Draft]) -> None:
+def _ground_math(ctx: RunContext, items: list[Draft]) -> None:
     """Grounded labels: each question's program runs twice in the sandbox (wherever the flow fans out), agreeing,
     and may use only numbers the question states. Under `program` its result is the label (the stated answer is
     kept beside it, with whether the two agree); under `agreement` the stated answer must equal it under the math
@@ -179,7 +181,7 @@ def _distinct(inputs: list) -> list:
     return seen
 
 
-def _check_code(ctx: StageContext, items: list[Draft]) -> None:
+def _check_code(ctx: RunContext, items: list[Draft]) -> None:
     """Run each code question's reference solution twice in the sandbox (wherever the flow fans out); agreeing,
     error-free outputs that survive storage as JSON become the expected outputs."""
     from sage.engines.verify.outputs import storable
@@ -199,7 +201,7 @@ def _check_code(ctx: StageContext, items: list[Draft]) -> None:
             "reference solution failed or was nondeterministic" if outputs is None else "outputs are not JSON-storable")
 
 
-def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
+def _question_rows(ctx: RunContext, rollouts: list[dict]) -> list[dict]:
     parents = {r["question_id"] for r in rollouts}
     parent_rows = questions_by_id(ctx.wh, list(parents))
     domain_of = {qid: q["domain"] for qid, q in parent_rows.items()}
@@ -226,7 +228,7 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
         else:
             verifier = {"entry_point": f.get("entry_point"), "signature": f.get("signature"),
                         "inputs": f.get("inputs") or [], "outputs": it.outputs}
-        row = dict(question_id=content_id("question", "generated", r["rollout_id"]), origin="generated",
+        row: dict[str, Any] = dict(question_id=content_id("question", "generated", r["rollout_id"]), origin="generated",
                    domain=it.domain, text=it.question, verifier=verifier,
                    source=parent_rows[r["question_id"]].get("source") or Role.CHALLENGER,
                    norm_hash=norm_hash(it.question), parent_id=r["question_id"], run_id=ctx.run_id,
@@ -264,7 +266,7 @@ def copies_instructions(question: str, kind: PromptKind, prompt_set: str = "shor
     return not _instruction_shingles(kind, prompt_set).isdisjoint(shingles(question, INSTRUCTION_WORDS))
 
 
-def run(ctx: StageContext) -> StageReport:
+def run(ctx: RunContext) -> StageReport:
     if not ctx.cfg.iteration.challenger:
         return switched_off(STAGE, "iteration.challenger")
     refs = references(ctx)

@@ -9,18 +9,19 @@ Idempotency key: rollout id; `plans.plan_id` = the Planner rollout; s_q is only 
 Each half reads and writes nothing when its role's switch is off (`iteration.challenger`, `iteration.planner`).
 Fails: engine errors propagate; model output never fails the stage.
 """
+# pyright: basic
 
 from __future__ import annotations
 
 from sage.configs.names import Purpose, Stage
-from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.context import RunContext, StageReport, switched_off
 from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.stages.score import critic_score, gate
 from sage.warehouse.queries import generated_questions, questions_by_id, rollouts_for, update_rows
 
 
-def run_questions(ctx: StageContext) -> StageReport:
+def run_questions(ctx: RunContext) -> StageReport:
     stage = Stage.CRITIQUE_QUESTION
     if not ctx.cfg.iteration.challenger:
         return switched_off(stage, "iteration.challenger")
@@ -36,7 +37,7 @@ def run_questions(ctx: StageContext) -> StageReport:
     return StageReport(stage, rows_in=len(questions), rows_out=written, info={"scored": len(updates)})
 
 
-def run_plans(ctx: StageContext) -> StageReport:
+def run_plans(ctx: RunContext) -> StageReport:
     stage = Stage.CRITIQUE_PLAN
     if not ctx.cfg.iteration.planner:
         return switched_off(stage, "iteration.planner")

@@ -15,6 +15,7 @@ Idempotency key: eval_id = content hash of (run, checkpoint, benchmark, metric, 
 (checkpoint, benchmark) whose rows are all stored generates nothing. Fails: BenchmarkUnavailable when the
 data cannot be read; engine errors propagate; model output never fails.
 """
+# pyright: basic
 
 from __future__ import annotations
 

@@ -6,11 +6,12 @@ Writes: one Planner rollout per question (purpose `plan`); nothing with `iterati
 the solve stage then samples the same questions itself).
 Idempotency key: rollout id. Fails: engine errors propagate; model output never fails the stage.
 """
+# pyright: basic
 
 from __future__ import annotations
 
 from sage.configs.names import Purpose, Stage
-from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.context import RunContext, StageReport, switched_off
 from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.warehouse import content_id
@@ -19,13 +20,13 @@ from sage.warehouse.queries import sample_pool
 STAGE = Stage.PLAN
 
 
-def sample(ctx: StageContext) -> list[dict]:
+def sample(ctx: RunContext) -> list[dict]:
     """The iteration's `n_plan` pool questions: the ones the Planner plans, or, without it, the Solver answers."""
     return sample_pool(ctx.wh, ctx.run_id, ctx.iteration, ctx.cfg.iteration.domains, ctx.cfg.iteration.n_plan,
                        content_id("plan-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration))
 
 
-def run(ctx: StageContext) -> StageReport:
+def run(ctx: RunContext) -> StageReport:
     if not ctx.cfg.iteration.planner:
         return switched_off(STAGE, "iteration.planner")
     questions = sample(ctx)

@@ -11,6 +11,7 @@ Grammar annealing (`roles.<role>.unconstrained`): in a training purpose, each sa
 drawn without the grammar with the iteration's share, picked by a hash of its rollout id; `rollouts.constrained`
 records which were.
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any
 from sage.configs.names import TRAINED_PURPOSES, Purpose, Role, Stage
 from sage.engines.llm.base import GenRequest, GenResult
 from sage.engines.text import tags
-from sage.stages.context import StageContext
+from sage.stages.context import RunContext, StageContext
 from sage.stages.prompts import PromptKind, field_limit, render, version
 from sage.warehouse import content_id, seed_from_id
 from sage.warehouse.queries import existing_ids, stored_path
@@ -44,11 +45,11 @@ class Unit:
     def role(self) -> Role:
         return self.kind.role
 
-    def unit_id(self, ctx: StageContext, purpose: Purpose) -> str:
+    def unit_id(self, ctx: RunContext, purpose: Purpose) -> str:
         return content_id("unit", ctx.run_id, ctx.iteration, purpose, self.question_id, self.plan_id,
                           version(self.kind, ctx.cfg.roles.prompts))
 
-    def rollout_id(self, ctx: StageContext, purpose: Purpose, sample: int) -> str:
+    def rollout_id(self, ctx: RunContext, purpose: Purpose, sample: int) -> str:
         return content_id("rollout", self.unit_id(ctx, purpose), sample)
 
 
@@ -96,7 +97,7 @@ def parse(role: Role, domain: str, text: str, key: str | None = None) -> tags.Pa
     raise ValueError(f"no parser for role {role!r}; give it one in stages/rollouts.py `parse`")
 
 
-def _free(ctx: StageContext, role: Role, purpose: Purpose, greedy: bool, rollout_ids: list[str]) -> frozenset[int]:
+def _free(ctx: RunContext, role: Role, purpose: Purpose, greedy: bool, rollout_ids: list[str]) -> frozenset[int]:
     """The samples drawn without the grammar (grammar annealing, training purposes only): sample j when a
     uniform from a hash of its rollout id (and the run seed) falls below the role's share for this iteration,
     so a re-run picks the same ones."""
@@ -107,7 +108,7 @@ def _free(ctx: StageContext, role: Role, purpose: Purpose, greedy: bool, rollout
                      if seed_from_id(content_id("unconstrained", ctx.cfg.run.seed, rid)) < share * 2**31)
 
 
-def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool, rollout_ids: list[str]) -> GenRequest:
+def _request(ctx: RunContext, unit: Unit, purpose: Purpose, greedy: bool, rollout_ids: list[str]) -> GenRequest:
     role_cfg = getattr(ctx.cfg.roles, unit.role)
     regex = None
     if role_cfg.constrain:
@@ -119,7 +120,7 @@ def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool, roll
                       free=_free(ctx, unit.role, purpose, greedy, rollout_ids))
 
 
-def _generated(ctx: StageContext, pending: list[Unit], purpose: Purpose, greedy: bool,
+def _generated(ctx: RunContext, pending: list[Unit], purpose: Purpose, greedy: bool,
                ids: dict[int, list[str]], shown: Callable[[int, int], None] = lambda done, tokens: None,
                ) -> Iterator[tuple[int, list[Unit], list[GenRequest], list[GenResult]]]:
     """`pending` generated, in commits of `run.batch_rows` units: (offset, units, requests, results). Backend vllm
@@ -138,7 +139,7 @@ def _generated(ctx: StageContext, pending: list[Unit], purpose: Purpose, greedy:
             yield call + at, units[at:at + step], requests[at:at + step], results[at:at + step]
 
 
-def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit],
+def generate(ctx: RunContext, stage: Stage, purpose: Purpose, units: list[Unit],
              greedy: bool = False) -> tuple[int, int]:
     """Generate every missing rollout of `units`; returns (units processed, rollouts written)."""
     ids = {id(u): [u.rollout_id(ctx, purpose, j) for j in range(u.n)] for u in units}

@@ -13,6 +13,7 @@ Fails: an admitted Challenger question that was never probed raises; so does a S
 answer without a verdict (a missing verdict is never scored as a wrong answer) and an iteration with nothing
 to score.
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Any
 
 from sage.configs.names import Purpose, Role, Stage
 from sage.configs.schema import RewardsConfig
-from sage.stages.context import StageContext, StageReport
+from sage.stages.context import RunContext, StageReport
 from sage.warehouse.ids import content_id
 from sage.warehouse.queries import scoring_inputs
 
@@ -131,7 +132,7 @@ def trr_advantages(rewards: list[float], groups: list[str], eps: float) -> list[
 
 
 # ------------------------------------------------------------------------------------------ the stage
-def _reward(row: dict, ctx: StageContext) -> tuple[float, dict[str, Any]]:
+def _reward(row: dict, ctx: RunContext) -> tuple[float, dict[str, Any]]:
     """A rollout's reward by its role's formula. Raises ValueError for a role with none: a role added to `Role`
     needs its reward here before its rollouts can be scored."""
     w, r_f, role = ctx.cfg.rewards, float(row["format_reward"] or 0.0), row["role"]
@@ -161,7 +162,7 @@ def check_inputs(rows: list[dict], run_id: str, iteration: int) -> None:
                            f"`sage stage verify --run {run_id} --iteration {iteration}` first, then score")
 
 
-def run(ctx: StageContext) -> StageReport:
+def run(ctx: RunContext) -> StageReport:
     rows = scoring_inputs(ctx.wh, ctx.run_id, ctx.iteration)
     check_inputs(rows, ctx.run_id, ctx.iteration)
     scored = [_reward(r, ctx) for r in rows]
@@ -173,7 +174,7 @@ def run(ctx: StageContext) -> StageReport:
            for r, (reward, components), g, a in zip(rows, scored, groups, advantages)]
     added = ctx.wh.insert_batch("scores", out)
     by_role: dict[str, list[float]] = {}
-    for o in out:
-        by_role.setdefault(o["role"], []).append(o["reward"])
+    for r, (reward, _) in zip(rows, scored):
+        by_role.setdefault(r["role"], []).append(reward)
     return StageReport(Stage.SCORE, rows_in=len(rows), rows_out=added,
                        info={f"mean_reward_{role}": round(sum(v) / len(v), 3) for role, v in sorted(by_role.items())})

@@ -14,19 +14,20 @@ With `iteration.planner` false (an ablation) it answers the pool questions the p
 each without a plan, the prompt of a withheld plan, and `rollouts.plan_id` is NULL (so s~_p = 0).
 Idempotency key: rollout id. Fails: engine errors propagate; model output never fails the stage.
 """
+# pyright: basic
 
 from __future__ import annotations
 
 from sage.configs.names import Purpose, Stage
 from sage.stages import plan
-from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.context import RunContext, StageReport, switched_off
 from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.stages.verify import verify_rollouts
 from sage.warehouse.queries import best_plain_answers, generated_questions, plans_for, questions_by_id
 
 
-def run_probe(ctx: StageContext) -> StageReport:
+def run_probe(ctx: RunContext) -> StageReport:
     if not ctx.cfg.iteration.challenger:
         return switched_off(Stage.PROBE, "iteration.challenger")
     alpha = ctx.cfg.iteration.alpha
@@ -49,7 +50,7 @@ def hint_count(n_solve: int, hints: str, share: float) -> int:
     return min(max(round(share * n_solve), 1), n_solve - 1 if hints == "mixed" else n_solve)
 
 
-def _units(ctx: StageContext) -> list[Unit]:
+def _units(ctx: RunContext) -> list[Unit]:
     """The Solver's units: per plan, one shown the plan (when it passed the gate, `hint_count` answers) and one
     without it (the other answers); without the Planner, one per sampled pool question, without a plan."""
     n, it = ctx.cfg.iteration.n_solve, ctx.cfg.iteration
@@ -76,7 +77,7 @@ def _shown(q: dict, p: dict, n: int) -> Unit:
                 question_fields(q, p["parsed"].get("plan") or ""), n=n, plan_id=p["plan_id"])
 
 
-def _hints_after_failure(ctx: StageContext) -> list[Unit]:
+def _hints_after_failure(ctx: RunContext) -> list[Unit]:
     """`on_failure`: the plain answers verified, a unit shown the plan for every question whose plan passed and
     whose plain answers all failed."""
     verify_rollouts(ctx, Purpose.SOLVE, "solve_verify")
@@ -88,7 +89,7 @@ def _hints_after_failure(ctx: StageContext) -> list[Unit]:
     return [_shown(qs[p["question_id"]], p, hint_count(it.n_solve, it.hints, it.hint_share)) for p in failed]
 
 
-def run_solve(ctx: StageContext) -> StageReport:
+def run_solve(ctx: RunContext) -> StageReport:
     units = _units(ctx)
     _, written = generate(ctx, Stage.SOLVE, Purpose.SOLVE, units)
     if ctx.cfg.iteration.planner and ctx.cfg.iteration.hints == "on_failure":

@@ -22,6 +22,7 @@ deletions recorded in `checkpoints`; a stage that would read one is refused (`ch
 Fails: trainer errors propagate; no scored rollouts to train on raises; a `train.accelerate_config` that names
 no file fails before any work.
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from pathlib import Path
 from sage.configs.names import Role, Stage
 from sage.engines.train import OPTIMIZER_FILE, launch
 from sage.engines.train.rows import TrainRow
-from sage.stages.context import StageContext, StageReport
+from sage.stages.context import RunContext, StageReport
 from sage.stages.score import REWARD_VERSION
 from sage.warehouse.checkpoints import record_pruned, retention_plan
 from sage.warehouse.queries import (
@@ -107,7 +108,7 @@ def plain_prompt(row: dict, plain: dict[str, list[int]]) -> list[int]:
     return plain[row["question_id"]]
 
 
-def adapter_dir(ctx: StageContext) -> Path:
+def adapter_dir(ctx: RunContext) -> Path:
     """Where the iteration's adapter goes: `<project>/adapters/<run>/iteration-<k>`, in the warehouse's project
     directory (a project copied elsewhere keeps a stored run.dir that names the original)."""
     return project_dir(ctx.wh) / "adapters" / run_dirname(ctx.run_id) / f"iteration-{ctx.iteration}"
@@ -117,7 +118,7 @@ class _StepWriter:
     """Stores each optimizer update in `train_steps` as the trainer reports it and shows it on the display
     (optimizer steps done of the pass, tokens trained, the update's loss)."""
 
-    def __init__(self, ctx: StageContext):
+    def __init__(self, ctx: RunContext):
         self.ctx, self.tokens = ctx, 0
 
     def __call__(self, step: dict) -> None:
@@ -128,7 +129,7 @@ class _StepWriter:
                         note="" if loss is None else f"loss {loss:.4f}", metrics=step)
 
 
-def run(ctx: StageContext) -> StageReport:
+def run(ctx: RunContext) -> StageReport:
     from sage.engines.llm.models import resolve_model
 
     if not ctx.cfg.train.enabled:
@@ -138,7 +139,7 @@ def run(ctx: StageContext) -> StageReport:
     if ctx.cfg.train.accelerate_config:  # a misspelt name fails here, before any work
         launch.accelerate_config_path(ctx.cfg.train.accelerate_config)
     if ctx.cfg.train.report_to:  # and a tracker whose package is missing
-        from transformers.integrations import get_available_reporting_integrations
+        from transformers.integrations.integration_utils import get_available_reporting_integrations
 
         missing = sorted(set(ctx.cfg.train.report_to) - set(get_available_reporting_integrations()))
         if missing:
@@ -170,7 +171,7 @@ def run(ctx: StageContext) -> StageReport:
                        info={k: metrics.get(k) for k in ("loss", "grad_norm", "tokens_per_s")})
 
 
-def retain(ctx: StageContext) -> dict[str, list[int]]:
+def retain(ctx: RunContext) -> dict[str, list[int]]:
     """Checkpoint retention after iteration `ctx.iteration` (`train.keep_last`; null keeps everything): delete the
     adapter directories and the optimizer states `checkpoints.retention_plan` names, then record the deletions.
     Files go before the rows say so: an interrupted call leaves at most a deletion unrecorded, which the next call

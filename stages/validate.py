@@ -19,13 +19,14 @@ Idempotency key: rollout id (run, iteration, 'validate', question, template) and
 a re-run generates and verifies only what is missing and recomputes the same numbers.
 Fails: when training is on but iteration k has no adapter yet; engine errors propagate; bad answers score 0.
 """
+# pyright: basic
 
 from __future__ import annotations
 
 import dataclasses
 
 from sage.configs.names import Purpose, Stage
-from sage.stages.context import StageContext, StageReport
+from sage.stages.context import RunContext, StageReport
 from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.stages.score import critic_score, gate
@@ -43,7 +44,7 @@ from sage.warehouse.validate_queries import (
 STAGE = Stage.VALIDATE
 
 
-def model_of(ctx: StageContext) -> str | None:
+def model_of(ctx: RunContext) -> str | None:
     """The adapter iteration `ctx.iteration` ends with (None = the base model)."""
     if ctx.iteration == 0:
         return None
@@ -54,7 +55,7 @@ def model_of(ctx: StageContext) -> str | None:
     return adapter
 
 
-def _validation_context(ctx: StageContext, adapter: str | None) -> StageContext:
+def _validation_context(ctx: RunContext, adapter: str | None) -> RunContext:
     # Greedy answers as long as validate.max_new_tokens, unset the Solver's own (its constrained regex follows it).
     tokens = ctx.cfg.validate.answer_tokens(ctx.cfg.roles.solver)
     solver = ctx.cfg.roles.solver.model_copy(update={"max_new_tokens": tokens})
@@ -62,7 +63,7 @@ def _validation_context(ctx: StageContext, adapter: str | None) -> StageContext:
     return dataclasses.replace(ctx, cfg=cfg, adapter=adapter)
 
 
-def run(ctx: StageContext) -> StageReport:
+def run(ctx: RunContext) -> StageReport:
     questions = validation_questions(ctx.wh)
     if not questions:
         return StageReport(STAGE, info={"skipped": "no validation questions (origin 'validation')"})
@@ -84,7 +85,7 @@ def run(ctx: StageContext) -> StageReport:
     return StageReport(STAGE, rows_in=len(questions), rows_out=written, info={"adapter": stored, **info})
 
 
-def _pipeline(vctx: StageContext, questions: list[dict]) -> dict:
+def _pipeline(vctx: RunContext, questions: list[dict]) -> dict:
     """The pipeline validation (module docstring): greedy plans, their critiques and the answers shown them, then
     `pipeline_scores` of the verified answers."""
     qs = {q["question_id"]: q for q in questions}

@@ -3,11 +3,13 @@
 Rows come back as dicts with their JSON columns (`verifier`, `parsed`, ...) already decoded, `{}` where
 nothing usable is stored (`Warehouse.records`).
 """
+# pyright: basic
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 from sage.configs.names import TRAINED_PURPOSES, Purpose, Stage
@@ -123,7 +125,8 @@ def update_rows(wh: Warehouse, table: str, key: str, rows: list[dict]) -> None:
 
 # -- the pool and the iteration's questions ------------------------------------------------------------------
 
-def sample_pool(wh: Warehouse, run_id: str, upto_iteration: int, domains: list[str], k: int, key: str) -> list[dict]:
+def sample_pool(wh: Warehouse, run_id: str, upto_iteration: int, domains: Sequence[str], k: int,
+                key: str) -> list[dict]:
     """`k` questions of the pool (seeds plus this run's questions admitted at or before `upto_iteration`) drawn
     uniformly without replacement: the pool ordered by md5(key, question id), a random order that `key` fixes,
     so a re-run draws the same ones. Only the drawn rows leave DuckDB, so the cost does not grow with the pool."""

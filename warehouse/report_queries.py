@@ -4,6 +4,7 @@ rest of the page: its training curve, evaluations, stage timings, sample generat
 `SELECT *` on purpose: a column added to a view by a later migration shows up in the report's tables
 without touching this file; the plots name the columns they draw.
 """
+# pyright: basic
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ the role's `max_new_tokens` are taken from `model.max_model_len`, shared among t
 tokens; without one, at MAX_FIELD_CHARS characters. Code kinds, the Planner's and the Critic's take an
 optional `signature` (the function the answer must define).
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -415,7 +416,7 @@ def _field_limit(kind: str, tokenizer: Any, max_model_len: int, max_new_tokens: 
     t = PROMPT_SETS[prompt_set][kind]
 
     def tokens(family: str | None) -> int:
-        empty = render(kind, family=family, prompt_set=prompt_set, **{f: "" for f in t.required})
+        empty = render(kind, None, family, prompt_set, **{f: "" for f in t.required})
         if getattr(tokenizer, "chat_template", None):
             text = tokenizer.apply_chat_template(empty, add_generation_prompt=True, tokenize=False)
             return len(tokenizer(text, add_special_tokens=False)["input_ids"])  # as the engines count a prompt

@@ -5,6 +5,7 @@ which is hashed into row ids, so values are never edited. Stages name a kind thr
 (`PromptKind.solver(domain, plan=...)`, `PromptKind.challenger(domain, math_labels)`), never by formatting a
 string, so a kind that has no template is an error where it is asked for.
 """
+# pyright: basic
 
 from __future__ import annotations
 
