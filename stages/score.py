@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
 from typing import Any
 
 from sage.configs.names import Purpose, Role, Stage
@@ -90,14 +89,6 @@ def critic_score(parsed: dict) -> float:
 def gate(s_p: float, beta: float) -> bool:
     """True when the Solver may see the plan: s_p >= beta."""
     return s_p >= beta
-
-
-def difficulty(s_gt_values: Iterable[float]) -> float:
-    """r_d = 1 - mean(s_gt) over the difficulty-probe answers of one question."""
-    values = list(s_gt_values)
-    if not values:
-        raise ValueError("difficulty needs at least one probe verdict (s_gt); got none")
-    return 1.0 - sum(values) / len(values)
 
 
 def trr_group(role: str, domain: str | None, group_by: str) -> str:

@@ -17,10 +17,6 @@ from sage.warehouse.queries import iteration_samples, run_config, stage_states
 REPORT_VIEWS = ("curriculum_drift", "role_rewards", "gate_stats", "validation_curve")
 
 
-def run_exists(wh: Warehouse, run_id: str) -> bool:
-    return wh.scalar("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]) > 0
-
-
 def run_summary(wh: Warehouse, run_id: str) -> dict | None:
     rows = wh.rows("SELECT run_id, base_model, seed, status, created_at, finished_at FROM runs WHERE run_id = ?",
                    [run_id])

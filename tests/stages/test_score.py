@@ -12,7 +12,6 @@ from sage.stages.score import (
     REWARD_VERSION,
     challenger_reward,
     critic_reward,
-    difficulty,
     gate,
     planner_reward,
     score_id,
@@ -136,13 +135,8 @@ def test_critic_reward_is_format_only():
     assert critic_reward(parse_critic("seven").format_reward)[0] == 0.0
 
 
-def test_gate_and_difficulty():
+def test_gate():
     assert gate(0.3, 0.3) and not gate(0.2999, 0.3) and gate(1.0, 0.3)
-    assert difficulty([1.0, 0.0, 0.0, 1.0]) == 0.5
-    assert difficulty([1.0, 1.0]) == 0.0 and difficulty([0.0]) == 1.0
-    assert difficulty([0.25, 0.75, 0.5]) == pytest.approx(0.5)
-    with pytest.raises(ValueError):
-        difficulty([])
 
 
 def test_trr_single_and_equal_groups_get_zero():
