@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from sage.configs.schema import SageConfig
 from sage.flows.artifacts import LiveArtifacts
@@ -78,25 +78,28 @@ class Session:
         with (the one iteration k - 1 produced), this session's engines and fan-out."""
         cfg = self.run_config(run_id)
         adapter = iteration_adapter(self.warehouse, run_id, iteration - 1) if iteration > 1 else None
-        engines = self._engines_for(cfg, run_id)
-        return RunContext(cfg=cfg, wh=self.warehouse, run_id=run_id, iteration=iteration, adapter=adapter,
-                          progress=partial(self._report, run_id, iteration), engines=engines,
-                          fanout=self._fanout(cfg, engines))
+        return self.context_for(cfg, run_id, iteration, adapter)
+
+    @overload
+    def context_for(self, cfg: SageConfig, run_id: str, iteration: int = 0,
+                    adapter: str | None = None) -> RunContext: ...
+
+    @overload
+    def context_for(self, cfg: SageConfig, run_id: None, iteration: int = 0,
+                    adapter: str | None = None) -> StageContext: ...
 
     def context_for(self, cfg: SageConfig, run_id: str | None, iteration: int = 0,
                     adapter: str | None = None) -> StageContext:
-        """A stage context for a config that need not be a stored run's (seeding, evaluating a base model)."""
-        engines = self._engines_for(cfg, run_id)
-        return StageContext(cfg=cfg, wh=self.warehouse, run_id=run_id, iteration=iteration, adapter=adapter,
-                            progress=partial(self._report, run_id, iteration), engines=engines,
-                            fanout=self._fanout(cfg, engines))
-
-    def _engines_for(self, cfg: SageConfig, run_id: str | None) -> Engines:
-        """This session's engines for a run (or, without one, for the config's model), built on first use."""
+        """A stage context for a config that need not be a stored run's (seeding, evaluating a base model): a
+        `RunContext` when it names a run."""
         key = run_id or f"model:{cfg.model.name}"
         if key not in self._engines:
             self._engines[key] = Engines(cfg, **self.given)
-        return self._engines[key]
+        engines = self._engines[key]
+        progress, fanout = partial(self._report, run_id, iteration), self._fanout(cfg, engines)
+        if run_id is None:
+            return StageContext(cfg, self.warehouse, None, iteration, adapter, progress, engines, fanout)
+        return RunContext(cfg, self.warehouse, run_id, iteration, adapter, progress, engines, fanout)
 
     def _report(self, run_id: str | None, iteration: int, stage: str, done: int, total: int, tokens: int = 0, *,
                 unit: str = "rows", note: str = "", metrics: dict | None = None) -> None:

@@ -145,8 +145,8 @@ def _arithmetic_value(stretch: str) -> Fraction | None:
         trees = [ast.parse(side, mode="eval").body for side in sides if side]
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-    forms = [_linear(tree, unknown) for tree in trees]
-    if not forms or any(f is None for f in forms):
+    forms = [form for form in (_linear(tree, unknown) for tree in trees) if form is not None]
+    if not forms or len(forms) < len(trees):   # a side that is not linear in the one unknown
         return None
     if len(forms) == 1:   # an expression, or one with a trailing `=` to fill in
         (a, b), = forms
