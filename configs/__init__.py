@@ -3,6 +3,7 @@
 `load_config("cpu", ["iteration.alpha=0.8"])` resolves a profile name or a YAML path, applies `--set`
 overrides, and validates. Errors name the field and say what to change.
 """
+# pyright: basic
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ rows and row ids, so values are never edited, only added.
 A stage that writes rollouts is named after the purpose it writes (`Stage.CRITIQUE_PLAN` writes purpose
 `critique_plan`); `verify_probe` and `verify` write verdicts of the `probe` and `solve` rollouts.
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -58,3 +59,10 @@ class Stage(StrEnum):
     SCORE = "score"
     TRAIN = "train"
     VALIDATE = "validate"
+
+
+#: The stages of one iteration in the order they run (SAGE.md): the one list the flow runs (flows/iteration.py),
+#: a redo marks stale after the stage it redoes (warehouse/redo.py) and `sage status` sorts by. `seed` runs once
+#: before them, `validate` after them; `Stage` declares its members in this same order.
+ITERATION_STAGES = (Stage.CHALLENGE, Stage.CRITIQUE_QUESTION, Stage.PROBE, Stage.VERIFY_PROBE, Stage.ADMIT,
+                    Stage.PLAN, Stage.CRITIQUE_PLAN, Stage.SOLVE, Stage.VERIFY, Stage.SCORE, Stage.TRAIN)

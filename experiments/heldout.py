@@ -112,10 +112,10 @@ def _read_run(out: Path) -> dict:
 
 def pool_overlap(tested: list[str], trained_texts: list[str]) -> int:
     """How many of the `tested` question texts the run's pool (seeds and admitted questions) holds, by normalised
-    text or by content (`challenge.content_key`: the same sum, equation, GCD or LCM in other words): a Challenger
+    text or by content (`arithmetic.content_key`: the same sum, equation, GCD or LCM in other words): a Challenger
     that writes a test problem trains on it, and a fresh problem (drawn unlike every text of the run) may still ask
     what a seed asks."""
-    from sage.stages.challenge import content_key
+    from sage.engines.text.arithmetic import content_key
     from sage.warehouse import norm_hash
 
     pool = {norm_hash(t) for t in trained_texts} | {k for t in trained_texts if (k := content_key(t))}

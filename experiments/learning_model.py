@@ -14,7 +14,8 @@ from contextlib import nullcontext
 
 from sage.configs.names import Role
 from sage.engines.llm.base import GenRequest
-from sage.stages.rollouts import ROLE_OF_KIND, parse, prompt, question_fields
+from sage.stages.prompts import PromptKind
+from sage.stages.rollouts import parse, prompt, question_fields
 from sage.warehouse import content_id, seed_from_id
 
 #: Prompt kinds of the format measure: one per role and domain, as the stages use them (no plan shown).
@@ -125,7 +126,7 @@ def format_units(questions: dict[str, list[dict]], per_kind: int) -> list[dict]:
         for q in picked:
             # the fields each stage passes: the Challenger sees the reference text alone
             fields = {"question": q["text"]} if kind.startswith("challenger") else question_fields(q)
-            units.append({"kind": kind, "role": ROLE_OF_KIND[kind], "domain": q["domain"],
+            units.append({"kind": kind, "role": PromptKind(kind).role, "domain": q["domain"],
                           "question_id": q["question_id"], "fields": fields})
     return units
 

@@ -15,7 +15,7 @@ still partly solves; which kinds those are is measured, not guessed:
 - `build` writes `OOD_FILE` from the generators in `CHOSEN` (the candidates the base model solves some but not
   most of, by `measure`), `--per` each, from a generator seed other than `measure`'s (the generators were chosen
   on `measure`'s problems, the test set is not them), none whose normalised text or content
-  (`challenge.content_key`) is a `cpu.yaml` seed or validation problem's. The file is committed, so the set stays
+  (`arithmetic.content_key`) is a `cpu.yaml` seed or validation problem's. The file is committed, so the set stays
   fixed whatever reasoning-gym's next release draws. `experiments.heldout --ood` scores checkpoints on it.
 """
 
@@ -120,7 +120,7 @@ def build(per: int) -> list[dict]:
     """`per` problems of each chosen generator, none a seed's or validation problem's by text or content."""
     from sage.configs import load_config
     from sage.engines.data.seeds import default_math
-    from sage.stages.challenge import content_key
+    from sage.engines.text.arithmetic import content_key
     from sage.warehouse import norm_hash
 
     if not CHOSEN:

@@ -59,7 +59,8 @@ class LiveArtifacts:
             if stage == "train" and metrics is not None:
                 steps = self._steps.setdefault((run_id, iteration), [])
                 steps[:] = [s for s in steps if s["step"] < metrics.get("step", 0)]   # a retried pass starts over
-                steps.append({c: _readable(metrics.get(c)) for c in TRAIN_STEP_COLUMNS})
+                steps.append({c: _readable(metrics.get(c)) for c in TRAIN_STEP_COLUMNS  # role: one adapter a role
+                              if c != "role" or metrics.get("role")})
                 if done >= total:
                     create_table_artifact(steps, key=artifact_key(run_id, "iteration", iteration, "train-steps"),
                                           description=f"the {len(steps)} optimizer updates of iteration {iteration} "

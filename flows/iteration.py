@@ -15,14 +15,14 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 from prefect.states import Completed, State
 
-from sage.configs.names import Stage
+from sage.configs.names import ITERATION_STAGES, Stage
 from sage.flows import session
 from sage.flows.artifacts import artifact_key
 from sage.flows.record import ended, run_recorded
 from sage.flows.samples import samples_markdown
 from sage.flows.terminal import cell
 from sage.stages import admit, challenge, critique, plan, score, solve, train, validate, verify
-from sage.stages.context import StageContext, StageReport
+from sage.stages.context import RunContext, StageReport
 from sage.warehouse.queries import (
     finish_iteration,
     iteration_samples,
@@ -33,25 +33,20 @@ from sage.warehouse.queries import (
 from sage.warehouse.redo import later_iterations, stale_stages
 from sage.warehouse.runs import check_stage_target
 
-# (stage name in stage_runs, function). Order is SAGE.md's: challenge, critique questions, probe, verify,
-# admit (the filter), plan, critique plans + gate, solve, verify, score, train.
-STAGES: tuple[tuple[Stage, Callable[[StageContext], StageReport]], ...] = (
-    (Stage.CHALLENGE, challenge.run),
-    (Stage.CRITIQUE_QUESTION, critique.run_questions),
-    (Stage.PROBE, solve.run_probe),
-    (Stage.VERIFY_PROBE, verify.run_probe),
-    (Stage.ADMIT, admit.run),
-    (Stage.PLAN, plan.run),
-    (Stage.CRITIQUE_PLAN, critique.run_plans),
-    (Stage.SOLVE, solve.run_solve),
-    (Stage.VERIFY, verify.run_solve),
-    (Stage.SCORE, score.run),
-    (Stage.TRAIN, train.run),
-)
+# What each stage of the iteration runs; `ITERATION_STAGES` (configs/names.py) gives their order, SAGE.md's.
+_RUNS: dict[Stage, Callable[[RunContext], StageReport]] = {
+    Stage.CHALLENGE: challenge.run, Stage.CRITIQUE_QUESTION: critique.run_questions, Stage.PROBE: solve.run_probe,
+    Stage.VERIFY_PROBE: verify.run_probe, Stage.ADMIT: admit.run, Stage.PLAN: plan.run,
+    Stage.CRITIQUE_PLAN: critique.run_plans, Stage.SOLVE: solve.run_solve, Stage.VERIFY: verify.run_solve,
+    Stage.SCORE: score.run, Stage.TRAIN: train.run,
+}
+# (stage name in stage_runs, function), in the order the flow runs them.
+STAGES: tuple[tuple[Stage, Callable[[RunContext], StageReport]], ...] = tuple(
+    (name, _RUNS[name]) for name in ITERATION_STAGES)
 STAGE_NAMES = tuple(name for name, _ in STAGES)
 # Run outside the per-iteration order: validation of iteration k's adapter (0 = the base model), which
 # flows/evolve.py schedules every `validate.every` iterations.
-EXTRA_STAGES: dict[Stage, Callable[[StageContext], StageReport]] = {Stage.VALIDATE: validate.run}
+EXTRA_STAGES: dict[Stage, Callable[[RunContext], StageReport]] = {Stage.VALIDATE: validate.run}
 RUNNABLE = {**dict(STAGES), **EXTRA_STAGES}
 # The stages `stage_flow` runs, as the type of its `stage` parameter: the Prefect UI offers them as a list and a
 # deployment run given another name is refused before the flow starts, in one sentence naming the valid ones.

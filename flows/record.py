@@ -15,12 +15,16 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from sage.stages.context import StageContext, StageReport
 from sage.warehouse.checkpoints import check_retained
 from sage.warehouse.errors import WarehouseUnwritable, is_interrupt
 from sage.warehouse.queries import mark_stage_finished, mark_stage_running, stage_status
 from sage.warehouse.redo import forget_outputs, mark_later_stale, written_before
+
+#: A stage's context: seeding runs on a `StageContext`, the stages of an iteration on a `RunContext`.
+C = TypeVar("C", bound=StageContext)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -98,7 +102,7 @@ def ended(exc: BaseException) -> str:
     return "interrupted" if interrupted else "failed"
 
 
-def run_recorded(ctx: StageContext, stage: str, fn: Callable[[StageContext], StageReport], *,
+def run_recorded(ctx: C, stage: str, fn: Callable[[C], StageReport], *,
                  run_id: str, iteration: int, force: bool = False) -> StageReport | None:
     """Run `fn(ctx)` unless `stage` is already done for (run_id, iteration); None when skipped. A redone stage's
     report names the stages it made stale (`info["stale"]`)."""

@@ -19,13 +19,13 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from sage.configs.schema import SageConfig
 from sage.flows.artifacts import LiveArtifacts
 from sage.flows.progress import QUIET, Display
 from sage.flows.record import handle_signals, stop_if_interrupted
-from sage.stages.context import Engines, StageContext
+from sage.stages.context import Engines, RunContext, StageContext
 from sage.warehouse import Warehouse, warehouse_path
 from sage.warehouse.queries import iteration_adapter
 from sage.warehouse.runs import create_run, load_run_config
@@ -73,23 +73,33 @@ class Session:
 
     # -- contexts for stages
 
-    def context(self, run_id: str, iteration: int) -> StageContext:
+    def context(self, run_id: str, iteration: int) -> RunContext:
         """A stage context for (run, iteration): the run's stored config, the adapter the iteration generates
         with (the one iteration k - 1 produced), this session's engines and fan-out."""
         cfg = self.run_config(run_id)
         adapter = iteration_adapter(self.warehouse, run_id, iteration - 1) if iteration > 1 else None
         return self.context_for(cfg, run_id, iteration, adapter)
 
+    @overload
+    def context_for(self, cfg: SageConfig, run_id: str, iteration: int = 0,
+                    adapter: str | None = None) -> RunContext: ...
+
+    @overload
+    def context_for(self, cfg: SageConfig, run_id: None, iteration: int = 0,
+                    adapter: str | None = None) -> StageContext: ...
+
     def context_for(self, cfg: SageConfig, run_id: str | None, iteration: int = 0,
                     adapter: str | None = None) -> StageContext:
-        """A stage context for a config that need not be a stored run's (seeding, evaluating a base model)."""
+        """A stage context for a config that need not be a stored run's (seeding, evaluating a base model): a
+        `RunContext` when it names a run."""
         key = run_id or f"model:{cfg.model.name}"
         if key not in self._engines:
             self._engines[key] = Engines(cfg, **self.given)
         engines = self._engines[key]
-        return StageContext(cfg=cfg, wh=self.warehouse, run_id=run_id, iteration=iteration, adapter=adapter,
-                            progress=partial(self._report, run_id, iteration), engines=engines,
-                            fanout=self._fanout(cfg, engines))
+        progress, fanout = partial(self._report, run_id, iteration), self._fanout(cfg, engines)
+        if run_id is None:
+            return StageContext(cfg, self.warehouse, None, iteration, adapter, progress, engines, fanout)
+        return RunContext(cfg, self.warehouse, run_id, iteration, adapter, progress, engines, fanout)
 
     def _report(self, run_id: str | None, iteration: int, stage: str, done: int, total: int, tokens: int = 0, *,
                 unit: str = "rows", note: str = "", metrics: dict | None = None) -> None:

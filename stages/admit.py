@@ -1,6 +1,6 @@
 """admit: the filter. A new question enters the pool only if its verifier is valid (a math label grounded, under
 `iteration.math_labels: program`), s_q >= alpha, neither its normalised text nor, for math, what it asks
-(`challenge.content_key`: its own arithmetic with the unknown renamed, a GCD's numbers; the same problem in other
+(`arithmetic.content_key`: its own arithmetic with the unknown renamed, a GCD's numbers; the same problem in other
 words) is a validation or benchmark question's (`contaminated`) or already in the pool (`duplicate`), and (when
 `iteration.near_duplicate_threshold` is set) it is not a near-duplicate of one, nor of any question written before
 it in this iteration (so a batch of copies of one puzzle admits at most one), and its probe pass rate p (1 -
@@ -22,15 +22,16 @@ Questions are decided in id order, so of two identical new questions the same on
 Idempotency: only undecided questions are touched. With `iteration.challenger` false (an ablation) it decides
 nothing. Fails: never on model output.
 """
+# pyright: basic
 
 from __future__ import annotations
 
 import numpy as np
 
 from sage.configs.names import Stage
+from sage.engines.text.arithmetic import content_key
 from sage.engines.text.similar import most_similar, repetition, signatures
-from sage.stages.challenge import content_key
-from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.context import RunContext, StageReport, switched_off
 from sage.warehouse.queries import (
     generated_questions,
     heldout_questions,
@@ -84,7 +85,7 @@ def decide(q: dict, alpha: float, seen: set[str], heldout: frozenset[str] = froz
 
 
 def _key(q: dict) -> str | None:
-    """A math question's content key (`challenge.content_key`); None for code, whose text is a task, not a sum."""
+    """A math question's content key (`arithmetic.content_key`); None for code, whose text is a task, not a sum."""
     return content_key(q["text"] or "") if q.get("domain") == "math" else None
 
 
@@ -100,7 +101,7 @@ def _cache_keys(rows: list[dict]) -> list[dict]:
     return missing
 
 
-def run(ctx: StageContext) -> StageReport:
+def run(ctx: RunContext) -> StageReport:
     it = ctx.cfg.iteration
     if not it.challenger:
         return switched_off(STAGE, "iteration.challenger")

@@ -21,19 +21,21 @@ Idempotency key: rollout id (see stages/rollouts.py); question id = hash("genera
 With `iteration.challenger` false (an ablation) it reads and writes nothing: the pool stays the seeds.
 Fails: engine errors propagate (the flow retries); model output never fails the stage.
 """
+# pyright: basic
 
 from __future__ import annotations
 
-import ast
 import re
-from collections import Counter
-from fractions import Fraction
+from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from sage.configs.names import Purpose, Role, Stage
+from sage.engines.text.arithmetic import arithmetic_mismatch, number_mismatch, operation_mismatch
 from sage.engines.text.grammar import MATH_PROGRAM_ENTRY
 from sage.engines.text.similar import shingles
-from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.context import RunContext, StageReport, switched_off
+from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate
 from sage.warehouse import content_id, norm_hash
 from sage.warehouse.queries import existing_ids, questions_by_id, rollouts_for, sample_pool
@@ -41,7 +43,7 @@ from sage.warehouse.queries import existing_ids, questions_by_id, rollouts_for, 
 STAGE = Stage.CHALLENGE
 
 
-def references(ctx: StageContext) -> list[dict]:
+def references(ctx: RunContext) -> list[dict]:
     return sample_pool(ctx.wh, ctx.run_id, ctx.iteration - 1, ctx.cfg.iteration.domains, ctx.cfg.iteration.n_challenge,
                        content_id("challenge-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration))
 
@@ -75,209 +77,26 @@ def _sage_label_():
             else shown
     return str(value)[:200]
 """
-_NUMBER = re.compile(r"\d+(?:\.\d+)?|\.\d+")
 
 
-def _number(text: str) -> Fraction | None:
-    try:
-        return Fraction(text)
-    except (ValueError, ZeroDivisionError, OverflowError):
-        return None
+@dataclass(eq=False)
+class Draft:
+    """One Challenger rollout on its way to a `questions` row: what its reply says, then what the checks of its
+    label found (`_check_math`, `_check_code`), which `_question_rows` writes."""
 
+    rollout: dict
+    domain: str
+    fields: dict                       # the parsed reply (`tags.parse_challenger`)
+    question: str                      # its question, stripped; empty when it wrote none
+    valid: bool = False                # the verifier (label, or code outputs) holds
+    label: str | None = None           # math: how the label was grounded, or why not (`verifier.label`)
+    error: str | None = None           # why the verifier does not hold, as a sentence
+    program_result: str | None = None  # grounded math: what the program returned
+    answer_agrees: bool | None = None  # grounded math: whether the stated answer equals that result
+    outputs: list | None = None        # code: the reference solution's outputs, the expected ones
 
-def number_mismatch(program: str, question: str) -> str | None:
-    """Why the numeric literals of `program` are not exactly the numbers `question` states, each as many times
-    (None when they are). A program that computes from a number the question never gives, or leaves out one it
-    gives, computes another problem: on SmolLM2-135M's questions this rejected every ill-posed one whose program
-    nevertheless ran (docs/curriculum-audit.md). A program that does not parse is left to the sandbox."""
-    try:
-        tree = ast.parse(program)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    if any(isinstance(n, ast.JoinedStr) or (isinstance(n, ast.Constant) and isinstance(n.value, (str, bytes)))
-           or (isinstance(n, ast.Call) and getattr(n.func, "id", None) in ("str", "chr", "bytes", "eval", "exec"))
-           for n in ast.walk(tree)):   # `int("3" + "4")` would put 34 where the question says 3 + 4
-        return "the program writes text; it must compute with the question's numbers"
-    used = Counter(_number(repr(n.value)) for n in ast.walk(tree) if isinstance(n, ast.Constant)
-                   and isinstance(n.value, (int, float)) and not isinstance(n.value, bool))
-    stated = Counter(_number(t) for t in _NUMBER.findall(question))
-    extra, missing = sorted(map(str, (used - stated).elements())), sorted(map(str, (stated - used).elements()))
-    parts = []
-    if extra:
-        parts.append(f"the program uses {', '.join(extra[:5])}, which the question does not state")
-    if missing:
-        parts.append(f"the question states {', '.join(missing[:5])}, which the program does not use")
-    return "; ".join(parts) or None
-
-
-#: The operations a program may use, by class, and how a question names each (case-folded). `+` and `-` are one
-#: class, as are `*` and `/`, so solving `x + 3 = 9` by `9 - 3` names its operation.
-_NAMED = {
-    "addition or subtraction": re.compile(r"[+\-\u2212]|\b(plus|minus|sum|add|added|adds|subtract\w*|difference|total|"
-                                         r"more|less|fewer|left|remain\w*|altogether|together|increase\w*|"
-                                         r"decrease\w*)\b"),
-    "multiplication or division": re.compile(r"[*\u00d7\u00f7/%^]|\d\s*x\s*\d|\b(times|product|multipl\w*|divid\w*|"
-                                             r"quotient|per|each|every|half|twice|double|triple|ratio|average|"
-                                             r"mean|rate|square\w*|cube\w*|power|percent\w*|share|split)\b"),
-    "gcd": re.compile(r"\bgcd\b|greatest common (divisor|factor)|highest common factor|\bhcf\b"),
-    "lcm": re.compile(r"\blcm\b|(least|lowest) common multiple"),
-}
-_OPERATOR_CLASS = {ast.Add: "addition or subtraction", ast.Sub: "addition or subtraction",
-                   ast.Mult: "multiplication or division", ast.Div: "multiplication or division",
-                   ast.FloorDiv: "multiplication or division", ast.Mod: "multiplication or division",
-                   ast.Pow: "multiplication or division"}
-_CALL_CLASS = {"gcd": "gcd", "lcm": "lcm", "sum": "addition or subtraction", "pow": "multiplication or division",
-               "prod": "multiplication or division"}
-_NEUTRAL_CALLS = {"Fraction", "int", "float", "bool", "abs", "round", "range", "len", "list", "tuple"}
-
-
-def operation_mismatch(program: str, question: str) -> str | None:
-    """Why `program` does not compute with operations `question` names (None when it does): it computes nothing
-    (returns a constant), or uses an operation whose class no symbol or word of the question names. With the
-    program's result as the label (`math_labels: program`) the program is the only witness, and a program that
-    applies its question's numbers to other operations (`20 - 18` for "the integer d with 18 <= d <= 20") grounds
-    a wrong label. A program that does not parse is left to the sandbox."""
-    try:
-        tree = ast.parse(program)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    used: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.BinOp, ast.AugAssign)):
-            used.add(_OPERATOR_CLASS.get(type(node.op), type(node.op).__name__))
-        elif isinstance(node, ast.Call):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "?")
-            if name not in _NEUTRAL_CALLS:
-                used.add(_CALL_CLASS.get(name, f"{name}()"))
-    if not used:
-        return "the program computes nothing: it returns a constant"
-    text = question.casefold()
-    unnamed = sorted(c for c in used if c not in _NAMED or not _NAMED[c].search(text))
-    return f"the question names no {', '.join(unnamed)}, which the program uses" if unnamed else None
-
-
-#: One token of a question's own arithmetic: a number, a one-letter unknown, an operator, a bracket, `=`, space;
-#: anything else (a word, `?`, `:`) ends a stretch of arithmetic.
-_ARITH_TOKEN = re.compile(r"(?P<num>\d+(?:\.\d+)?|\.\d+)|(?P<var>(?<![A-Za-z])[A-Za-z](?![A-Za-z]))|(?P<op>[-+*/()=])"
-                          r"|(?P<space>\s+)|(?P<other>.)", re.DOTALL)
-_ARITH_SIGNS = str.maketrans({"\u00d7": "*", "\u00f7": "/", "\u2212": "-"})
-
-
-def _linear(node: ast.AST, unknown: str | None) -> tuple[Fraction, Fraction] | None:
-    """`node` as a * unknown + b, exactly, or None when it is not linear in the one unknown (or not arithmetic)."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return Fraction(0), Fraction(repr(node.value))
-    if isinstance(node, ast.Name) and node.id == unknown:
-        return Fraction(1), Fraction(0)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        inner = _linear(node.operand, unknown)
-        return None if inner is None else (inner if isinstance(node.op, ast.UAdd) else (-inner[0], -inner[1]))
-    if not isinstance(node, ast.BinOp):
-        return None
-    left, right = _linear(node.left, unknown), _linear(node.right, unknown)
-    if left is None or right is None:
-        return None
-    (a, b), (c, d) = left, right
-    if isinstance(node.op, ast.Add):
-        return a + c, b + d
-    if isinstance(node.op, ast.Sub):
-        return a - c, b - d
-    if isinstance(node.op, ast.Mult) and (a == 0 or c == 0):
-        return a * d + c * b, b * d
-    if isinstance(node.op, ast.Div) and c == 0 and d != 0:
-        return a / d, b / d
-    return None
-
-
-def _arithmetic_value(stretch: str) -> Fraction | None:
-    """The value a stretch of arithmetic states: an expression (`7 * 8`, `10 + 1 =`) is its value, a linear
-    equation in one unknown (`y + 1 = 3`, `2x - 4 = 10`) its solution; None for anything else."""
-    unknowns = set(re.findall(r"[A-Za-z]", stretch))
-    if len(unknowns) > 1 or stretch.count("=") > 1 or len(stretch) > 120:
-        return None
-    unknown = unknowns.pop() if unknowns else None
-    text = re.sub(r"(?<=[\d)])\s*(?=[A-Za-z(])|(?<=[A-Za-z)])\s*(?=\()", "*", stretch)   # 2x, 2(x+1), x(3)
-    sides = [side.strip() for side in text.split("=")]
-    try:
-        trees = [ast.parse(side, mode="eval").body for side in sides if side]
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    forms = [_linear(tree, unknown) for tree in trees]
-    if not forms or any(f is None for f in forms):
-        return None
-    if len(forms) == 1:   # an expression, or one with a trailing `=` to fill in
-        (a, b), = forms
-        return b if a == 0 else None
-    (a, b), (c, d) = forms
-    if unknown is None or a == c:   # a stated fact (`2 + 3 = 5`) or no single solution
-        return None
-    return (d - b) / (a - c)
-
-
-def own_arithmetic(question: str) -> str | None:
-    """The one stretch of arithmetic that holds all of the question's numbers (`7 * 8` in "What is 7 * 8?",
-    `y + 1 = 3` in "Find y: y + 1 = 3"), or None when there is no such stretch or more than one."""
-    text = question.translate(_ARITH_SIGNS)[:2000]
-    stretches, current = [], []
-    for m in _ARITH_TOKEN.finditer(text):
-        if m.lastgroup == "other":
-            stretches.append("".join(current))
-            current = []
-        else:
-            current.append(m.group())
-    stretches.append("".join(current))
-    numbers = Counter(_number(t) for t in _NUMBER.findall(text))
-    checkable = [s.strip() for s in stretches
-                 if re.search(r"[-+*/]", s) and Counter(_number(t) for t in _NUMBER.findall(s)) == numbers]
-    return checkable[0] if len(checkable) == 1 else None
-
-
-_DIVISOR_OR_MULTIPLE = {"gcd": re.compile(r"\bgcd\b|greatest common (?:divisor|factor)|highest common factor", re.I),
-                        "lcm": re.compile(r"\blcm\b|least common multiple|lowest common multiple", re.I)}
-
-
-def content_key(question: str) -> str | None:
-    """What a math question asks, whatever its words: its own arithmetic with every unknown written `x` and no
-    trailing `=` ("What is the value of l when l + 8 = 15?" and "Determine the value of d that satisfies: d + 8 =
-    15" are both `x+8=15`), or for a GCD or an LCM its numbers sorted (`gcd 11 12`); None for anything else (a
-    word problem). Two questions with one key ask the same problem in other words, which text similarity misses:
-    in lever 15's run nine admitted questions restated an earlier one, three of them validation problems
-    (docs/curriculum-audit.md). A question that asks something else of the same sum ("Is 12 + 10 even?") shares its
-    key too: at worst a question lost, never a wrong label."""
-    kinds = [k for k, pattern in _DIVISOR_OR_MULTIPLE.items() if pattern.search(question)]
-    if len(kinds) == 1:
-        numbers = sorted(f for f in (_number(t) for t in _NUMBER.findall(question)) if f is not None)
-        return f"{kinds[0]} " + " ".join(map(str, numbers)) if len(numbers) >= 2 else None
-    if kinds or (stretch := own_arithmetic(question)) is None:
-        return None
-    tokens = []
-    for m in _ARITH_TOKEN.finditer(stretch):
-        if m.lastgroup == "num":
-            tokens.append(str(_number(m.group())))
-        elif m.lastgroup == "var":
-            tokens.append("x")
-        elif m.lastgroup == "op":
-            tokens.append(m.group())
-    return "".join(tokens).rstrip("=") or None
-
-
-def arithmetic_mismatch(question: str, result: str) -> str | None:
-    """Why the program's `result` is not the value of the arithmetic its question writes out (None when it is, or
-    when there is nothing to check): where all of the question's numbers stand in one stretch of arithmetic, an
-    expression (`What is 7 * 8?`) or a linear equation in one unknown (`Find y: y + 1 = 3`), its value is known
-    without the program, and a program that computes something else (`return 3 + 1` for `y + 1 = 3`, the one wrong
-    math label in docs/curriculum-audit.md) grounds a wrong label."""
-    stretch = own_arithmetic(question)
-    if stretch is None or (value := _arithmetic_value(stretch)) is None:
-        return None
-    try:
-        got = Fraction(result.strip())
-    except (ValueError, ZeroDivisionError, OverflowError):
-        return None
-    if abs(got - value) <= Fraction(1, 10**9) * max(1, abs(value)):
-        return None
-    shown = str(value.numerator) if value.denominator == 1 else str(value)
-    return f"the question's own arithmetic `{stretch[:60]}` gives {shown}; the program returns {result[:60]}"
+    def fail(self, label: str, error: str) -> None:
+        self.valid, self.label, self.error = False, label, error
 
 
 def reference_chunk(engines, jobs: list) -> list:
@@ -288,25 +107,21 @@ def reference_chunk(engines, jobs: list) -> list:
     return reference_outputs(engines.sandbox, jobs)
 
 
-def _check_math(ctx: StageContext, items: list[dict]) -> None:
+def _check_math(ctx: RunContext, items: list[Draft]) -> None:
     """Answer-only (`math_labels: answer`): a reference answer is valid when the math checker finds it
     equivalent to itself: it parses, within the checker's time and memory limits (in its worker processes, never
     here), wherever the flow fans out."""
     if ctx.cfg.iteration.math_labels != "answer":
         return _ground_math(ctx, items)
-    answers = [(it["fields"].get("answer") or "").strip() for it in items]
+    answers = [(it.fields.get("answer") or "").strip() for it in items]
     scores = [s for chunk in ctx.fanout.map(parse_checks, answers) for s in chunk]
     for it, a, s in zip(items, answers, scores):
-        it["valid"] = bool(a) and s == 1.0
-        it["error"] = None if it["valid"] else ("no reference answer" if not a else "reference answer does not parse")
-        it["label"] = "answer_only" if it["valid"] else ("no_answer" if not a else None)  # None: invalid_verifier
+        it.valid = bool(a) and s == 1.0
+        it.error = None if it.valid else ("no reference answer" if not a else "reference answer does not parse")
+        it.label = "answer_only" if it.valid else ("no_answer" if not a else None)  # None: invalid_verifier
 
 
-def _fail(it: dict, label: str, error: str) -> None:
-    it["valid"], it["label"], it["error"] = False, label, error
-
-
-def _ground_math(ctx: StageContext, items: list[dict]) -> None:
+def _ground_math(ctx: RunContext, items: list[Draft]) -> None:
     """Grounded labels: each question's program runs twice in the sandbox (wherever the flow fans out), agreeing,
     and may use only numbers the question states. Under `program` its result is the label (the stated answer is
     kept beside it, with whether the two agree); under `agreement` the stated answer must equal it under the math
@@ -316,41 +131,40 @@ def _ground_math(ctx: StageContext, items: list[dict]) -> None:
     strict = ctx.cfg.iteration.math_labels == "agreement"
     runnable = []
     for it in items:
-        f = it["fields"]
+        f = it.fields
         answer, program = (f.get("answer") or "").strip(), (f.get("program") or "").strip()
         if strict and not answer:
-            _fail(it, "no_answer", "no reference answer")
+            it.fail("no_answer", "no reference answer")
         elif not program:
-            _fail(it, "no_program", "no program computes the answer")
-        elif mismatch := number_mismatch(program, it["question"]):
-            _fail(it, "number_mismatch", mismatch)
-        elif not strict and (mismatch := operation_mismatch(program, it["question"])):
-            _fail(it, "operation_mismatch", mismatch)
+            it.fail("no_program", "no program computes the answer")
+        elif mismatch := number_mismatch(program, it.question):
+            it.fail("number_mismatch", mismatch)
+        elif not strict and (mismatch := operation_mismatch(program, it.question)):
+            it.fail("operation_mismatch", mismatch)
         else:
             runnable.append(it)
-    jobs = [Job(it["fields"]["program"] + _LABEL_WRAPPER, "_sage_label_", [[]]) for it in runnable]
+    jobs = [Job(it.fields["program"] + _LABEL_WRAPPER, "_sage_label_", [[]]) for it in runnable]
     outputs_of = [outputs for chunk in ctx.fanout.map(reference_chunk, jobs) for outputs in chunk]
     ran = []
     for it, outputs in zip(runnable, outputs_of):
         if not outputs or not isinstance(outputs[0], str) or not outputs[0].strip():
-            _fail(it, "program_failed", "the program failed, returned no number or was nondeterministic")
-        elif mismatch := arithmetic_mismatch(it["question"], outputs[0]):
-            it["program_result"] = outputs[0].strip()
-            _fail(it, "arithmetic_mismatch", mismatch)
+            it.fail("program_failed", "the program failed, returned no number or was nondeterministic")
+        elif mismatch := arithmetic_mismatch(it.question, outputs[0]):
+            it.program_result = outputs[0].strip()
+            it.fail("arithmetic_mismatch", mismatch)
         else:
-            it["program_result"] = outputs[0].strip()
-            ran.append(it)
-    stated = [it for it in ran if (it["fields"].get("answer") or "").strip()]
-    pairs = [(it["program_result"], it["fields"]["answer"].strip()) for it in stated]
+            it.program_result = outputs[0].strip()
+            ran.append((it, it.program_result))
+    stated = [(it, result) for it, result in ran if (it.fields.get("answer") or "").strip()]
+    pairs = [(result, it.fields["answer"].strip()) for it, result in stated]
     scores = [s for chunk in ctx.fanout.map(agreement_checks, pairs) for s in chunk]
-    agrees = {id(it): s == 1.0 for it, s in zip(stated, scores)}
-    for it in ran:
-        it["answer_agrees"] = agrees.get(id(it), False)
-        if strict and not it["answer_agrees"]:
-            _fail(it, "label_mismatch", f"the stated answer does not equal the program's result "
-                                        f"{it['program_result'][:60]}")
+    agrees = {it: s == 1.0 for (it, _), s in zip(stated, scores)}
+    for it, result in ran:
+        it.answer_agrees = agrees.get(it, False)
+        if strict and not it.answer_agrees:
+            it.fail("label_mismatch", f"the stated answer does not equal the program's result {result[:60]}")
         else:
-            it["valid"], it["label"], it["error"] = True, "grounded", None
+            it.valid, it.label, it.error = True, "grounded", None
 
 
 #: The fewest distinct test inputs a code question's verifier needs (the prompt asks for 3 to 5). The audit of the
@@ -367,29 +181,27 @@ def _distinct(inputs: list) -> list:
     return seen
 
 
-def _check_code(ctx: StageContext, items: list[dict]) -> None:
+def _check_code(ctx: RunContext, items: list[Draft]) -> None:
     """Run each code question's reference solution twice in the sandbox (wherever the flow fans out); agreeing,
     error-free outputs that survive storage as JSON become the expected outputs."""
     from sage.engines.verify.outputs import storable
     from sage.engines.verify.sandbox import Job
 
-    runnable = [it for it in items if it["fields"].get("solution") and len(_distinct(it["fields"].get("inputs") or []))
-                >= MIN_CODE_TESTS]
+    runnable = [it for it in items
+                if it.fields.get("solution") and len(_distinct(it.fields.get("inputs") or [])) >= MIN_CODE_TESTS]
     for it in items:
         if it not in runnable:
-            it["valid"], it["error"] = False, (f"no reference solution or fewer than {MIN_CODE_TESTS} distinct test "
-                                               f"inputs")
-    jobs = [Job(it["fields"]["solution"], it["fields"].get("entry_point") or "", it["fields"]["inputs"])
-            for it in runnable]
+            it.valid, it.error = False, f"no reference solution or fewer than {MIN_CODE_TESTS} distinct test inputs"
+    jobs = [Job(it.fields["solution"], it.fields.get("entry_point") or "", it.fields["inputs"]) for it in runnable]
     outputs_of = [outputs for chunk in ctx.fanout.map(reference_chunk, jobs) for outputs in chunk]
     for it, outputs in zip(runnable, outputs_of):
         stored = storable(outputs)
-        it["valid"], it["outputs"] = stored is not None, stored
-        it["error"] = None if stored is not None else (
+        it.valid, it.outputs = stored is not None, stored
+        it.error = None if stored is not None else (
             "reference solution failed or was nondeterministic" if outputs is None else "outputs are not JSON-storable")
 
 
-def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
+def _question_rows(ctx: RunContext, rollouts: list[dict]) -> list[dict]:
     parents = {r["question_id"] for r in rollouts}
     parent_rows = questions_by_id(ctx.wh, list(parents))
     domain_of = {qid: q["domain"] for qid, q in parent_rows.items()}
@@ -398,36 +210,34 @@ def _question_rows(ctx: StageContext, rollouts: list[dict]) -> list[dict]:
         raise LookupError(f"challenge rollouts of iteration {ctx.iteration} name reference question(s) the "
                           f"warehouse does not hold: {', '.join(missing[:3])}; the question a new one varies "
                           f"decides its domain and verifier, so nothing is guessed")
-    items = []
-    for r in rollouts:
-        fields = r["parsed"]
-        items.append({"rollout": r, "domain": domain_of[r["question_id"]], "fields": fields,
-                      "question": (fields.get("question") or "").strip()})
-    _check_math(ctx, [it for it in items if it["domain"] == "math" and it["question"]])
-    _check_code(ctx, [it for it in items if it["domain"] == "code" and it["question"]])
+    items = [Draft(r, domain_of[r["question_id"]], r["parsed"], (r["parsed"].get("question") or "").strip())
+             for r in rollouts]
+    _check_math(ctx, [it for it in items if it.domain == "math" and it.question])
+    _check_code(ctx, [it for it in items if it.domain == "code" and it.question])
     rows = []
     for it in items:
-        f, r = it["fields"], it["rollout"]
-        if it["domain"] == "math":
-            verifier = {"answer": f.get("answer"), "label": it.get("label")}
+        f, r = it.fields, it.rollout
+        verifier: dict
+        if it.domain == "math":
+            verifier = {"answer": f.get("answer"), "label": it.label}
             if ctx.cfg.iteration.math_labels != "answer":
                 verifier.update(stated_answer=f.get("answer"), program=f.get("program"),
-                                program_result=it.get("program_result"), answer_agrees=it.get("answer_agrees"))
-                if ctx.cfg.iteration.math_labels == "program" and it.get("program_result") is not None:
-                    verifier["answer"] = it["program_result"]   # the label the Solver is checked against
+                                program_result=it.program_result, answer_agrees=it.answer_agrees)
+                if ctx.cfg.iteration.math_labels == "program" and it.program_result is not None:
+                    verifier["answer"] = it.program_result   # the label the Solver is checked against
         else:
             verifier = {"entry_point": f.get("entry_point"), "signature": f.get("signature"),
-                        "inputs": f.get("inputs") or [], "outputs": it.get("outputs")}
-        row = dict(question_id=content_id("question", "generated", r["rollout_id"]), origin="generated",
-                   domain=it["domain"], text=it["question"], verifier=verifier,
+                        "inputs": f.get("inputs") or [], "outputs": it.outputs}
+        row: dict[str, Any] = dict(question_id=content_id("question", "generated", r["rollout_id"]), origin="generated",
+                   domain=it.domain, text=it.question, verifier=verifier,
                    source=parent_rows[r["question_id"]].get("source") or Role.CHALLENGER,
-                   norm_hash=norm_hash(it["question"]), parent_id=r["question_id"], run_id=ctx.run_id,
-                   iteration=ctx.iteration, rollout_id=r["rollout_id"], verifier_valid=it.get("valid", False),
-                   verifier_error=it.get("error"))
-        if not it["question"]:
+                   norm_hash=norm_hash(it.question), parent_id=r["question_id"], run_id=ctx.run_id,
+                   iteration=ctx.iteration, rollout_id=r["rollout_id"], verifier_valid=it.valid,
+                   verifier_error=it.error)
+        if not it.question:
             row.update(s_q=0.0, admitted=False, rejection_reason="unparseable",
                        verifier_error=r["format_reason"] or "no <question>")
-        elif copies_instructions(it["question"], challenger_kind(it["domain"], ctx.cfg.iteration.math_labels),
+        elif copies_instructions(it.question, PromptKind.challenger(it.domain, ctx.cfg.iteration.math_labels),
                                  ctx.cfg.roles.prompts):
             row.update(s_q=0.0, admitted=False, rejection_reason="unparseable", verifier_valid=False,
                        verifier_error="the question copies the Challenger's instructions")
@@ -450,23 +260,18 @@ def _instruction_shingles(kind: str, prompt_set: str) -> frozenset[str]:
     return frozenset(shingles(instructions, INSTRUCTION_WORDS))
 
 
-def copies_instructions(question: str, kind: str, prompt_set: str = "short") -> bool:
+def copies_instructions(question: str, kind: PromptKind, prompt_set: str = "short") -> bool:
     """Whether `question` repeats INSTRUCTION_WORDS or more words in a row of the Challenger prompt `kind`'s own
     instructions (in `prompt_set`, `roles.prompts`)."""
     return not _instruction_shingles(kind, prompt_set).isdisjoint(shingles(question, INSTRUCTION_WORDS))
 
 
-def challenger_kind(domain: str, math_labels: str) -> str:
-    """The Challenger's prompt kind (and output format) for a reference of `domain`."""
-    return "challenger_math_answer" if domain == "math" and math_labels == "answer" else f"challenger_{domain}"
-
-
-def run(ctx: StageContext) -> StageReport:
+def run(ctx: RunContext) -> StageReport:
     if not ctx.cfg.iteration.challenger:
         return switched_off(STAGE, "iteration.challenger")
     refs = references(ctx)
     labels = ctx.cfg.iteration.math_labels
-    units = [Unit(challenger_kind(q["domain"], labels), q["question_id"], q["domain"],
+    units = [Unit(PromptKind.challenger(q["domain"], labels), q["question_id"], q["domain"],
                   {"question": q["text"], "family": q.get("source")}) for q in refs]
     _, written = generate(ctx, STAGE, Purpose.CHALLENGE, units)
     rollouts = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.CHALLENGE)

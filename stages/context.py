@@ -1,16 +1,20 @@
 """What every stage receives: the config, the warehouse, which run and iteration, the engines, where its
 fan-out runs, and where it reports progress.
 
+`StageContext` is what seeding and evaluation receive, with or without a run; `RunContext` is what every stage of
+an iteration receives (flows/iteration.py): the same, with its run's id.
+
 Engines (`Engines`) are built on first use and belong to whoever builds the contexts (the flow's session, a
 test, a benchmark), so a model loads once per process and a test can hand in a scripted generator. The
 fan-out (`stages/fanout.py`) is local unless the flow injects another.
 """
+# pyright: basic
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sage.configs.names import Role
 from sage.configs.schema import SageConfig
@@ -18,6 +22,11 @@ from sage.engines.llm.base import Sleeps
 from sage.engines.train import role_adapter_dir
 from sage.stages.fanout import Fanout, Local
 from sage.warehouse import Warehouse
+
+if TYPE_CHECKING:  # built on first use: a stage that needs no model or sandbox never imports them
+    from sage.engines.llm.base import LLM
+    from sage.engines.verify.mathcheck import MathChecker
+    from sage.engines.verify.sandbox import Sandbox
 
 # progress(stage, done, total, tokens, unit=, note=, metrics=): how a stage reports units done (rows unless `unit`
 # says otherwise: training counts optimizer steps), tokens so far, a short `note` (training's last loss) and the
@@ -54,19 +63,19 @@ class Engines:
         return self._built[name]
 
     @property
-    def sandbox(self):
+    def sandbox(self) -> Sandbox:
         from sage.engines.verify.sandbox import Sandbox
 
         return self._get("sandbox", lambda: Sandbox(self.cfg.sandbox))
 
     @property
-    def mathcheck(self):
+    def mathcheck(self) -> MathChecker:
         from sage.engines.verify.mathcheck import MathChecker
 
         return self._get("mathcheck", lambda: MathChecker(self.cfg.mathcheck))
 
     @property
-    def llm(self):
+    def llm(self) -> LLM:
         from sage.engines.llm import load_llm
 
         return self._get("llm", lambda: load_llm(self.cfg.model))
@@ -98,22 +107,25 @@ class Engines:
         self._built.clear()
 
 
-@dataclass
+@dataclass(init=False)
 class StageContext:
     cfg: SageConfig
-    wh: Warehouse | None
-    run_id: str | None = None
-    iteration: int = 0
-    adapter: str | None = None          # adapter this iteration generates with (None = base model)
-    progress: ProgressFn | None = None
-    engines: Engines | None = None      # None: this context's own (closed by `close`)
-    fanout: Fanout | None = None        # None: in this process, with `engines`
+    wh: Warehouse
+    run_id: str | None                  # None: seeding, or evaluating a model outside any run
+    iteration: int
+    adapter: str | None                 # adapter this iteration generates with (None = base model)
+    progress: ProgressFn | None
+    engines: Engines
+    fanout: Fanout
 
-    def __post_init__(self) -> None:
-        if self.engines is None:
-            self.engines = Engines(self.cfg)
-        if self.fanout is None:
-            self.fanout = Local(self.engines)
+    def __init__(self, cfg: SageConfig, wh: Warehouse, run_id: str | None = None, iteration: int = 0,
+                 adapter: str | None = None, progress: ProgressFn | None = None, engines: Engines | None = None,
+                 fanout: Fanout | None = None):
+        """`engines` None: this context's own (closed by `close`); `fanout` None: in this process, with them."""
+        self.cfg, self.wh, self.run_id, self.iteration = cfg, wh, run_id, iteration
+        self.adapter, self.progress = adapter, progress
+        self.engines = engines if engines is not None else Engines(cfg)
+        self.fanout = fanout if fanout is not None else Local(self.engines)
 
     def report(self, stage: str, done: int, total: int, tokens: int = 0, *, unit: str = "rows",
                note: str = "", metrics: dict | None = None) -> None:
@@ -121,19 +133,19 @@ class StageContext:
             self.progress(stage, done, total, tokens, unit=unit, note=note, metrics=metrics)
 
     @property
-    def sandbox(self):
+    def sandbox(self) -> Sandbox:
         return self.engines.sandbox
 
     @property
-    def mathcheck(self):
+    def mathcheck(self) -> MathChecker:
         return self.engines.mathcheck
 
     @property
-    def llm(self):
+    def llm(self) -> LLM:
         """The generation backend, switched to the Solver's adapter (this context's, `adapter`)."""
         return self.llm_for(Role.SOLVER)
 
-    def llm_for(self, role: Role):
+    def llm_for(self, role: Role) -> LLM:
         """The generation backend, switched to the adapter `role` generates with (`adapter_for`)."""
         llm, adapter = self.engines.llm, self.adapter_for(role)
         if llm.adapter != adapter:
@@ -152,3 +164,13 @@ class StageContext:
     def close(self) -> None:
         """Stop the engines (pools, workers, model); for contexts that own them (tests, one-off commands)."""
         self.engines.close()
+
+
+@dataclass(init=False)
+class RunContext(StageContext):
+    """The context of one iteration of a run: every stage of `ITERATION_STAGES` and validation receive one."""
+    run_id: str  # narrowed: a run's stages always have it
+
+    def __init__(self, cfg: SageConfig, wh: Warehouse, run_id: str, iteration: int = 0, adapter: str | None = None,
+                 progress: ProgressFn | None = None, engines: Engines | None = None, fanout: Fanout | None = None):
+        super().__init__(cfg, wh, run_id, iteration, adapter, progress, engines, fanout)

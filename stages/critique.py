@@ -9,22 +9,24 @@ Idempotency key: rollout id; `plans.plan_id` = the Planner rollout; s_q is only 
 Each half reads and writes nothing when its role's switch is off (`iteration.challenger`, `iteration.planner`).
 Fails: engine errors propagate; model output never fails the stage.
 """
+# pyright: basic
 
 from __future__ import annotations
 
 from sage.configs.names import Purpose, Stage
-from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.context import RunContext, StageReport, switched_off
+from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.stages.score import critic_score, gate
 from sage.warehouse.queries import generated_questions, questions_by_id, rollouts_for, update_rows
 
 
-def run_questions(ctx: StageContext) -> StageReport:
+def run_questions(ctx: RunContext) -> StageReport:
     stage = Stage.CRITIQUE_QUESTION
     if not ctx.cfg.iteration.challenger:
         return switched_off(stage, "iteration.challenger")
     questions = [q for q in generated_questions(ctx.wh, ctx.run_id, ctx.iteration) if q["text"]]
-    units = [Unit("critic_question", q["question_id"], q["domain"], question_fields(q)) for q in questions]
+    units = [Unit(PromptKind.CRITIC_QUESTION, q["question_id"], q["domain"], question_fields(q)) for q in questions]
     _, written = generate(ctx, stage, Purpose.CRITIQUE_QUESTION, units)
     critiques = {r["question_id"]: r
                  for r in rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.CRITIQUE_QUESTION)}
@@ -35,13 +37,13 @@ def run_questions(ctx: StageContext) -> StageReport:
     return StageReport(stage, rows_in=len(questions), rows_out=written, info={"scored": len(updates)})
 
 
-def run_plans(ctx: StageContext) -> StageReport:
+def run_plans(ctx: RunContext) -> StageReport:
     stage = Stage.CRITIQUE_PLAN
     if not ctx.cfg.iteration.planner:
         return switched_off(stage, "iteration.planner")
     plans = rollouts_for(ctx.wh, ctx.run_id, ctx.iteration, Purpose.PLAN)
     qs = questions_by_id(ctx.wh, [p["question_id"] for p in plans])
-    units = [Unit("critic_plan", p["question_id"], qs[p["question_id"]]["domain"],
+    units = [Unit(PromptKind.CRITIC_PLAN, p["question_id"], qs[p["question_id"]]["domain"],
                   question_fields(qs[p["question_id"]], p["parsed"].get("plan") or ""),
                   plan_id=p["rollout_id"]) for p in plans]
     _, written = generate(ctx, stage, Purpose.CRITIQUE_PLAN, units)

@@ -15,6 +15,7 @@ Idempotency key: eval_id = content hash of (run, checkpoint, benchmark, metric, 
 (checkpoint, benchmark) whose rows are all stored generates nothing. Fails: BenchmarkUnavailable when the
 data cannot be read; engine errors propagate; model output never fails.
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from sage.engines.data.code_jobs import code_job, code_passes, complete_code_ver
 from sage.engines.llm.base import GenRequest
 from sage.engines.text import tags
 from sage.stages.context import StageContext, StageReport
-from sage.stages.prompts import version
+from sage.stages.prompts import PromptKind, version
 from sage.stages.rollouts import prompt
 from sage.warehouse import content_id, seed_from_id
 from sage.warehouse.checkpoints import Checkpoint
@@ -68,7 +69,7 @@ def decoding_settings(ctx: StageContext, spec: str, problems: list[Problem], sam
     solver = ctx.cfg.roles.solver
     greedy = samples == 1
     name, path = parse_benchmark(spec)
-    templates = sorted({version(f"solver_{p.domain}", ctx.cfg.roles.prompts) for p in problems})
+    templates = sorted({version(PromptKind.solver(p.domain), ctx.cfg.roles.prompts) for p in problems})
     return {"model": ctx.cfg.model.name, "templates": templates,
             "temperature": 0.0 if greedy else solver.temperature, "top_p": 1.0 if greedy else solver.top_p,
             "samples": samples, "max_new_tokens": solver.max_new_tokens, "constrain": solver.constrain,
@@ -102,7 +103,8 @@ def _request(ctx: StageContext, p: Problem, samples: int) -> GenRequest:
     regex = tags.role_regex(tags.role_key(Role.SOLVER, p.domain), solver.max_new_tokens) if solver.constrain else None
     seed = seed_from_id(content_id(ctx.cfg.run.seed, "evaluate", p.benchmark, p.problem_id, samples))
     greedy = samples == 1
-    return GenRequest(messages=prompt(ctx, f"solver_{p.domain}", solver.max_new_tokens, question=p.question), n=samples,
+    messages = prompt(ctx, PromptKind.solver(p.domain), solver.max_new_tokens, question=p.question)
+    return GenRequest(messages=messages, n=samples,
                       max_new_tokens=solver.max_new_tokens, temperature=0.0 if greedy else solver.temperature,
                       top_p=1.0 if greedy else solver.top_p, seed=seed, regex=regex)
 

@@ -8,6 +8,7 @@ plain rows; it gets the results back in input order, in lists of at most `batch`
 together), as they become ready. `engines` is whatever offers `.sandbox` and `.mathcheck`: the context's
 own engines when local, a per-process cache on a Ray worker. Only the flow process writes the warehouse.
 """
+# pyright: basic
 
 from __future__ import annotations
 

@@ -8,13 +8,15 @@ Writes: one Planner rollout per question (purpose `plan`); nothing with `iterati
 the solve stage then samples the same questions itself).
 Idempotency key: rollout id. Fails: engine errors propagate; model output never fails the stage.
 """
+# pyright: basic
 
 from __future__ import annotations
 
 import math
 
 from sage.configs.names import Purpose, Stage
-from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.context import RunContext, StageReport, switched_off
+from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.warehouse import content_id
 from sage.warehouse.queries import sample_pool
@@ -22,18 +24,18 @@ from sage.warehouse.queries import sample_pool
 STAGE = Stage.PLAN
 
 
-def curriculum(ctx: StageContext) -> int:
+def curriculum(ctx: RunContext) -> int:
     """How many of the `n_plan` questions `iteration.generated_share` asks of the admitted ones (rounded half up)."""
     return math.floor(ctx.cfg.iteration.generated_share * ctx.cfg.iteration.n_plan + 0.5)
 
 
-def sample(ctx: StageContext) -> list[dict]:
+def sample(ctx: RunContext) -> list[dict]:
     """The iteration's `n_plan` pool questions: the ones the Planner plans, or, without it, the Solver answers."""
     return sample_pool(ctx.wh, ctx.run_id, ctx.iteration, ctx.cfg.iteration.domains, ctx.cfg.iteration.n_plan,
                        content_id("plan-sample", ctx.cfg.run.seed, ctx.run_id, ctx.iteration), curriculum(ctx))
 
 
-def drawn_info(ctx: StageContext, questions: list[dict]) -> dict:
+def drawn_info(ctx: RunContext, questions: list[dict]) -> dict:
     """The report's curriculum counts (with a `generated_share`): generated questions asked for and drawn."""
     if not ctx.cfg.iteration.generated_share:
         return {}
@@ -41,10 +43,10 @@ def drawn_info(ctx: StageContext, questions: list[dict]) -> dict:
             "generated_drawn": sum(q["origin"] == "generated" for q in questions)}
 
 
-def run(ctx: StageContext) -> StageReport:
+def run(ctx: RunContext) -> StageReport:
     if not ctx.cfg.iteration.planner:
         return switched_off(STAGE, "iteration.planner")
     questions = sample(ctx)
-    units = [Unit("planner", q["question_id"], q["domain"], question_fields(q)) for q in questions]
+    units = [Unit(PromptKind.PLANNER, q["question_id"], q["domain"], question_fields(q)) for q in questions]
     _, written = generate(ctx, STAGE, Purpose.PLAN, units)
     return StageReport(STAGE, rows_in=len(questions), rows_out=written, info=drawn_info(ctx, questions))

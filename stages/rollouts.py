@@ -11,6 +11,7 @@ Grammar annealing (`roles.<role>.unconstrained`): in a training purpose, each sa
 drawn without the grammar with the iteration's share, picked by a hash of its rollout id; `rollouts.constrained`
 records which were.
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -21,20 +22,15 @@ from typing import Any
 from sage.configs.names import TRAINED_PURPOSES, Purpose, Role, Stage
 from sage.engines.llm.base import GenRequest, GenResult
 from sage.engines.text import tags
-from sage.stages.context import StageContext
-from sage.stages.prompts import field_limit, render, version
+from sage.stages.context import RunContext, StageContext
+from sage.stages.prompts import PromptKind, field_limit, render, version
 from sage.warehouse import content_id, seed_from_id
 from sage.warehouse.queries import existing_ids, stored_path
-
-ROLE_OF_KIND = {"challenger_math": Role.CHALLENGER, "challenger_math_answer": Role.CHALLENGER,
-                "challenger_code": Role.CHALLENGER, "planner": Role.PLANNER,
-                "critic_question": Role.CRITIC, "critic_plan": Role.CRITIC, "solver_math": Role.SOLVER,
-                "solver_code": Role.SOLVER, "solver_math_plan": Role.SOLVER, "solver_code_plan": Role.SOLVER}
 
 
 @dataclass
 class Unit:
-    kind: str                      # prompt template kind (stages/prompts)
+    kind: PromptKind               # which template (stages/prompts)
     question_id: str
     domain: str
     fields: dict[str, Any]         # template fields
@@ -42,15 +38,18 @@ class Unit:
     plan_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)   # kept for the caller, not stored
 
+    def __post_init__(self) -> None:
+        self.kind = PromptKind(self.kind)   # a kind's name given as text is checked here, not at render
+
     @property
     def role(self) -> Role:
-        return ROLE_OF_KIND[self.kind]
+        return self.kind.role
 
-    def unit_id(self, ctx: StageContext, purpose: Purpose) -> str:
+    def unit_id(self, ctx: RunContext, purpose: Purpose) -> str:
         return content_id("unit", ctx.run_id, ctx.iteration, purpose, self.question_id, self.plan_id,
                           version(self.kind, ctx.cfg.roles.prompts))
 
-    def rollout_id(self, ctx: StageContext, purpose: Purpose, sample: int) -> str:
+    def rollout_id(self, ctx: RunContext, purpose: Purpose, sample: int) -> str:
         return content_id("rollout", self.unit_id(ctx, purpose), sample)
 
 
@@ -69,7 +68,7 @@ def question_fields(question: dict, plan: str | None = None) -> dict[str, Any]:
     return fields
 
 
-def prompt(ctx: StageContext, kind: str, max_new_tokens: int, **fields: Any) -> list[dict]:
+def prompt(ctx: StageContext, kind: PromptKind, max_new_tokens: int, **fields: Any) -> list[dict]:
     """The chat messages of one prompt, its fields cut to the tokens the context leaves (`field_limit`)."""
     limit = field_limit(kind, getattr(ctx.engines.llm, "tokenizer", None), ctx.cfg.model.max_model_len, max_new_tokens,
                         ctx.cfg.roles.prompts)
@@ -85,16 +84,20 @@ def format_key(unit: Unit) -> str:
 
 
 def parse(role: Role, domain: str, text: str, key: str | None = None) -> tags.Parsed:
+    """A completion's fields and format reward, by its role's output format. Raises ValueError for a role with no
+    parser: a role added to `Role` needs one here (and its tags in engines/text/tags.py)."""
     if role == Role.CHALLENGER:
         return tags.parse_challenger(text, domain, key)
     if role == Role.PLANNER:
         return tags.parse_planner(text)
     if role == Role.CRITIC:
         return tags.parse_critic(text)
-    return tags.parse_solver(text, domain)
+    if role == Role.SOLVER:
+        return tags.parse_solver(text, domain)
+    raise ValueError(f"no parser for role {role!r}; give it one in stages/rollouts.py `parse`")
 
 
-def _free(ctx: StageContext, role: Role, purpose: Purpose, greedy: bool, rollout_ids: list[str]) -> frozenset[int]:
+def _free(ctx: RunContext, role: Role, purpose: Purpose, greedy: bool, rollout_ids: list[str]) -> frozenset[int]:
     """The samples drawn without the grammar (grammar annealing, training purposes only): sample j when a
     uniform from a hash of its rollout id (and the run seed) falls below the role's share for this iteration,
     so a re-run picks the same ones."""
@@ -105,7 +108,7 @@ def _free(ctx: StageContext, role: Role, purpose: Purpose, greedy: bool, rollout
                      if seed_from_id(content_id("unconstrained", ctx.cfg.run.seed, rid)) < share * 2**31)
 
 
-def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool, rollout_ids: list[str]) -> GenRequest:
+def _request(ctx: RunContext, unit: Unit, purpose: Purpose, greedy: bool, rollout_ids: list[str]) -> GenRequest:
     role_cfg = getattr(ctx.cfg.roles, unit.role)
     regex = None
     if role_cfg.constrain:
@@ -117,7 +120,7 @@ def _request(ctx: StageContext, unit: Unit, purpose: Purpose, greedy: bool, roll
                       free=_free(ctx, unit.role, purpose, greedy, rollout_ids))
 
 
-def _generated(ctx: StageContext, pending: list[Unit], purpose: Purpose, greedy: bool,
+def _generated(ctx: RunContext, pending: list[Unit], purpose: Purpose, greedy: bool,
                ids: dict[int, list[str]], shown: Callable[[int, int], None] = lambda done, tokens: None,
                ) -> Iterator[tuple[int, list[Unit], list[GenRequest], list[GenResult]]]:
     """`pending` generated, in commits of `run.batch_rows` units: (offset, units, requests, results). Backend vllm
@@ -147,7 +150,7 @@ def _role_runs(units: list[Unit]) -> Iterator[tuple[int, list[Unit]]]:
             start = end
 
 
-def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit],
+def generate(ctx: RunContext, stage: Stage, purpose: Purpose, units: list[Unit],
              greedy: bool = False) -> tuple[int, int]:
     """Generate every missing rollout of `units`; returns (units processed, rollouts written)."""
     ids = {id(u): [u.rollout_id(ctx, purpose, j) for j in range(u.n)] for u in units}
@@ -181,7 +184,7 @@ def generate(ctx: StageContext, stage: Stage, purpose: Purpose, units: list[Unit
                     prompt_tokens=len(res.prompt_ids), completion_tokens=len(comp.token_ids),
                     parsed=p.fields, format_reward=p.format_reward, format_reason=p.reason,
                     constrained=req.regex_for(j) is not None,
-                    plan_shown=unit.kind.endswith("_plan") if unit.role == Role.SOLVER else None))
+                    plan_shown=unit.kind.shows_plan if unit.role == Role.SOLVER else None))
                 tokens += len(comp.token_ids)
         written += ctx.wh.insert_batch("rollouts", rows)
         ctx.report(stage, start + len(batch), len(pending), tokens)

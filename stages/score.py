@@ -13,17 +13,17 @@ Fails: an admitted Challenger question that was never probed raises; so does a S
 answer without a verdict (a missing verdict is never scored as a wrong answer) and an iteration with nothing
 to score.
 """
+# pyright: basic
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
 from typing import Any
 
 from sage.configs.names import Purpose, Role, Stage
 from sage.configs.schema import RewardsConfig
-from sage.stages.context import StageContext, StageReport
+from sage.stages.context import RunContext, StageReport
 from sage.warehouse.ids import content_id
 from sage.warehouse.queries import scoring_inputs
 
@@ -101,14 +101,6 @@ def gate(s_p: float, beta: float) -> bool:
     return s_p >= beta
 
 
-def difficulty(s_gt_values: Iterable[float]) -> float:
-    """r_d = 1 - mean(s_gt) over the difficulty-probe answers of one question."""
-    values = list(s_gt_values)
-    if not values:
-        raise ValueError("difficulty needs at least one probe verdict (s_gt); got none")
-    return 1.0 - sum(values) / len(values)
-
-
 def trr_group(role: str, domain: str | None, group_by: str) -> str:
     """The TRR++ group of a rollout: its role, or role x domain when `rewards.group_by` is role_domain."""
     if group_by == "role":
@@ -141,21 +133,26 @@ def trr_advantages(rewards: list[float], groups: list[str], eps: float) -> list[
 
 
 # ------------------------------------------------------------------------------------------ the stage
-def _reward(row: dict, ctx: StageContext) -> tuple[float, dict[str, Any]]:
-    w, r_f = ctx.cfg.rewards, float(row["format_reward"] or 0.0)
-    if row["purpose"] == Purpose.CHALLENGE:
+def _reward(row: dict, ctx: RunContext) -> tuple[float, dict[str, Any]]:
+    """A rollout's reward by its role's formula. Raises ValueError for a role with none: a role added to `Role`
+    needs its reward here before its rollouts can be scored."""
+    w, r_f, role = ctx.cfg.rewards, float(row["format_reward"] or 0.0), row["role"]
+    if role == Role.CHALLENGER:
         s_q, admitted = float(row["s_q"] or 0.0), bool(row["admitted"])
         if w.challenger_difficulty == "uncertainty":  # R-Zero's term in place of r_d (rewards.challenger_difficulty)
             r_u = uncertainty(row["difficulty"], row["batch_repetition"], w.repetition_weight)
             reward, parts = challenger_reward(s_q, r_u, r_f, admitted)
             return reward, {**parts, "r_d": row["difficulty"], "r_u": r_u, "repetition": row["batch_repetition"]}
         return challenger_reward(s_q, row["difficulty"], r_f, admitted)
-    if row["role"] == Role.CRITIC:
+    if role == Role.CRITIC:
         return critic_reward(r_f)
-    if row["purpose"] == Purpose.PLAN:
+    if role == Role.PLANNER:
         return planner_reward(float(row["plan_s_p"] if row["plan_s_p"] is not None else 0.0), r_f, w)
-    s_p_tilde = float(row["plan_s_p"]) if row["plan_passed"] else 0.0
-    return solver_reward(s_p_tilde, float(row["s_gt"]), r_f, w)
+    if role == Role.SOLVER:
+        s_p_tilde = float(row["plan_s_p"]) if row["plan_passed"] else 0.0
+        return solver_reward(s_p_tilde, float(row["s_gt"]), r_f, w)
+    raise ValueError(f"score: rollout {row['rollout_id']} has role {role!r}, which has no reward formula; "
+                     f"give it one in stages/score.py `_reward`")
 
 
 def check_inputs(rows: list[dict], run_id: str, iteration: int) -> None:
@@ -171,7 +168,7 @@ def check_inputs(rows: list[dict], run_id: str, iteration: int) -> None:
                            f"`sage stage verify --run {run_id} --iteration {iteration}` first, then score")
 
 
-def run(ctx: StageContext) -> StageReport:
+def run(ctx: RunContext) -> StageReport:
     rows = scoring_inputs(ctx.wh, ctx.run_id, ctx.iteration)
     check_inputs(rows, ctx.run_id, ctx.iteration)
     scored = [_reward(r, ctx) for r in rows]
@@ -183,7 +180,7 @@ def run(ctx: StageContext) -> StageReport:
            for r, (reward, components), g, a in zip(rows, scored, groups, advantages)]
     added = ctx.wh.insert_batch("scores", out)
     by_role: dict[str, list[float]] = {}
-    for o in out:
-        by_role.setdefault(o["role"], []).append(o["reward"])
+    for r, (reward, _) in zip(rows, scored):
+        by_role.setdefault(r["role"], []).append(reward)
     return StageReport(Stage.SCORE, rows_in=len(rows), rows_out=added,
                        info={f"mean_reward_{role}": round(sum(v) / len(v), 3) for role, v in sorted(by_role.items())})

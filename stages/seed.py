@@ -21,6 +21,7 @@ file, what to download and where to put it; a published code row whose reference
 (reported in the stage's info) and the set draws another; a file with fewer usable rows than its sets ask for
 raises ConfigError.
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import dataclasses
 import json
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 from sage.configs import ConfigError
 from sage.configs.names import Stage
@@ -237,25 +239,25 @@ def _complete_code(ctx: StageContext, items: list[SeedItem]) -> tuple[list[SeedI
     from sage.engines.verify.sandbox import Job
 
     dropped: list[tuple[SeedItem, str]] = []
-    gen = [i for i in items if i.input_generator and "inputs" not in i.verifier]
+    gen = [(i, i.input_generator) for i in items if i.input_generator and "inputs" not in i.verifier]
     if gen:
         jobs = []
-        for k, item in enumerate(gen):
+        for k, (item, generator) in enumerate(gen):
             params = function_params(item.solution or "", item.verifier["entry_point"]) or []
-            jobs.append(Job(input_generator_job_code(item.input_generator, params), INPUTS_ENTRY,
+            jobs.append(Job(input_generator_job_code(generator, params), INPUTS_ENTRY,
                             [[ctx.cfg.seeds.seed + k, CODEIO_INPUTS_PER_TASK]]))
         results = [res for chunk in ctx.fanout.map(execute_chunk, jobs) for res in chunk]
         late = [k for k, res in enumerate(results) if res.status == "timeout"]
         if late:
             for k, res in zip(late, _patient_sandbox(ctx).execute([jobs[k] for k in late])):
                 results[k] = res
-        for item, res in zip(gen, results):
+        for (item, _), res in zip(gen, results):
             if res.errors[0] is None and isinstance(res.outputs[0], list):
                 item.verifier["inputs"] = storable(res.outputs[0])
             else:
                 dropped.append((item, f"the input generator failed ({res.errors[0] or res.status})"))
-    todo = [i for i in items if "outputs" not in i.verifier and i.solution and i.verifier.get("inputs")]
-    jobs = [Job(i.solution, i.verifier["entry_point"], i.verifier["inputs"]) for i in todo]
+    todo = [(i, i.solution) for i in items if "outputs" not in i.verifier and i.solution and i.verifier.get("inputs")]
+    jobs = [Job(solution, i.verifier["entry_point"], i.verifier["inputs"]) for i, solution in todo]
     runs = [run for chunk in ctx.fanout.map(reference_chunk, jobs) for run in chunk]
     late = [k for k, (_, why) in enumerate(runs) if _timed_out(why)]
     if late:
@@ -263,7 +265,7 @@ def _complete_code(ctx: StageContext, items: list[SeedItem]) -> tuple[list[SeedI
 
         for k, run in zip(late, reference_runs(_patient_sandbox(ctx), [jobs[k] for k in late])):
             runs[k] = run
-    for item, (outputs, why) in zip(todo, runs):
+    for (item, _), (outputs, why) in zip(todo, runs):
         stored = storable(outputs)
         if stored is not None:
             item.verifier["outputs"] = stored
@@ -358,7 +360,7 @@ def run(ctx: StageContext) -> StageReport:
     have = existing_ids(ctx.wh, "questions", "question_id", [r["question_id"] for r in rows])
     rows = [r for r in rows if r["question_id"] not in have]
     added = ctx.wh.insert_batch("questions", rows)
-    info = {f"{o}_{d}": sum(1 for i in items if i.split == o and i.domain == d)
+    info: dict[str, Any] = {f"{o}_{d}": sum(1 for i in items if i.split == o and i.domain == d)
             for o in ("seed", "validation") for d in ("math", "code")}
     if tests:
         info["test"] = len(tests)

@@ -15,12 +15,14 @@ With `iteration.planner` false (an ablation) it answers the pool questions the p
 each without a plan, the prompt of a withheld plan, and `rollouts.plan_id` is NULL (so s~_p = 0).
 Idempotency key: rollout id. Fails: engine errors propagate; model output never fails the stage.
 """
+# pyright: basic
 
 from __future__ import annotations
 
 from sage.configs.names import Purpose, Stage
 from sage.stages import plan
-from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.context import RunContext, StageReport, switched_off
+from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.stages.verify import verify_rollouts
 from sage.warehouse.queries import (
@@ -32,13 +34,13 @@ from sage.warehouse.queries import (
 )
 
 
-def run_probe(ctx: StageContext) -> StageReport:
+def run_probe(ctx: RunContext) -> StageReport:
     if not ctx.cfg.iteration.challenger:
         return switched_off(Stage.PROBE, "iteration.challenger")
     alpha = ctx.cfg.iteration.alpha
     questions = [q for q in generated_questions(ctx.wh, ctx.run_id, ctx.iteration)
                  if q["verifier_valid"] and q["s_q"] is not None and q["s_q"] >= alpha]
-    units = [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q),
+    units = [Unit(PromptKind.solver(q["domain"]), q["question_id"], q["domain"], question_fields(q),
                   n=ctx.cfg.iteration.n_probe)
              for q in questions]
     _, written = generate(ctx, Stage.PROBE, Purpose.PROBE, units)
@@ -55,12 +57,12 @@ def hint_count(n_solve: int, hints: str, share: float) -> int:
     return min(max(round(share * n_solve), 1), n_solve - 1 if hints == "mixed" else n_solve)
 
 
-def _units(ctx: StageContext) -> list[Unit]:
+def _units(ctx: RunContext) -> list[Unit]:
     """The Solver's units: per plan, one shown the plan (when it passed the gate, `hint_count` answers) and one
     without it (the other answers); without the Planner, one per sampled pool question, without a plan."""
     n, it = ctx.cfg.iteration.n_solve, ctx.cfg.iteration
     if not it.planner:
-        return [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q), n=n)
+        return [Unit(PromptKind.solver(q["domain"]), q["question_id"], q["domain"], question_fields(q), n=n)
                 for q in plan.sample(ctx)]
     plans = plans_for(ctx.wh, ctx.run_id, ctx.iteration)
     qs = questions_by_id(ctx.wh, [p["question_id"] for p in plans])
@@ -71,18 +73,18 @@ def _units(ctx: StageContext) -> list[Unit]:
         if shown:
             units.append(_shown(q, p, shown))
         if n - shown:
-            units.append(Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q),
+            units.append(Unit(PromptKind.solver(q["domain"]), q["question_id"], q["domain"], question_fields(q),
                               n=n - shown, plan_id=p["plan_id"]))
     return units
 
 
 def _shown(q: dict, p: dict, n: int) -> Unit:
     """A unit of `n` answers to question `q` shown its plan `p`."""
-    return Unit(f"solver_{q['domain']}_plan", q["question_id"], q["domain"],
+    return Unit(PromptKind.solver(q["domain"], plan=True), q["question_id"], q["domain"],
                 question_fields(q, p["parsed"].get("plan") or ""), n=n, plan_id=p["plan_id"])
 
 
-def _hints_after_failure(ctx: StageContext) -> list[Unit]:
+def _hints_after_failure(ctx: RunContext) -> list[Unit]:
     """`on_failure`: the plain answers verified, a unit shown the plan for every question whose plan passed and
     whose plain answers all failed."""
     verify_rollouts(ctx, Purpose.SOLVE, "solve_verify")
@@ -94,7 +96,7 @@ def _hints_after_failure(ctx: StageContext) -> list[Unit]:
     return [_shown(qs[p["question_id"]], p, hint_count(it.n_solve, it.hints, it.hint_share)) for p in failed]
 
 
-def run_solve(ctx: StageContext) -> StageReport:
+def run_solve(ctx: RunContext) -> StageReport:
     units = _units(ctx)
     _, written = generate(ctx, Stage.SOLVE, Purpose.SOLVE, units)
     if ctx.cfg.iteration.planner and ctx.cfg.iteration.hints == "on_failure":
@@ -102,12 +104,12 @@ def run_solve(ctx: StageContext) -> StageReport:
         written += generate(ctx, Stage.SOLVE, Purpose.SOLVE, hinted)[1]
         units += hinted
     return StageReport(Stage.SOLVE, rows_in=len({(u.question_id, u.plan_id) for u in units}), rows_out=written,
-                       info={"with_plan": sum(u.n for u in units if u.kind.endswith("_plan")),
-                             "without": sum(u.n for u in units if not u.kind.endswith("_plan")),
+                       info={"with_plan": sum(u.n for u in units if u.kind.shows_plan),
+                             "without": sum(u.n for u in units if not u.kind.shows_plan),
                              **_curriculum_info(ctx)})
 
 
-def _curriculum_info(ctx: StageContext) -> dict:
+def _curriculum_info(ctx: RunContext) -> dict:
     """The generated share of the iteration's Solver answers (`make run`'s solve line) and, with
     `iteration.generated_share`, the generated questions asked for and drawn (`solver_curriculum`)."""
     row = solver_curriculum(ctx.wh, ctx.run_id, ctx.iteration)

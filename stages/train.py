@@ -24,6 +24,7 @@ deletions recorded in `checkpoints`; a stage that would read one is refused (`ch
 Fails: trainer errors propagate; no scored rollouts to train on raises; a `train.accelerate_config` that names
 no file fails before any work.
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from pathlib import Path
 from sage.configs.names import Role, Stage
 from sage.engines.train import OPTIMIZER_FILE, ROLES_DIR, launch, role_adapter_dir
 from sage.engines.train.rows import TrainRow
-from sage.stages.context import StageContext, StageReport
+from sage.stages.context import RunContext, StageReport
 from sage.stages.score import REWARD_VERSION
 from sage.warehouse.checkpoints import record_pruned, retention_plan
 from sage.warehouse.queries import (
@@ -109,7 +110,7 @@ def plain_prompt(row: dict, plain: dict[str, list[int]]) -> list[int]:
     return plain[row["question_id"]]
 
 
-def adapter_dir(ctx: StageContext) -> Path:
+def adapter_dir(ctx: RunContext) -> Path:
     """Where the iteration's adapter goes: `<project>/adapters/<run>/iteration-<k>`, in the warehouse's project
     directory (a project copied elsewhere keeps a stored run.dir that names the original)."""
     return project_dir(ctx.wh) / "adapters" / run_dirname(ctx.run_id) / f"iteration-{ctx.iteration}"
@@ -120,7 +121,7 @@ class _StepWriter:
     (optimizer steps done of the pass, tokens trained, the update's loss). Under `train.adapters` per_role each
     role's pass numbers its updates on from the passes before it (`offset`) and records its role."""
 
-    def __init__(self, ctx: StageContext):
+    def __init__(self, ctx: RunContext):
         self.ctx, self.tokens, self.offset, self.role = ctx, 0, 0, None
 
     def next_pass(self, role: str | None, offset: int) -> _StepWriter:
@@ -129,7 +130,7 @@ class _StepWriter:
 
     def __call__(self, step: dict) -> None:
         done, total = step["step"] + self.offset, (step.get("updates") or step["step"]) + self.offset
-        step = {**step, "step": done, "role": self.role}
+        step = {**step, "step": done, **({"role": self.role} if self.role else {})}
         record_train_step(self.ctx.wh, self.ctx.run_id, self.ctx.iteration, step)
         self.tokens += step.get("tokens") or 0
         loss = step.get("loss")
@@ -138,7 +139,7 @@ class _StepWriter:
                         metrics=step)
 
 
-def passes(ctx: StageContext, rows: list[TrainRow], out: Path) -> list[tuple[str | None, list[TrainRow], str | None,
+def passes(ctx: RunContext, rows: list[TrainRow], out: Path) -> list[tuple[str | None, list[TrainRow], str | None,
                                                                                Path]]:
     """The training passes of the stage: (role, its rows, the adapter it starts from, where it goes). `shared`: one
     pass over every row, role None. `per_role`: one pass per role with rows, the Solver's first (its directory,
@@ -151,7 +152,7 @@ def passes(ctx: StageContext, rows: list[TrainRow], out: Path) -> list[tuple[str
             for role in roles]
 
 
-def carry_untrained(ctx: StageContext, trained: set[str], out: Path) -> list[str]:
+def carry_untrained(ctx: RunContext, trained: set[str], out: Path) -> list[str]:
     """Under `train.adapters` per_role, a role `train.roles` lists that had no rows this iteration keeps the adapter
     it generated with: copied into the new checkpoint, so the next iteration generates with it. Returns them."""
     carried = []
@@ -163,7 +164,7 @@ def carry_untrained(ctx: StageContext, trained: set[str], out: Path) -> list[str
     return carried
 
 
-def run(ctx: StageContext) -> StageReport:
+def run(ctx: RunContext) -> StageReport:
     from sage.engines.llm.models import resolve_model
 
     if not ctx.cfg.train.enabled:
@@ -173,7 +174,7 @@ def run(ctx: StageContext) -> StageReport:
     if ctx.cfg.train.accelerate_config:  # a misspelt name fails here, before any work
         launch.accelerate_config_path(ctx.cfg.train.accelerate_config)
     if ctx.cfg.train.report_to:  # and a tracker whose package is missing
-        from transformers.integrations import get_available_reporting_integrations
+        from transformers.integrations.integration_utils import get_available_reporting_integrations
 
         missing = sorted(set(ctx.cfg.train.report_to) - set(get_available_reporting_integrations()))
         if missing:
@@ -231,7 +232,7 @@ def checkpoint_metrics(by_role: dict[str | None, dict], carried: list[str]) -> d
     return metrics
 
 
-def retain(ctx: StageContext) -> dict[str, list[int]]:
+def retain(ctx: RunContext) -> dict[str, list[int]]:
     """Checkpoint retention after iteration `ctx.iteration` (`train.keep_last`; null keeps everything): delete the
     adapter directories and the optimizer states `checkpoints.retention_plan` names, then record the deletions.
     Files go before the rows say so: an interrupted call leaves at most a deletion unrecorded, which the next call

@@ -19,13 +19,15 @@ Idempotency key: rollout id (run, iteration, 'validate', question, template) and
 a re-run generates and verifies only what is missing and recomputes the same numbers.
 Fails: when training is on but iteration k has no adapter yet; engine errors propagate; bad answers score 0.
 """
+# pyright: basic
 
 from __future__ import annotations
 
 import dataclasses
 
 from sage.configs.names import Purpose, Stage
-from sage.stages.context import StageContext, StageReport
+from sage.stages.context import RunContext, StageReport
+from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate, question_fields
 from sage.stages.score import critic_score, gate
 from sage.stages.verify import verify_rollouts
@@ -42,7 +44,7 @@ from sage.warehouse.validate_queries import (
 STAGE = Stage.VALIDATE
 
 
-def model_of(ctx: StageContext) -> str | None:
+def model_of(ctx: RunContext) -> str | None:
     """The adapter iteration `ctx.iteration` ends with (None = the base model)."""
     if ctx.iteration == 0:
         return None
@@ -53,7 +55,7 @@ def model_of(ctx: StageContext) -> str | None:
     return adapter
 
 
-def _validation_context(ctx: StageContext, adapter: str | None) -> StageContext:
+def _validation_context(ctx: RunContext, adapter: str | None) -> RunContext:
     # Greedy answers as long as validate.max_new_tokens, unset the Solver's own (its constrained regex follows it).
     tokens = ctx.cfg.validate.answer_tokens(ctx.cfg.roles.solver)
     solver = ctx.cfg.roles.solver.model_copy(update={"max_new_tokens": tokens})
@@ -61,13 +63,13 @@ def _validation_context(ctx: StageContext, adapter: str | None) -> StageContext:
     return dataclasses.replace(ctx, cfg=cfg, adapter=adapter)
 
 
-def run(ctx: StageContext) -> StageReport:
+def run(ctx: RunContext) -> StageReport:
     questions = validation_questions(ctx.wh)
     if not questions:
         return StageReport(STAGE, info={"skipped": "no validation questions (origin 'validation')"})
     adapter = model_of(ctx)
     vctx = _validation_context(ctx, adapter)
-    units = [Unit(f"solver_{q['domain']}", q["question_id"], q["domain"], question_fields(q)) for q in questions]
+    units = [Unit(PromptKind.solver(q["domain"]), q["question_id"], q["domain"], question_fields(q)) for q in questions]
     _, written = generate(vctx, STAGE, Purpose.VALIDATE, units, greedy=True)
     verify_rollouts(vctx, Purpose.VALIDATE, "validate_verify")
     scores = validation_scores(ctx.wh, ctx.run_id, ctx.iteration)
@@ -83,22 +85,24 @@ def run(ctx: StageContext) -> StageReport:
     return StageReport(STAGE, rows_in=len(questions), rows_out=written, info={"adapter": stored, **info})
 
 
-def _pipeline(vctx: StageContext, questions: list[dict]) -> dict:
+def _pipeline(vctx: RunContext, questions: list[dict]) -> dict:
     """The pipeline validation (module docstring): greedy plans, their critiques and the answers shown them, then
     `pipeline_scores` of the verified answers."""
     qs = {q["question_id"]: q for q in questions}
-    plans = [Unit("planner", q["question_id"], q["domain"], question_fields(q)) for q in questions]
+    plans = [Unit(PromptKind.PLANNER, q["question_id"], q["domain"], question_fields(q)) for q in questions]
     generate(vctx, STAGE, Purpose.VALIDATE_PLAN, plans, greedy=True)
     written = rollouts_for(vctx.wh, vctx.run_id, vctx.iteration, Purpose.VALIDATE_PLAN)
     text = {p["rollout_id"]: p["parsed"].get("plan") or "" for p in written}
 
-    def shown(kind: str, p: dict) -> Unit:
+    def shown(p: dict, solver: bool) -> Unit:
+        """The plan `p` shown to the Critic, or to the Solver."""
         q = qs[p["question_id"]]
-        return Unit(kind.format(domain=q["domain"]), q["question_id"], q["domain"],
-                    question_fields(q, text[p["rollout_id"]]), plan_id=p["rollout_id"])
+        kind = PromptKind.solver(q["domain"], plan=True) if solver else PromptKind.CRITIC_PLAN
+        return Unit(kind, q["question_id"], q["domain"], question_fields(q, text[p["rollout_id"]]),
+                    plan_id=p["rollout_id"])
 
-    generate(vctx, STAGE, Purpose.VALIDATE_CRITIQUE, [shown("critic_plan", p) for p in written], greedy=True)
-    generate(vctx, STAGE, Purpose.VALIDATE_HINTED, [shown("solver_{domain}_plan", p) for p in written], greedy=True)
+    generate(vctx, STAGE, Purpose.VALIDATE_CRITIQUE, [shown(p, solver=False) for p in written], greedy=True)
+    generate(vctx, STAGE, Purpose.VALIDATE_HINTED, [shown(p, solver=True) for p in written], greedy=True)
     verify_rollouts(vctx, Purpose.VALIDATE_HINTED, "validate_verify")
     return pipeline_scores(pipeline_rows(vctx.wh, vctx.run_id, vctx.iteration), vctx.cfg.iteration.beta)
 

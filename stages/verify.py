@@ -11,13 +11,14 @@ rollout, committed per batch; after the probe, `questions.difficulty` = 1 - mean
 Idempotency key: verdict id = rollout id. Fails: engine errors propagate; bad answers score 0; the `verify`
 stage finding no Solver answers at all raises (the solve stage wrote none: never `done` on nothing).
 """
+# pyright: basic
 
 from __future__ import annotations
 
 import time
 
 from sage.configs.names import Purpose, Stage
-from sage.stages.context import StageContext, StageReport, switched_off
+from sage.stages.context import RunContext, StageReport, switched_off
 from sage.warehouse.queries import rollout_count, set_difficulty_from_probes, unverified_rollouts
 
 
@@ -63,7 +64,7 @@ def verdicts(engines, rows: list[dict]) -> list[dict]:
             + _code_verdicts(engines, [r for r in rows if r["domain"] == "code"]))
 
 
-def verify_rollouts(ctx: StageContext, purpose: Purpose, stage: str) -> StageReport:
+def verify_rollouts(ctx: RunContext, purpose: Purpose, stage: str) -> StageReport:
     """Verdicts for every unverified Solver rollout of `purpose` this iteration (validate uses it too)."""
     pending = unverified_rollouts(ctx.wh, ctx.run_id, ctx.iteration, purpose)
     written = done = passed = 0
@@ -84,13 +85,13 @@ def verify_rollouts(ctx: StageContext, purpose: Purpose, stage: str) -> StageRep
     return StageReport(stage, rows_in=len(pending), rows_out=written, info=info)
 
 
-def run_probe(ctx: StageContext) -> StageReport:
+def run_probe(ctx: RunContext) -> StageReport:
     if not ctx.cfg.iteration.challenger:
         return switched_off(Stage.VERIFY_PROBE, "iteration.challenger")
     return verify_rollouts(ctx, Purpose.PROBE, Stage.VERIFY_PROBE)
 
 
-def run_solve(ctx: StageContext) -> StageReport:
+def run_solve(ctx: RunContext) -> StageReport:
     # The probe may have nothing to probe (no question written), but every iteration solves pool questions.
     if not rollout_count(ctx.wh, ctx.run_id, ctx.iteration, Purpose.SOLVE):
         raise RuntimeError(f"verify: iteration {ctx.iteration} of run {ctx.run_id!r} has no Solver answers to verify; "

@@ -88,11 +88,11 @@ SCRIPTED_OVERRIDES = ["iteration.n_challenge=4", "iteration.n_probe=2", "iterati
 
 @pytest.fixture
 def scripted_stage():
-    """`make(script, *overrides, iteration=1, wh=None, **engines) -> (ctx, llm)`: a StageContext of run "r" whose
+    """`make(script, *overrides, iteration=1, wh=None, **engines) -> (ctx, llm)`: a RunContext of run "r" whose
     generator is `ScriptedLLM(script)` (tests/scripted.py), on `wh` or a new in-memory warehouse; `engines` are
     given to `Engines` as they are (a scripted math checker). Opens no file, process or model."""
     from sage.configs import load_config
-    from sage.stages.context import Engines, StageContext
+    from sage.stages.context import Engines, RunContext
     from sage.warehouse import Warehouse
     from tests.scripted import ScriptedLLM
 
@@ -104,7 +104,7 @@ def scripted_stage():
             wh = Warehouse.open(":memory:")
             opened.append(wh)
         llm = ScriptedLLM(script)
-        ctx = StageContext(cfg=cfg, wh=wh, run_id="r", iteration=iteration, engines=Engines(cfg, llm=llm, **engines))
+        ctx = RunContext(cfg=cfg, wh=wh, run_id="r", iteration=iteration, engines=Engines(cfg, llm=llm, **engines))
         opened.append(ctx)
         return ctx, llm
 

@@ -120,3 +120,15 @@ def test_a_folder_does_not_import_as_a_bare_package(folder, monkeypatch):
     with pytest.raises(ImportError, match=f"import sage.{folder}, not {folder}"):
         importlib.import_module(folder)
     assert folder not in sys.modules
+
+
+#: The folders `make lint` type-checks with pyright's `basic` rules (the rest: imports and names only).
+TYPED = ("configs", "warehouse", "stages")
+
+
+def test_the_typed_folders_are_checked_with_basic_rules():
+    """Each module of the typed folders turns the rules on itself (`# pyright: basic` on a line of its own, after
+    its docstring), so a module added there is checked from its first commit."""
+    unchecked = [str(p.relative_to(ROOT)) for folder in TYPED for p in sorted((ROOT / folder).rglob("*.py"))
+                 if "\n# pyright: basic\n" not in "\n" + p.read_text(encoding="utf-8")]
+    assert unchecked == [], f"add a line `# pyright: basic` after the module docstring of {', '.join(unchecked)}"

@@ -1,5 +1,6 @@
 """The DuckDB warehouse: the only place with SQL. See db.py (connection, migrations, writes), errors.py (what
 goes wrong, in words), ids.py (content-hash keys) and queries.py (named queries the stages and the CLI use)."""
+# pyright: basic
 
 # This folder is the package `sage.warehouse` (`sage/warehouse` links here); imported as a bare `warehouse` it would
 # be a second copy of every module, with its own enums and state.

@@ -11,6 +11,7 @@ after an iteration (`retention_plan`), the record of it (`record_pruned`), and t
 what was deleted: a checkpoint name (`resolve_checkpoint`) and a stage (`check_retained`), each a
 `CheckpointPruned` that says what was deleted and by which setting.
 """
+# pyright: basic
 
 from __future__ import annotations
 

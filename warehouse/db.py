@@ -12,6 +12,7 @@ version applies them too, briefly as the writer). The errors live in `errors.py`
 JSON columns go in as dicts (`insert` stores their canonical text) and come back decoded from `records`, the
 read the named queries use, so stages never parse JSON themselves; `rows` returns what DuckDB returns.
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 
@@ -45,6 +46,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+#: A statement's parameters: positional (`?`, a list) or named (`$name`, a dict).
+Params = list | dict | None
+T = TypeVar("T")
 _MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 log = logging.getLogger(__name__)
 #: Every JSON column of the tables, by name; each holds an object. `records` decodes them.
@@ -130,8 +134,8 @@ def _check_version(path: str) -> None:
     ours = len(migrations())
     with duckdb.connect(path, read_only=True) as con:
         has = con.execute("SELECT count(*) FROM information_schema.tables "
-                          "WHERE table_name = 'migrations'").fetchone()[0]
-        theirs = con.execute("SELECT coalesce(max(version), 0) FROM migrations").fetchone()[0] if has else 0
+                          "WHERE table_name = 'migrations'").fetchall()[0][0]
+        theirs = con.execute("SELECT coalesce(max(version), 0) FROM migrations").fetchall()[0][0] if has else 0
     if theirs > ours:
         raise too_new(path, theirs, ours)
 
@@ -243,9 +247,10 @@ class Warehouse:
         with self._guard:
             self._depth += 1
             try:
-                if self._con is None:
-                    self._con = self._retrying(lambda: duckdb.connect(self.path, read_only=self.read_only))
-                yield self._con
+                con = self._con
+                if con is None:
+                    con = self._con = self._retrying(lambda: duckdb.connect(self.path, read_only=self.read_only))
+                yield con
             except (duckdb.Error, OSError) as e:
                 if is_full(e) and self.path != ":memory:":  # named here, where the file is known
                     raise no_space(self.path) from e
@@ -264,7 +269,7 @@ class Warehouse:
             raise RuntimeError("the warehouse connection exists only inside `with wh.held():`")
         return self._con
 
-    def _retrying(self, connect):
+    def _retrying(self, connect: Callable[[], T]) -> T:
         """`connect()`, retried while another process holds the file: a reader gives up after
         `locks.READ_WAIT_S`; the writer waits for readers as long as they hold it (saying so once), and gives
         up at once only when another program holds the file for writing."""
@@ -288,6 +293,7 @@ class Warehouse:
                         log.warning("waiting for PID %s, which is reading the warehouse %s", holder[1], self.path)
                         noted = True
             time.sleep(delay)
+        raise AssertionError("locks.backoff() ends")  # it never does: the loop returns or raises
 
     def checkpoint(self) -> None:
         """Write the write-ahead log into the database file, so a damaged log can lose at most what came after."""
@@ -331,7 +337,7 @@ class Warehouse:
         """Migrations a read-only open finds not applied (a warehouse written by an older version)."""
         with self.held() as con:
             has = con.execute("SELECT count(*) FROM information_schema.tables "
-                              "WHERE table_name = 'migrations'").fetchone()[0]
+                              "WHERE table_name = 'migrations'").fetchall()[0][0]
             done = {v for (v,) in con.execute("SELECT version FROM migrations").fetchall()} if has else set()
         return [v for v, _, _ in migrations() if v not in done]
 
@@ -370,7 +376,7 @@ class Warehouse:
                 raise
             con.execute("COMMIT")
 
-    def execute(self, sql: str, params: list | dict | None = None) -> list[tuple]:
+    def execute(self, sql: str, params: Params = None) -> list[tuple]:
         """Run one statement (in the caller's transaction if there is one) and return its rows as tuples."""
         with self.held() as con:
             return con.execute(sql, params or []).fetchall()
@@ -436,13 +442,13 @@ class Warehouse:
         with self.held() as con:
             return con.execute(sql, params or []).df()
 
-    def rows(self, sql: str, params: list | None = None) -> list[dict]:
+    def rows(self, sql: str, params: Params = None) -> list[dict]:
         with self.held() as con:
             cur = con.execute(sql, params or [])
             names = [d[0] for d in cur.description]
             return [dict(zip(names, r)) for r in cur.fetchall()]
 
-    def records(self, sql: str, params: list | None = None) -> list[dict]:
+    def records(self, sql: str, params: Params = None) -> list[dict]:
         """`rows`, with every selected column named in JSON_COLUMNS decoded by `decode_json` (always a dict)."""
         rows = self.rows(sql, params)
         decode = [c for c in (rows[0] if rows else ()) if c in JSON_COLUMNS]
@@ -451,6 +457,7 @@ class Warehouse:
                 r[c] = decode_json(r[c])
         return rows
 
-    def scalar(self, sql: str, params: list | None = None):
+    def scalar(self, sql: str, params: Params = None) -> Any:
+        """The first column of the first row, None when there is no row; its type is the query's (a count is an int)."""
         row = self.execute(sql, params)
         return row[0][0] if row else None

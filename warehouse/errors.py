@@ -1,6 +1,7 @@
 """The warehouse's errors, worded for the user: a busy, damaged or unwritable file (`storage_error` turns DuckDB's
 and the OS's failures into sentences that say what to do, wherever they surface), and whether a DuckDB error
 was really a signal (`is_interrupt`)."""
+# pyright: basic
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
 """Named queries behind `sage eval`: the `evaluations` rows (checkpoint names are resolved in checkpoints.py)."""
+# pyright: basic
 
 from __future__ import annotations
 

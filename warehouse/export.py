@@ -11,6 +11,7 @@ rows are shared by every run and have no iteration); `runs` and `evaluations` ar
 again replaces each table's folder, so DEST always mirrors the warehouse; a DEST holding anything else is
 refused, so nothing unrelated is overwritten.
 """
+# pyright: basic
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Content-hash keys. A row id is the hash of what determines the row, so re-running a stage recomputes
 the same ids and `ON CONFLICT DO NOTHING` makes the insert a no-op. Stable across processes and machines."""
+# pyright: basic
 
 from __future__ import annotations
 

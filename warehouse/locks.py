@@ -12,6 +12,7 @@ commits a batch, and readers get in between. Two locks keep that orderly:
   writer for as long as a reader holds it (it only fails when another *writer* holds the file, a program that
   is not `sage`).
 """
+# pyright: basic
 
 from __future__ import annotations
 

@@ -3,14 +3,16 @@
 Rows come back as dicts with their JSON columns (`verifier`, `parsed`, ...) already decoded, `{}` where
 nothing usable is stored (`Warehouse.records`).
 """
+# pyright: basic
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
-from sage.configs.names import TRAINED_PURPOSES, Purpose
+from sage.configs.names import TRAINED_PURPOSES, Purpose, Stage
 from sage.warehouse.db import Warehouse
 
 
@@ -47,9 +49,12 @@ def runs_overview(wh: Warehouse) -> list[dict]:
 
 
 def stage_states(wh: Warehouse, run_id: str) -> list[dict]:
+    """Each recorded stage of the run, by iteration and then in the order the stages run (`Stage`), whenever
+    each was last started: a stage redone later still lists in its place."""
     return wh.rows("""
         SELECT iteration, stage, status, rows_in, rows_out, attempts, round(seconds, 2) AS seconds, error
-        FROM stage_runs WHERE run_id = ? ORDER BY iteration, started_at""", [run_id])
+        FROM stage_runs WHERE run_id = ?
+        ORDER BY iteration, list_position(?::VARCHAR[], stage), started_at""", [run_id, [str(s) for s in Stage]])
 
 
 # -- stage_runs: what makes "skip what is done, re-run the failed stage" possible ------------------------
@@ -120,7 +125,7 @@ def update_rows(wh: Warehouse, table: str, key: str, rows: list[dict]) -> None:
 
 # -- the pool and the iteration's questions ------------------------------------------------------------------
 
-def sample_pool(wh: Warehouse, run_id: str, upto_iteration: int, domains: list[str], k: int, key: str,
+def sample_pool(wh: Warehouse, run_id: str, upto_iteration: int, domains: Sequence[str], k: int, key: str,
                 generated: int = 0) -> list[dict]:
     """`k` questions of the pool (seeds plus this run's questions admitted at or before `upto_iteration`) drawn
     uniformly without replacement: the pool ordered by md5(key, question id), a random order that `key` fixes,

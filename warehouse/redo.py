@@ -5,15 +5,15 @@ Each stage's outputs are named here once (DESIGN.md's data flow). Removing a rol
 it (its verdict and score) in the same transaction, so no row is left pointing at nothing. A stale stage is
 not `done`: the next `sage run` redoes it the same way, replacing its rows.
 """
+# pyright: basic
 
 from __future__ import annotations
 
-from sage.configs.names import Purpose, Stage
+from sage.configs.names import ITERATION_STAGES, Purpose, Stage
 from sage.warehouse.db import Warehouse
 
 #: The stages of one iteration in the order they run; validation of the iteration's adapter comes last.
-ORDER = (Stage.CHALLENGE, Stage.CRITIQUE_QUESTION, Stage.PROBE, Stage.VERIFY_PROBE, Stage.ADMIT, Stage.PLAN,
-         Stage.CRITIQUE_PLAN, Stage.SOLVE, Stage.VERIFY, Stage.SCORE, Stage.TRAIN, Stage.VALIDATE)
+ORDER = (*ITERATION_STAGES, Stage.VALIDATE)
 
 _OF_RUN = "run_id = $run AND iteration = $it"
 _ROLLOUTS = f"SELECT rollout_id FROM rollouts WHERE {_OF_RUN} AND purpose = '{{}}'"
@@ -27,7 +27,7 @@ def _rollouts(purpose: str) -> list[str]:
             f"DELETE FROM rollouts WHERE {_OF_RUN} AND purpose = '{purpose}'"]
 
 
-_FORGET: dict[Stage, list[str]] = {
+_FORGET: dict[str, list[str]] = {
     Stage.CHALLENGE: [f"DELETE FROM questions WHERE {_GENERATED}", *_rollouts("challenge")],
     Stage.CRITIQUE_QUESTION: [f"UPDATE questions SET s_q = NULL WHERE {_GENERATED}", *_rollouts("critique_question")],
     Stage.PROBE: [f"UPDATE questions SET difficulty = NULL WHERE {_GENERATED}", *_rollouts("probe")],

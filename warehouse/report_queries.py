@@ -4,6 +4,7 @@ rest of the page: its training curve, evaluations, stage timings, sample generat
 `SELECT *` on purpose: a column added to a view by a later migration shows up in the report's tables
 without touching this file; the plots name the columns they draw.
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -14,10 +15,6 @@ from sage.warehouse.eval_queries import run_evaluations
 from sage.warehouse.queries import iteration_samples, run_config, stage_states
 
 REPORT_VIEWS = ("curriculum_drift", "role_rewards", "gate_stats", "validation_curve")
-
-
-def run_exists(wh: Warehouse, run_id: str) -> bool:
-    return wh.scalar("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]) > 0
 
 
 def run_summary(wh: Warehouse, run_id: str) -> dict | None:

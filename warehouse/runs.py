@@ -1,5 +1,6 @@
 """A run's identity and its stored config: recording a run, finding it again, and loading the config every
 stage of it runs with (one loader for the flows, `sage eval` and `sage export`)."""
+# pyright: basic
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ the adapter iteration k trained (or 'base' again when training is off). Validati
 val_math and val_code (greedy pass@1: s_gt = 1) and val_mean_s_gt; `mark_best` keeps exactly one `is_best` row per
 validated run.
 """
+# pyright: basic
 
 from __future__ import annotations
 

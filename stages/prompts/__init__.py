@@ -1,4 +1,4 @@
-"""Prompt templates for the four roles (SAGE.md, "Roles"), one per kind.
+"""Prompt templates for the four roles (SAGE.md, "Roles"), one per kind (`PromptKind`, stages/prompts/kinds.py).
 
 `render(kind, **fields)` returns chat messages. `TEMPLATE_VERSION[kind]` (`"planner@<hash>"`) is a hash of
 everything the template puts in a prompt (system text, task text, worked example, optional lines) and is
@@ -28,6 +28,7 @@ the role's `max_new_tokens` are taken from `model.max_model_len`, shared among t
 tokens; without one, at MAX_FIELD_CHARS characters. Code kinds, the Planner's and the Critic's take an
 optional `signature` (the function the answer must define).
 """
+# pyright: basic
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
+
+from sage.stages.prompts.kinds import PromptKind
 
 #: The cut for a field when no tokenizer is at hand (a scripted engine).
 MAX_FIELD_CHARS = 3000
@@ -387,7 +390,7 @@ VERSIONS: dict[str, dict[str, str]] = {name: {kind: template_version(t) for kind
                                        for name, templates in PROMPT_SETS.items()}
 #: The `short` set's versions (cpu.yaml's).
 TEMPLATE_VERSION: dict[str, str] = VERSIONS["short"]
-KINDS: tuple[str, ...] = tuple(TEMPLATES)
+KINDS: tuple[PromptKind, ...] = tuple(PromptKind)
 
 
 def version(kind: str, prompt_set: str = "short") -> str:
@@ -413,7 +416,7 @@ def _field_limit(kind: str, tokenizer: Any, max_model_len: int, max_new_tokens: 
     t = PROMPT_SETS[prompt_set][kind]
 
     def tokens(family: str | None) -> int:
-        empty = render(kind, family=family, prompt_set=prompt_set, **{f: "" for f in t.required})
+        empty = render(kind, None, family, prompt_set, **{f: "" for f in t.required})
         if getattr(tokenizer, "chat_template", None):
             text = tokenizer.apply_chat_template(empty, add_generation_prompt=True, tokenize=False)
             return len(tokenizer(text, add_special_tokens=False)["input_ids"])  # as the engines count a prompt

@@ -7,7 +7,7 @@ from experiments.heldout import pool_overlap
 from experiments.ood import CHOSEN, load_ood
 from sage.configs import load_config
 from sage.engines.data.seeds import default_math
-from sage.stages.challenge import content_key
+from sage.engines.text.arithmetic import content_key
 from sage.warehouse import norm_hash
 
 

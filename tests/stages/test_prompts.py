@@ -162,7 +162,7 @@ def test_worked_example_parses_with_full_format_reward_and_fits_the_constraint(k
     # Under `constrain: true` the model can write exactly what the example shows.
     assert re.fullmatch(role_regex(key), reply), (kind, family, reply)
     if key == "challenger_math":     # and the worked example is itself grounded: a program, from its own numbers
-        from sage.stages.challenge import number_mismatch
+        from sage.engines.text.arithmetic import number_mismatch
 
         program, question = parsed.fields["program"], parsed.fields["question"]
         assert program and program.startswith("def solve():"), (family, program)
@@ -236,3 +236,22 @@ def test_signature_is_optional_for_code_and_errors_are_clear():
 def test_long_fields_are_clipped():
     user = render("planner", question="x" * 20_000)[-1]["content"]
     assert "x" * MAX_FIELD_CHARS + " ..." in user and "x" * (MAX_FIELD_CHARS + 1) not in user
+
+
+def test_prompt_kinds_are_the_templates_of_every_set_and_name_their_role():
+    from sage.configs.names import Role
+    from sage.stages.prompts import PROMPT_SETS, PromptKind
+    from sage.stages.rollouts import Unit
+
+    assert all(set(templates) == set(PromptKind) for templates in PROMPT_SETS.values())
+    assert PromptKind.solver("code", plan=True) == "solver_code_plan" and PromptKind.solver("math") == "solver_math"
+    assert PromptKind.challenger("math", "answer") == "challenger_math_answer"
+    assert [PromptKind.challenger(d, "program") for d in ("math", "code")] == ["challenger_math", "challenger_code"]
+    kinds = (PromptKind.CHALLENGER_CODE, PromptKind.CRITIC_PLAN, PromptKind.PLANNER, PromptKind.SOLVER_MATH_PLAN)
+    assert [k.role for k in kinds] == [Role.CHALLENGER, Role.CRITIC, Role.PLANNER, Role.SOLVER]
+    assert {k.role for k in PromptKind} == set(Role)
+    assert [k for k in PromptKind if k.shows_plan] == ["solver_math_plan", "solver_code_plan"]
+    with pytest.raises(ValueError, match="no prompt kind 'solver_chess': the domain must be 'math' or 'code'"):
+        PromptKind.solver("chess")
+    with pytest.raises(ValueError, match="'solver_chess' is not a valid PromptKind"):
+        Unit("solver_chess", "q1", "math", {})

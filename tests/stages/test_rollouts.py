@@ -9,6 +9,7 @@ from sage.configs import config_hash, config_json, load_config
 from sage.configs.names import Purpose, Stage
 from sage.engines.text import tags
 from sage.stages.context import Engines, StageContext
+from sage.stages.prompts import PromptKind
 from sage.stages.rollouts import Unit, generate
 from sage.warehouse import Warehouse
 from tests.flows.scripted_run import OVERRIDES
@@ -121,6 +122,14 @@ def test_the_bar_moves_with_each_engine_batch_and_commits_stay_as_they_were(make
     assert rows[True] == rows[False] and len(rows[True]) == 24
 
 
+def test_a_role_without_a_parser_raises_instead_of_parsing_as_the_solver():
+    from sage.stages.rollouts import parse
+
+    assert parse("solver", "math", "<answer>4</answer>") == tags.parse_solver("<answer>4</answer>", "math")
+    with pytest.raises(ValueError, match="no parser for role 'referee'"):
+        parse("referee", "math", "<answer>4</answer>")
+
+
 def test_each_role_generates_with_its_own_adapter_and_the_rows_say_which(make_ctx, tmp_path):
     """`train.adapters` per_role: the Solver generates with the checkpoint's adapter, the Planner with its own in
     `roles/planner`, the Critic (never trained: no adapter of its own) with the base model; `rollouts.adapter`
@@ -129,8 +138,8 @@ def test_each_role_generates_with_its_own_adapter_and_the_rows_say_which(make_ct
     for folder in (checkpoint, checkpoint / "roles" / "planner"):
         folder.mkdir(parents=True)
         (folder / "adapter_config.json").write_text("{}")
-    mixed = [Unit("planner", "q0", "math", {"question": "What is 1+1?"}), units(1, 1)[0],
-             Unit("critic_question", "q1", "math", {"question": "What is 2+2?"})]
+    mixed = [Unit(PromptKind.PLANNER, "q0", "math", {"question": "What is 1+1?"}), units(1, 1)[0],
+             Unit(PromptKind.CRITIC_QUESTION, "q1", "math", {"question": "What is 2+2?"})]
     for adapters, expect in (("per_role", [str(checkpoint / "roles" / "planner"), str(checkpoint), None]),
                              ("shared", [str(checkpoint)] * 3)):
         ctx, llm = make_ctx(f"train.adapters={adapters}", iteration=2)

@@ -12,7 +12,6 @@ from sage.stages.score import (
     REWARD_VERSION,
     challenger_reward,
     critic_reward,
-    difficulty,
     gate,
     planner_reward,
     score_id,
@@ -136,13 +135,8 @@ def test_critic_reward_is_format_only():
     assert critic_reward(parse_critic("seven").format_reward)[0] == 0.0
 
 
-def test_gate_and_difficulty():
+def test_gate():
     assert gate(0.3, 0.3) and not gate(0.2999, 0.3) and gate(1.0, 0.3)
-    assert difficulty([1.0, 0.0, 0.0, 1.0]) == 0.5
-    assert difficulty([1.0, 1.0]) == 0.0 and difficulty([0.0]) == 1.0
-    assert difficulty([0.25, 0.75, 0.5]) == pytest.approx(0.5)
-    with pytest.raises(ValueError):
-        difficulty([])
 
 
 def test_trr_single_and_equal_groups_get_zero():
@@ -322,3 +316,15 @@ def test_the_stage_pays_the_uncertainty_term_when_configured(scripted_stage):
                                               "admitted": True, "suppressed": False}
     assert frontier["dup"]["reward"] == paper["dup"]["reward"] == pytest.approx(2 / 3)
     assert paper["half"]["components"] == {"s_q": 1.0, "r_d": 0.5, "r_f": 1.0, "admitted": True, "suppressed": False}
+
+
+def test_a_role_without_a_reward_formula_raises_instead_of_scoring_as_the_solver():
+    from types import SimpleNamespace
+
+    from sage.stages.score import _reward
+
+    ctx = SimpleNamespace(cfg=SimpleNamespace(rewards=W))
+    row = dict(rollout_id="r1", purpose="solve", format_reward=1.0, plan_s_p=None, plan_passed=False, s_gt=1.0)
+    assert _reward({**row, "role": "solver"}, ctx)[0] == pytest.approx(W.solver_gt + W.solver_format)
+    with pytest.raises(ValueError, match=r"rollout r1 has role 'referee', which has no reward formula"):
+        _reward({**row, "role": "referee"}, ctx)

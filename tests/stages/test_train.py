@@ -319,11 +319,13 @@ def test_per_role_adapters_keep_the_planners_updates_off_the_solvers_adapter(tin
                 roles: tuple[str, ...] = ("solver", "planner")) -> tuple[Path, dict, list[dict], StageContext]:
         project = tmp_path / name
         cfg = load_config("cpu", [f"run.dir={project}", f"model.name={tiny_model}", "train.lora_rank=4",
-                                  "train.lora_alpha=8", "train.mmap_threshold_kb=null", "train.minibatch_size=2", "train.grad_accum=1",
-                                  *overrides])
+                                  "train.lora_alpha=8", "train.mmap_threshold_kb=null", "train.minibatch_size=2",
+                                  "train.grad_accum=1", *overrides])
         with Warehouse.open(project / "warehouse.duckdb") as wh:
-            rows = [_rollout(f"s{k}-{iteration}", "solver", "solve", (5, 6, k + 7), (8, 9, k + 10)) for k in range(3)]
-            rows += [_rollout(f"p{k}-{iteration}", "planner", "plan", (11, k + 12), (13, 14, 15, k + 16)) for k in range(2)]
+            rows = [_rollout(f"s{k}-{iteration}", "solver", "solve", (5, 6, k + 7), (8, 9, k + 10))
+                    for k in range(3)]
+            rows += [_rollout(f"p{k}-{iteration}", "planner", "plan", (11, k + 12), (13, 14, 15, k + 16))
+                     for k in range(2)]
             rows = [dict(r, iteration=iteration) for r in rows if r["role"] in roles]
             wh.insert_batch("rollouts", rows)
             wh.insert_batch("scores", [dict(_score(r["rollout_id"], r["role"], 1.0 - 0.7 * k), iteration=iteration)
