@@ -1,6 +1,6 @@
 """The rows a training step learns from, as stored: `TrainRow`, their Parquet file (`read_rows` /
-`write_rows`, what the train stage hands a training process), their checks, how many optimizer updates they
-make (`rows_per_update`, `num_updates`) and the per-role weights of `train.loss_weighting` (`role_shares`,
+`write_rows`, what the train stage hands a training process), their checks, how many rows make one optimizer
+update (`rows_per_update`) and the per-role weights of `train.loss_weighting` (`role_shares`,
 `pass_role_weights`; `role_weights` for the per-update `role_mean`).
 
 Nothing here imports torch or TRL, so the train stage can plan and write rows without loading either.
@@ -34,11 +34,6 @@ class TrainRow:
 def rows_per_update(cfg: TrainConfig, num_processes: int = 1) -> int:
     """Rows in one optimizer update (one TRL generation batch)."""
     return cfg.minibatch_size * cfg.grad_accum * num_processes
-
-
-def num_updates(n_rows: int, cfg: TrainConfig, num_processes: int = 1) -> int:
-    """Optimizer updates one `train_step` makes over `n_rows` usable rows."""
-    return math.ceil(n_rows / rows_per_update(cfg, num_processes)) if n_rows > 0 else 0
 
 
 def role_weights(roles: list[str | None], tokens_by_role: dict[str, float]) -> list[float]:

@@ -7,15 +7,12 @@ re-normalise anything. TRL is pinned to 1.16; `tests/engines/train/test_trainer.
 private methods below. The overrides, each with its reason:
 
 - `_get_train_sampler`: TRL's `RepeatSampler` repeats each prompt `num_generations` times and drops a short last
-  block; stored rows are each trained once. `BlockRepeatSampler` yields a seeded permutation of the rows in
-  blocks of one generation batch (one update: `minibatch_size * grad_accum * processes` rows), each block
-  `grad_accum` times in a row as TRL's `_prepare_inputs` expects, a short last block padded with a dummy index.
-  Under `accelerate launch` process k gets the k-th contiguous slice of each block.
-- `_generate_and_score_completions`: the batch comes from the stored rows, not from generation (`stored_batch`:
-  TRL's layout, the stored advantage, scaled per role (`role_share` over the pass, `role_mean` per update), each
-  row's sampling temperature, the
-  stored sampling log-probs as `sampling_per_token_logps` with the rows they correct, and pi_old as
-  `old_per_token_logps` when the pass makes several updates; see "The old policy" below). Dummy rows become fully
+  block; stored rows are each trained once, in the blocks `update_blocks` lays out (`BlockRepeatSampler`).
+- `_generate_and_score_completions`: the batch comes from the stored rows, not from generation (`stored_batch`).
+  Each row's state is a key of the batch, so each micro-batch carries its own rows' values: the stored advantage
+  scaled per role (`role_share` over the pass, `role_mean` per update), the row's sampling temperature
+  (`temperatures`), the stored sampling log-probs (`sampling_per_token_logps`) with the rows they correct
+  (`corrected`), and pi_old (`old_per_token_logps`) when the pass makes several updates. Dummy rows become fully
   masked rows, so every process has a batch of the same shape.
 - `_prepare_inputs`: TRL's, except that it cuts the generation batch into micro-batches by length instead of at
   random: longest first, so rows of similar length share a padded pass; where passes pack their rows (the CPU
@@ -24,43 +21,16 @@ private methods below. The overrides, each with its reason:
 - `_get_per_token_logps_and_entropies`: scores through `logprobs.completion_logprobs`, each row at its own
   sampling temperature (TRL's is one number, kept at 1.0), only the completion tokens that exist, the entropy
   only when asked for; under bf16 autocast where the base is bf16.
-- `_compute_loss`: hands the micro-batch's temperatures to the method above (TRL's call has no place for them)
-  and drops the padding columns the micro-batch does not use, then calls TRL's; with the importance correction
-  on, the method above weighs the micro-batch's advantages per token as it scores them (`_weigh`).
+- `_compute_loss`: drops the padding columns the micro-batch does not use and calls TRL's, scoring the micro-batch
+  at its rows' temperatures (TRL's call has no place for them) and, with the importance correction on, weighing
+  its advantages per token by `importance_weights` between that forward pass and TRL's loss, which reads them.
 - `log` (public hook): adds the importance weights' statistics of the update to TRL's logged metrics.
 - `create_optimizer`, `create_scheduler` (public hooks): load AdamW's and the scheduler's state carried from the
   previous iteration's adapter, so the optimisation continues across iterations.
 
-The old policy (pi_old of TRL's clipped ratio pi / pi_old) is, with `train.old_policy` recompute, the trainer's own
-log-probs of the policy that generated the rows: the adapter as this pass starts, before its first update, on every
-backend, with or without a grammar. For the rows of the pass's first update (all its micro-batches come before
-its optimizer step, the pass's first), that is the detached log-probs of the loss's own forward pass (TRL's default
-when `old_per_token_logps` is absent): the ratio is exactly 1, at no cost. When the pass makes several updates,
-`_old_logps` scores the rows of the later updates this process will train on once, without gradients, before the
-first update (one forward pass over those rows: up to half the cost of training them on a CPU, where the frozen
-base takes no weight gradients), and each later generation batch carries them as `old_per_token_logps`. The stored
-sampling log-probs are then not pi_old: they are the behaviour policy mu of TRL's capped importance correction
-(`train.importance_correction`, token-level truncation as TRL's `vllm_importance_sampling_mode="token_truncate"`):
-each completion token's loss is multiplied by min(exp(pi_old - mu), `train.importance_cap`), which corrects for the
-numerical mismatch between the sampler's kernels and the trainer's (and for vLLM's top-p truncation, which its
-processed log-probs include). Multiplying the per-token loss by a positive constant is multiplying the token's
-advantage by it, which TRL takes per token (shape (B, T)), so that is how it is applied; the KL term, as in TRL, is
-not weighted.
-
-Under a grammar: a row sampled with its role's grammar (`TrainRow.constrained`) weighs 1, whatever it stored. The
-two backends store different things for it (vLLM's processed log-probs are of the masked, renormalised
-distribution; the hf backend's of the unmasked one, engines/llm/base.py), and the masked mu is not a mismatch to
-correct: the grammar is part of the sampler, the policy trained is the unmasked one, and exp(pi_old - mu_masked)
-is the probability mass the grammar allowed, which would shrink exactly the tokens the grammar forces (the format
-the annealed roles learn) towards zero. So a constrained row trains the same on hf and vLLM: ratio pi / pi_old,
-weight 1. A row sampled without a grammar (grammar annealing's free samples, every row of a profile without
-`constrain`) has the unmasked mu on both backends and is corrected; a row without stored log-probs weighs 1.
-
-With `train.old_policy` sampler (what `auto` is on the hf backend: `stages/train.py` resolves it), pi_old is the
-stored sampling log-probs when every row has them: the hf backend's are the unmasked distribution of the same
-weights at the row's temperature, the quantity the recompute gives up to bf16 rounding, so this saves the
-recompute's forward pass (several updates a pass, as `cpu.yaml` makes) and the importance correction is 1 (not
-applied). The trainer knows no backend: `auto` reaching it is recompute.
+pi_old is the trainer's own log-probs of the policy as the pass starts (`train.old_policy` recompute) or the
+stored sampling log-probs (sampler); the stored log-probs otherwise only weigh tokens, capped, and only for rows
+sampled without a grammar. docs/decisions.md ("The old policy and the importance correction") says why.
 """
 
 from __future__ import annotations
@@ -87,35 +57,38 @@ from sage.engines.train.attention import packs
 from sage.engines.train.logprobs import add_completion_head, completion_logprobs
 from sage.engines.train.rows import TrainRow, pass_role_weights, role_shares, role_weights
 
-#: Keys `_generate_and_score_completions` returns (the optional ones only when they apply).
-BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
-              "temperatures")
-OPTIONAL_BATCH_KEYS = ("old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps")
 #: The importance statistics `StoredRowsTrainer.log` adds to TRL's logs of an update -> `step_record`'s names.
 IMPORTANCE_LOGS = {"importance/ratio_mean": "importance_ratio_mean", "importance/ratio_min": "importance_ratio_min",
                    "importance/capped_fraction": "importance_capped_fraction"}
 
 
+def update_blocks(n_rows: int, block: int, shuffle: bool, seed: int) -> list[list[int | None]]:
+    """How the rows of a pass fall into its updates, the one place that says so: a seeded random permutation of the
+    row indices (or their order) cut into blocks of `block` rows, one generation batch each (one update:
+    `minibatch_size * grad_accum * processes` rows), a short last block padded with None (a dummy row, which the
+    trainer masks out). Under `accelerate launch` process k trains on the k-th of the equal contiguous slices of
+    each block (`StoredRowsTrainer._process_rows`), as accelerate deals the sampler's batches."""
+    order = list(range(n_rows))
+    if shuffle:
+        order = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed)).tolist()
+    return [order[start:start + block] + [None] * (start + block - n_rows) for start in range(0, n_rows, block)]
+
+
 class BlockRepeatSampler(Sampler):
-    """Row indices in a seeded random (or the given) order, in blocks of `block`, each block `repeats` times in a
-    row; a short last block is filled with `dummy` (an index whose row the trainer masks out entirely)."""
+    """The row indices of `update_blocks`, each block `repeats` times in a row (as TRL's `_prepare_inputs` expects),
+    a dummy as `dummy` (an index whose row the trainer masks out entirely)."""
 
     def __init__(self, n_rows: int, block: int, repeats: int, dummy: int, shuffle: bool, seed: int):
-        self.n_rows, self.block, self.repeats, self.dummy = n_rows, block, repeats, dummy
-        self.shuffle, self.seed = shuffle, seed
+        self.blocks = [[dummy if i is None else i for i in b] for b in update_blocks(n_rows, block, shuffle, seed)]
+        self.repeats = repeats
 
     def __iter__(self):
-        order = list(range(self.n_rows))
-        if self.shuffle:
-            order = torch.randperm(self.n_rows, generator=torch.Generator().manual_seed(self.seed)).tolist()
-        for start in range(0, self.n_rows, self.block):
-            chunk = order[start:start + self.block]
-            chunk += [self.dummy] * (self.block - len(chunk))
+        for chunk in self.blocks:
             for _ in range(self.repeats):
                 yield from chunk
 
     def __len__(self) -> int:
-        return math.ceil(self.n_rows / self.block) * self.block * self.repeats
+        return sum(map(len, self.blocks)) * self.repeats
 
 
 def reordered(batch: dict, order: torch.Tensor) -> dict:
@@ -149,7 +122,7 @@ def dealt(batch: dict, parts: int) -> dict:
 
 def corrected(row: TrainRow | None) -> bool:
     """Whether the importance correction weighs `row`'s tokens: it stored its sampling log-probs and was sampled
-    without a grammar (the module docstring says why a constrained row weighs 1)."""
+    without a grammar (docs/decisions.md says why a constrained row weighs 1)."""
     return row is not None and row.logprobs is not None and not row.constrained
 
 
@@ -275,11 +248,10 @@ class StoredRowsTrainer(GRPOTrainer):
         self.sage_rows = list(rows)
         self.sage_compute_dtype = compute_dtype  # bf16 base + float32 LoRA: the adapter computes in bf16 too
         self.sage_weighting = weighting  # train.loss_weighting
-        self.sage_roles = sorted({r.role for r in rows})  # the same on every process: all read all rows
-        # role_share: each role's completion tokens in the whole pass and its share of it (every process reads
-        # every row, so these agree across processes)
+        # Each role's completion tokens in the whole pass (its roles sorted) and, for role_share, its share of it:
+        # every process reads every row, so these agree across processes.
         self.sage_pass_tokens = {role: float(sum(len(r.completion_ids) for r in rows if r.role == role))
-                                 for role in self.sage_roles}
+                                 for role in sorted({r.role for r in rows})}
         self.sage_shares = role_shares(self.sage_pass_tokens, shares)
         self.sage_optimizer_state = optimizer_state  # {"optimizer": ..., "scheduler": ...} carried in
         self.sage_seen: list[int] = []  # indices into `rows` this process trained on, in order
@@ -294,10 +266,9 @@ class StoredRowsTrainer(GRPOTrainer):
             self.sage_importance_cap = None
         self.sage_old: dict[int, torch.Tensor] | None = None  # row index -> pi_old, when the pass recomputes it
         self.sage_old_seconds = 0.0  # spent computing `sage_old`
-        self.sage_weighing: dict | None = None  # the micro-batch `_compute_loss` is scoring, to weigh (`_weigh`)
         # the update's importance statistics so far, over all processes: corrected tokens, weight sum, capped, min
         self.sage_importance = [0.0, 0.0, 0.0, math.inf]
-        self.sage_temperatures = None  # of the rows being scored (set by `_compute_loss`, `_ref_logps`)
+        self.sage_scoring: dict | None = None  # the micro-batch TRL's loss is scoring (`_compute_loss`)
         super().__init__(*args, **kwargs)
         if self.aux_loss_enabled:
             raise ValueError("the stored-rows trainer does not add a mixture-of-experts router loss; train a "
@@ -321,6 +292,11 @@ class StoredRowsTrainer(GRPOTrainer):
         n = len(self.sage_rows)
         return BlockRepeatSampler(n, self.args.generation_batch_size, self.args.steps_per_generation *
                                   self.num_iterations, dummy=n, shuffle=bool(self.shuffle_dataset), seed=self.args.seed)
+
+    def _update_blocks(self) -> list[list[int | None]]:
+        """The pass's `update_blocks`, as this trainer's sampler yields them."""
+        return update_blocks(len(self.sage_rows), self.args.generation_batch_size, bool(self.shuffle_dataset),
+                             self.args.seed)
 
     def _prepare_inputs(self, generation_batch):
         if not self.model.training:
@@ -373,27 +349,23 @@ class StoredRowsTrainer(GRPOTrainer):
         (`rows.pass_role_weights`), `role_mean` the same weight in this update (`rows.role_weights`); both from
         the completion tokens of the update's rows over all processes. TRL's `dapo` divides the token sum by the
         update's tokens, and the clipped loss is linear in a positive advantage scale, so this is exact."""
-        counts = torch.zeros(len(self.sage_roles), dtype=torch.float64, device=self.accelerator.device)
+        all_roles = list(self.sage_pass_tokens)
+        counts = torch.zeros(len(all_roles), dtype=torch.float64, device=self.accelerator.device)
         for r in rows:
             if r is not None:
-                counts[self.sage_roles.index(r.role)] += len(r.completion_ids)
+                counts[all_roles.index(r.role)] += len(r.completion_ids)
         counts = self.accelerator.gather(counts[None, :]).sum(dim=0).tolist()
         roles = [None if r is None else r.role for r in rows]
         if self.sage_weighting == "role_share":
             return pass_role_weights(roles, sum(counts), self.sage_pass_tokens, self.sage_shares, self.args.max_steps)
-        return role_weights(roles, dict(zip(self.sage_roles, counts)))
+        return role_weights(roles, dict(zip(all_roles, counts)))
 
     def _process_rows(self) -> list[int | None]:
         """The rows this process trains on over the whole pass, in the sampler's order (None: a dummy): the
-        `process_index`-th slice of each block of the seeded sampler, as accelerate deals the blocks' batches
-        (`_generate_and_score_completions` checks each row it gets was among them)."""
-        order, n = list(self._get_train_sampler()), len(self.sage_rows)
-        block = self.args.generation_batch_size
-        per, k = block // self.accelerator.num_processes, self.accelerator.process_index
-        mine = []
-        for start in range(0, len(order), block * self.args.steps_per_generation * self.num_iterations):
-            mine.extend(i if i < n else None for i in order[start + k * per:start + (k + 1) * per])
-        return mine
+        `process_index`-th slice of each of `update_blocks` (`_generate_and_score_completions` checks each row it
+        gets was among them)."""
+        per, k = self.args.generation_batch_size // self.accelerator.num_processes, self.accelerator.process_index
+        return [i for block in self._update_blocks() for i in block[k * per:(k + 1) * per]]
 
     @torch.no_grad()
     def _old_logps(self) -> dict[int, torch.Tensor]:
@@ -421,11 +393,10 @@ class StoredRowsTrainer(GRPOTrainer):
                 batch = {k: v.to(self.accelerator.device) for k, v in
                          stored_batch([None if i is None else self.sage_rows[i] for i in chunk], pad, None,
                                       False).items()}
-                self.sage_temperatures = batch["temperatures"]
                 logps = self._get_per_token_logps_and_entropies(
                     self.model, torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
                     torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
-                    batch["completion_ids"].size(1), batch_size=bs)[0].float().cpu()
+                    batch["completion_ids"].size(1), batch_size=bs, temperatures=batch["temperatures"])[0].float().cpu()
                 for j, i in enumerate(chunk):
                     if i is not None:
                         out[i] = logps[j, :len(self.sage_rows[i].completion_ids)].clone()
@@ -439,22 +410,25 @@ class StoredRowsTrainer(GRPOTrainer):
         adapter, through TRL's "ref" copy of it for a retrained one (TRL builds no reference model for PEFT)."""
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        self.sage_temperatures = batch["temperatures"]
         model = self.accelerator.unwrap_model(self.model)
         with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
             return self._get_per_token_logps_and_entropies(self.model, input_ids, attention_mask,
                                                            batch["completion_ids"].size(1),
-                                                           batch_size=self.args.per_device_train_batch_size)[0]
+                                                           batch_size=self.args.per_device_train_batch_size,
+                                                           temperatures=batch["temperatures"])[0]
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
-        """TRL's method, for text rows: each row at its temperature (`sage_temperatures`, set by the caller for
-        these rows), in chunks of `batch_size` rows. Returns (log-probs, entropies or None, None). Called by
-        `_compute_loss` for a micro-batch to weigh (`sage_weighing`), it weighs it (`_weigh`) with these log-probs
-        before TRL's loss reads its advantages."""
-        temperatures = self.sage_temperatures
+                                           compute_entropy=False, compute_aux_loss=False, temperatures=None,
+                                           **multimodal):
+        """TRL's method, for text rows: each row at its temperature (`temperatures`; from TRL's loss, which passes
+        none, the micro-batch's own, `sage_scoring`), in chunks of `batch_size` rows. Returns (log-probs, entropies
+        or None, None). For TRL's loss, with the importance correction on, it then weighs the micro-batch's
+        advantages by these log-probs (`_weigh`): TRL's loss reads them after this call."""
+        scoring, self.sage_scoring = self.sage_scoring, None
+        if temperatures is None and scoring is not None:
+            temperatures = scoring["temperatures"]
         if temperatures is None or len(temperatures) != input_ids.size(0):
-            raise RuntimeError("per-row temperatures were not set for this batch")
+            raise RuntimeError("per-row temperatures were not given for this batch")
         batch_size = batch_size or input_ids.size(0)
         logps, entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
@@ -465,9 +439,8 @@ class StoredRowsTrainer(GRPOTrainer):
             logps.append(lp)
             entropies.append(ent)
         logps = torch.cat(logps)
-        weighing, self.sage_weighing = self.sage_weighing, None
-        if weighing is not None:
-            self._weigh(weighing, logps.detach())
+        if scoring is not None and self.sage_importance_cap is not None:
+            self._weigh(scoring, logps.detach())
         return logps, (torch.cat(entropies) if compute_entropy else None), None
 
     def _weigh(self, inputs: dict, current: torch.Tensor) -> None:
@@ -521,12 +494,11 @@ class StoredRowsTrainer(GRPOTrainer):
                 value = inputs.get(key)
                 if isinstance(value, torch.Tensor) and value.dim() == 2:
                     inputs[key] = value[:, :c1]
-        self.sage_temperatures = inputs["temperatures"]
-        self.sage_weighing = inputs if self.sage_importance_cap is not None else None
+        self.sage_scoring = inputs  # its temperatures and importance weights reach TRL's log-prob call only so
         try:
             return super()._compute_loss(model, inputs)
         finally:
-            self.sage_weighing = None
+            self.sage_scoring = None
 
 
 def _unused_reward(prompts=None, completions=None, **kwargs):
@@ -588,10 +560,7 @@ def build_trainer(model, tokenizer_path: str, rows: list[TrainRow], cfg: TrainCo
         logging_dir = tracking.get("logging_dir")
         trainer.add_callback(RunTensorBoard(None if logging_dir is None else str(logging_dir),
                                             int(tracking.get("step_offset") or 0)))
-    # Each update's tokens, over all processes: the sampler is seeded and the same on every process, and yields
-    # each block `steps_per_generation` times in a row.
-    indices, block = list(trainer._get_train_sampler()), args.generation_batch_size
-    for start in range(0, len(indices), block * args.steps_per_generation * trainer.num_iterations):
-        log.block_tokens.append(sum(len(rows[i].prompt_ids) + len(rows[i].completion_ids)
-                                    for i in indices[start:start + block] if 0 <= i < len(rows)))
+    # Each update's tokens, over all processes: the sampler is seeded and the same on every process.
+    log.block_tokens = [sum(len(rows[i].prompt_ids) + len(rows[i].completion_ids) for i in block if i is not None)
+                        for block in trainer._update_blocks()]
     return trainer, log.steps

@@ -256,10 +256,10 @@ def test_validation_answers_are_as_long_as_the_solvers_unless_set():
 
 def test_paper_7b_makes_one_optimizer_update_an_iteration():
     """An iteration is one training step (SAGE.md): every trained rollout of a full iteration in one update."""
-    from sage.engines.train.rows import num_updates
+    from sage.engines.train.rows import rows_per_update
 
     cfg = load_config("paper-7b")
     it = cfg.iteration
     rows = it.n_challenge * 2 + it.n_plan * 2 + it.n_plan * it.n_solve   # challenge, critiques, plans, answers
-    assert rows == 1024 and num_updates(rows, cfg.train) == 1
+    assert rows == 1024 and rows <= rows_per_update(cfg.train)
     assert cfg.roles.prompts == "reasoning" and load_config("cpu").roles.prompts == "short"

@@ -67,10 +67,10 @@ def _scored(trainer, batch):
 
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    trainer.sage_temperatures = batch["temperatures"]
     with torch.no_grad():
         logps, ent, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, input_ids, mask, batch["completion_ids"].size(1), compute_entropy=True)
+            trainer.model, input_ids, mask, batch["completion_ids"].size(1), compute_entropy=True,
+            temperatures=batch["temperatures"])
     return logps, ent
 
 
@@ -96,10 +96,10 @@ def test_no_entropy_unless_asked(trainer_and_batch):
     trainer, batch, _, _ = trainer_and_batch
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    trainer.sage_temperatures = batch["temperatures"]
     with torch.no_grad():
         logps, ent, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, mask,
-                                                                   batch["completion_ids"].size(1), batch_size=3)
+                                                                   batch["completion_ids"].size(1), batch_size=3,
+                                                                   temperatures=batch["temperatures"])
     assert ent is None
     torch.testing.assert_close(logps, _scored(trainer, batch)[0], rtol=1e-6, atol=1e-6)  # chunks of 3 rows: same
 

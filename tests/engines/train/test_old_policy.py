@@ -1,6 +1,6 @@
-"""pi_old and the importance correction (engines/train/trainer.py, "The old policy"), on the tiny model, on CPU:
-pi_old is the trainer's own log-probs of the generating policy; the stored sampling log-probs only weigh tokens,
-capped, and only for rows sampled without a grammar."""
+"""pi_old and the importance correction (docs/decisions.md, "The old policy and the importance correction"), on
+the tiny model, on CPU: pi_old is the trainer's own log-probs of the generating policy; the stored sampling
+log-probs only weigh tokens, capped, and only for rows sampled without a grammar."""
 
 from __future__ import annotations
 

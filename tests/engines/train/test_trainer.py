@@ -16,7 +16,11 @@ import pytest
 from sage.configs.schema import TrainConfig
 from sage.engines.train.rows import TrainRow, write_rows
 from sage.engines.train.step import METRICS_FILE, load_policy, train_model, train_step
-from sage.engines.train.trainer import BATCH_KEYS, OPTIONAL_BATCH_KEYS
+
+#: Keys `StoredRowsTrainer._generate_and_score_completions` returns (the optional ones only when they apply).
+BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
+              "temperatures")
+OPTIONAL_BATCH_KEYS = ("old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps")
 
 ROOT = Path(__file__).resolve().parents[3]
 LINEAR = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -189,6 +193,9 @@ def test_every_row_once_and_empty_completions_skipped(tiny_model, monkeypatch):
 
 def test_sampler_blocks_padding_and_seed():
     from sage.engines.train.trainer import BlockRepeatSampler as S
+    from sage.engines.train.trainer import update_blocks
+
+    assert update_blocks(5, 4, False, 0) == [[0, 1, 2, 3], [4, None, None, None]]
 
     s = S(n_rows=5, block=4, repeats=2, dummy=5, shuffle=False, seed=0)
     assert list(s) == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 5, 5, 4, 5, 5, 5] and len(s) == 16
