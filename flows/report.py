@@ -112,6 +112,30 @@ def plot_quality(t: Tables) -> Figure | None:
     return fig
 
 
+def plot_probe_pass_rates(t: Tables) -> Figure | None:
+    """How hard the generated questions were for the Solver that probed them: a histogram of their probe pass rates,
+    admitted and rejected stacked, with the admission band shaded when `iteration.admission` is band."""
+    rows = [r for r in t["admission_frontier"] if r.get("pass_rate") is not None]
+    if not rows:
+        return None
+    fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    bins = [i / 10 for i in range(11)]
+    admitted = [r["pass_rate"] for r in rows if r["admitted"]]
+    rejected = [r["pass_rate"] for r in rows if not r["admitted"]]
+    ax.hist([admitted, rejected], bins=bins, stacked=True, label=["admitted", "rejected"], color=["C2", "C7"])
+    if rows[0]["admission"] == "band":
+        ax.axvspan(rows[0]["band_low"], rows[0]["band_high"], color="C1", alpha=0.15, label="admission band",
+                   zorder=0)
+    ax.set_xlabel(f"probe pass rate (mean s_gt of {max(r['probes'] for r in rows)} probe answers at most)")
+    ax.set_ylabel("generated questions")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(f"Probe pass rates of the generated questions (admission: {rows[0]['admission']})")
+    ax.legend(fontsize="small")
+    return fig
+
+
 def plot_role_rewards(t: Tables) -> Figure | None:
     rows = t["role_rewards"]
     if not _has(rows, "mean_reward"):
@@ -189,6 +213,8 @@ PLOTS: tuple[tuple[str, str, Callable[[Tables], Figure | None], str], ...] = (
     ("pool_size", "Pool size per iteration", plot_pool_size, "no iterations recorded"),
     ("admission", "Admitted vs rejected by reason", plot_admission, "no generated questions"),
     ("quality", "Mean s_q and mean difficulty", plot_quality, "no scored generated questions"),
+    ("probe_pass_rates", "Probe pass rates of the generated questions", plot_probe_pass_rates,
+     "no probed generated questions"),
     ("role_rewards", "Mean reward per role", plot_role_rewards, "no scored rollouts"),
     ("gate", "Plan gate pass rate", plot_gate, "no plans judged"),
     ("validation", "Validation curve (best checkpoint starred)", plot_validation, "no validated checkpoints"),
@@ -272,6 +298,7 @@ def _load(wh: Warehouse, run_id: str) -> tuple[dict, Tables]:
         summary["status"] = "dead (its process is gone; `sage status` says how to resume)"
     return summary, {**q.report_tables(wh, run_id), "admitted_questions": q.admitted_questions(wh, run_id),
                      "training_curve": q.training_curve(wh, run_id),
+                     "admission_frontier": q.admission_frontier(wh, run_id),
                      "evaluations": q.evaluations(wh, run_id), "stage_timings": q.stage_timings(wh, run_id)}
 
 

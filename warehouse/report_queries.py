@@ -54,6 +54,13 @@ def admitted_questions(wh: Warehouse, run_id: str) -> list[dict]:
                    [run_id])
 
 
+def admission_frontier(wh: Warehouse, run_id: str) -> list[dict]:
+    """Each probed generated question's probe pass rate, whether it was admitted, and the run's admission rule and
+    band (the `admission_frontier` view)."""
+    return wh.rows("SELECT iteration, pass_rate, probes, admitted, admission, band_low, band_high "
+                   "FROM admission_frontier WHERE run_id = ? ORDER BY iteration, question_id", [run_id])
+
+
 def training_curve(wh: Warehouse, run_id: str) -> list[dict]:
     """Every optimizer update of the run in order (the `training_curve` view)."""
     return wh.rows("SELECT * EXCLUDE (created_at) FROM training_curve WHERE run_id = ? ORDER BY global_step",

@@ -40,7 +40,7 @@ def build(wh: Warehouse, run_id: str = RUN, iterations=(1, 2, 3), full: bool = T
                                    "verifier": {"answer": str(i)}, "norm_hash": f"s{i}"} for i in range(4)])
     if not full:
         return
-    questions, rollouts, scores, plans, checkpoints = [], [], [], [], []
+    questions, rollouts, scores, plans, checkpoints, verdicts = [], [], [], [], [], []
     for k, rows in GENERATED.items():
         for j, (admitted, reason, s_q, diff) in enumerate(rows):
             questions.append({"question_id": f"{run_id}-q{k}{j}", "origin": "generated",
@@ -49,6 +49,15 @@ def build(wh: Warehouse, run_id: str = RUN, iterations=(1, 2, 3), full: bool = T
                               "run_id": run_id, "iteration": k, "s_q": s_q, "difficulty": diff,
                               "admitted": admitted, "admitted_iteration": k if admitted else None,
                               "rejection_reason": reason})
+    for q in [q for q in questions if q["difficulty"] is not None]:  # two probe answers each: p = 1 - difficulty
+        for j in range(2):
+            rid = f"{q['question_id']}-probe{j}"
+            rollouts.append({"rollout_id": rid, "run_id": run_id, "iteration": q["iteration"], "stage": "probe",
+                             "role": "solver", "purpose": "probe", "question_id": q["question_id"], "template": "v1",
+                             "prompt_text": "p", "completion_text": "c", "prompt_ids": [1, 2], "completion_ids": [3],
+                             "sample_index": j, "seed": j, "format_reward": 1.0})
+            verdicts.append({"rollout_id": rid, "run_id": run_id, "iteration": q["iteration"], "kind": q["domain"],
+                             "s_gt": 1 - q["difficulty"]})
     for (k, role), rewards in REWARDS.items():
         for j, reward in enumerate(rewards):
             rid = f"{run_id}-r{k}{role}{j}"
@@ -72,7 +81,8 @@ def build(wh: Warehouse, run_id: str = RUN, iterations=(1, 2, 3), full: bool = T
                     "metric": "pass@1", "value": 0.3333, "n": 12, "decoding": {"temperature": 0.0}}]
     timings = [{"run_id": run_id, "iteration": k, "stage": "train", "status": "done", "seconds": 12.5 * k}
                for k in (1, 2, 3)]
-    for table, rows in [("questions", questions), ("rollouts", rollouts), ("scores", scores), ("plans", plans),
+    for table, rows in [("questions", questions), ("rollouts", rollouts), ("verdicts", verdicts), ("scores", scores),
+                        ("plans", plans),
                         ("checkpoints", checkpoints), ("train_steps", steps), ("evaluations", evaluations),
                         ("stage_runs", timings)]:
         assert wh.insert_batch(table, rows) == len(rows)
@@ -153,9 +163,9 @@ def test_empty_plots_are_skipped_with_a_note(tmp_path):
         (out / "validation.png").write_bytes(b"stale")
         page = write_report(wh, "bare", out).read_text(encoding="utf-8")
     assert imread(out / "pool_size.png").shape[0] >= 300  # one iteration, 4 seeds: still a pool
-    for stem in ("admission", "quality", "role_rewards", "gate", "validation", "training_curve"):
+    for stem in ("admission", "quality", "probe_pass_rates", "role_rewards", "gate", "validation", "training_curve"):
         assert not (out / f"{stem}.png").exists() and f'src="{stem}.png"' not in page
-    assert page.count("skipped:") == 6 and "no optimizer steps recorded" in page
+    assert page.count("skipped:") == 7 and "no optimizer steps recorded" in page
     assert cells(page, "curriculum_drift")[0][:2] == ["1", "4"]
 
 
@@ -219,7 +229,7 @@ def test_one_iteration_gets_whole_ticks_and_the_admission_legend_stays_off_the_b
         _, tables = _load(one, RUN)
     for stem, _, plot, _ in PLOTS:
         fig = plot(tables)
-        if fig is None or stem == "training_curve":  # steps, not iterations
+        if fig is None or stem in ("training_curve", "probe_pass_rates"):  # steps and pass rates, not iterations
             continue
         ax = fig.axes[0]
         low, high = ax.get_xlim()
@@ -231,3 +241,20 @@ def test_one_iteration_gets_whole_ticks_and_the_admission_legend_stays_off_the_b
             fig.canvas.draw()
             legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
             assert legend.x0 >= axes.x1, (legend, axes)
+
+
+def test_probe_pass_rates_stack_admitted_over_rejected_and_shade_the_band(wh):
+    """The histogram counts every probed generated question once, admitted and rejected stacked (p = 1 -
+    difficulty here), and shades `iteration.admission` band's range when the run admits by it."""
+    from sage.flows.report import _load, plot_probe_pass_rates
+
+    _, tables = _load(wh, RUN)
+    rows = tables["admission_frontier"]
+    assert sorted(r["pass_rate"] for r in rows) == sorted(1 - d for k in GENERATED for *_, d in GENERATED[k]
+                                                          if d is not None)
+    ax = plot_probe_pass_rates(tables).axes[0]
+    heights = [p.get_height() for p in ax.patches]
+    assert sum(heights) == len(rows) and not ax.collections  # quality admission: no band
+    banded = [{**r, "admission": "band", "band_low": 0.3, "band_high": 0.7} for r in rows]
+    spans = plot_probe_pass_rates({"admission_frontier": banded}).axes[0].patches
+    assert len(spans) == len(ax.patches) + 1 and spans[-1].get_x() == 0.3  # the band, shaded behind the bars
