@@ -83,11 +83,14 @@ class RolesConfig(_Section):
                                description="Scores a question or a plan 1..10.")
     solver: RoleConfig = Field(default_factory=lambda: RoleConfig(max_new_tokens=1024),
                                description="Answers a question, with the plan when it passed the gate.")
-    prompts: Literal["short", "reasoning"] = Field(
+    prompts: Literal["short", "reasoning", "compose"] = Field(
         "short", description="The roles' prompt set (stages/prompts): `short` asks for the tagged output with little "
         "or no reasoning (one or two sentences for the Solver), what a 135M model can finish within a few hundred "
         "tokens (cpu.yaml); `reasoning` has every role reason step by step before the same tags (a 7B-class model "
-        "with thousands of tokens; paper-7b.yaml). The tags, parsers, rewards and verifiers are the same.")
+        "with thousands of tokens; paper-7b.yaml); `compose` is `short` with the grounded math Challenger "
+        "(`iteration.math_labels` agreement or program) asked to compose operations of its reference's kind into one "
+        "computation (a chain of sums and products, an equation whose right side is a computation, the GCD of a "
+        "product) instead of rewording it with new numbers. The tags, parsers, rewards and verifiers are the same.")
 
     @model_validator(mode="after")
     def _reasoning_unconstrained(self) -> RolesConfig:

@@ -5,7 +5,8 @@ words) is a validation or benchmark question's (`contaminated`) or already in th
 `iteration.near_duplicate_threshold` is set) it is not a near-duplicate of one, nor of any question written before
 it in this iteration (so a batch of copies of one puzzle admits at most one), and its probe pass rate p (1 -
 difficulty) suits `iteration.admission` (`quality`: any; `solvable`: 0 < p < 1, AZR; `band`: band_low <= p <=
-band_high, R-Zero); every rejection keeps its reason. The report gives the admitted questions' mean p.
+band_high, R-Zero); every rejection keeps its reason. The report gives the admitted questions' mean p and
+how many have a structure no seed has (`novel_structures`).
 
 Reads: this iteration's generated questions not yet decided (`admitted` NULL), the pool's text and text hashes,
 the validation and benchmark questions (origin `validation`, `benchmark`).
@@ -13,11 +14,13 @@ Writes: `questions.admitted`, `admitted_iteration`, `rejection_reason` (`contami
 `low_quality`, `duplicate`, `near_duplicate`; for a math label that is not grounded, the challenge stage's reason
 instead of `invalid_verifier`: `no_program`, `program_failed`, `number_mismatch`, `operation_mismatch`,
 `arithmetic_mismatch`, `label_mismatch`, `no_answer`; `too_easy`, `too_hard`, `unprobed` under a frontier rule;
-`unparseable` was set by the challenge stage), `batch_repetition` (the share of the iteration's written questions
-within `rewards.repetition_similarity` of it, itself included: R-Zero's |cluster| / batch), and for every decided
-question `near_dup_similarity` (the MinHash estimate of word-shingle Jaccard similarity to the
-closest pool, held-out, or earlier question of this iteration) and `near_dup_of` (that question), in one
-transaction.
+`unparseable` was set by the challenge stage), `content_key`, `structure` (`arithmetic.program_structure` of a
+math question's program, else `question_structure` of its text; the pool's seeds get theirs too, so
+`curriculum_structures` can count admitted questions of a structure no seed has), `batch_repetition` (the share
+of the iteration's written questions within `rewards.repetition_similarity` of it, itself included: R-Zero's
+|cluster| / batch), and for every decided question `near_dup_similarity` (the MinHash estimate of word-shingle
+Jaccard similarity to the closest pool, held-out, or earlier question of this iteration) and
+`near_dup_of` (that question), in one transaction.
 Questions are decided in id order, so of two identical new questions the same one is admitted on every re-run.
 Idempotency: only undecided questions are touched. With `iteration.challenger` false (an ablation) it decides
 nothing. Fails: never on model output.
@@ -29,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from sage.configs.names import Stage
-from sage.engines.text.arithmetic import content_key
+from sage.engines.text.arithmetic import content_key, program_structure, question_structure
 from sage.engines.text.similar import most_similar, repetition, signatures
 from sage.stages.context import RunContext, StageReport, switched_off
 from sage.warehouse.queries import (
@@ -89,6 +92,15 @@ def _key(q: dict) -> str | None:
     return content_key(q["text"] or "") if q.get("domain") == "math" else None
 
 
+def _structure(q: dict) -> str | None:
+    """A math question's structure: its program's (`arithmetic.program_structure`) where the Challenger wrote one
+    that the structure describes, else its text's (`question_structure`, all a seed has); None for code."""
+    if q.get("domain") != "math":
+        return None
+    program = (q.get("verifier") or {}).get("program")
+    return (program_structure(program) if isinstance(program, str) else None) or question_structure(q["text"] or "")
+
+
 def _cache_keys(rows: list[dict]) -> list[dict]:
     """Set each row's `key` (`_key`); the {question_id, content_key} updates for rows whose stored
     `questions.content_key` is missing, so `heldout_leaks` compares content in SQL (admit stores the keys it
@@ -101,14 +113,30 @@ def _cache_keys(rows: list[dict]) -> list[dict]:
     return missing
 
 
+def _seed_structures(pool: list[dict]) -> tuple[set[str], list[dict]]:
+    """The structures of the pool's seeds, and the {question_id, structure} updates for seeds whose stored
+    `questions.structure` is missing (a seed has no program: its text's)."""
+    found, missing = set(), []
+    for r in pool:
+        if r["origin"] != "seed":
+            continue
+        structure = r.get("structure") or _structure(r)
+        if structure is not None:
+            found.add(structure)
+            if r.get("structure") is None:
+                missing.append({"question_id": r["question_id"], "structure": structure})
+    return found, missing
+
+
 def run(ctx: RunContext) -> StageReport:
     it = ctx.cfg.iteration
     if not it.challenger:
         return switched_off(STAGE, "iteration.challenger")
     pending = [q for q in generated_questions(ctx.wh, ctx.run_id, ctx.iteration) if q["admitted"] is None]
     for q in pending:
-        q["content_key"] = _key(q)
+        q["content_key"], q["structure"] = _key(q), _structure(q)
     pool = pool_texts(ctx.wh, ctx.run_id)
+    seed_structures, seed_updates = _seed_structures(pool)
     held = heldout_questions(ctx.wh)
     keys = _cache_keys(pool + held)
     seen = pool_norm_hashes(ctx.wh, ctx.run_id) | {k for r in pool if (k := r["key"])}
@@ -132,13 +160,15 @@ def run(ctx: RunContext) -> StageReport:
         if q["text"]:
             ref_sigs = np.vstack([ref_sigs, sig[None, :]])
             ref_ids.append(q["question_id"])
-        updates.append(dict(question_id=q["question_id"], content_key=q["content_key"], admitted=reason is None,
+        updates.append(dict(question_id=q["question_id"], content_key=q["content_key"], structure=q["structure"],
+                            admitted=reason is None,
                             admitted_iteration=ctx.iteration if reason is None else None, rejection_reason=reason,
                             near_dup_similarity=similarity, near_dup_of=None if at is None else ref_ids[at],
                             batch_repetition=repeats.get(i)))
     with ctx.wh.transaction():
         update_rows(ctx.wh, "questions", "question_id", updates)
         update_rows(ctx.wh, "questions", "question_id", keys)
+        update_rows(ctx.wh, "questions", "question_id", seed_updates)
     admitted = sum(u["admitted"] for u in updates)
     reasons: dict[str, int] = {}
     for u in updates:
@@ -149,5 +179,8 @@ def run(ctx: RunContext) -> StageReport:
     reasons.update({"test_in_pool": leaked} if leaked else {})
     rates = [p for q, u in zip(pending, updates) if u["admitted"] and (p := pass_rate(q)) is not None]
     mean_rate = {"mean_pass_rate": round(sum(rates) / len(rates), 3)} if rates else {}
+    novel = sum(u["admitted"] and u["structure"] is not None and u["structure"] not in seed_structures
+                for u in updates)
     return StageReport(STAGE, rows_in=len(pending), rows_out=admitted,
-                       info={"admitted": admitted, "rejected": len(updates) - admitted, **reasons, **mean_rate})
+                       info={"admitted": admitted, "rejected": len(updates) - admitted, **reasons, **mean_rate,
+                             "novel_structures": novel})

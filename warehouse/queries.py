@@ -156,10 +156,10 @@ def pool_norm_hashes(wh: Warehouse, run_id: str) -> set[str]:
 
 
 def pool_texts(wh: Warehouse, run_id: str) -> list[dict]:
-    """(question_id, domain, text, norm_hash, content_key) of the run's pool (seeds plus admitted), in a stable
-    order."""
+    """(question_id, origin, domain, text, norm_hash, content_key, structure) of the run's pool (seeds plus
+    admitted), in a stable order."""
     return wh.rows("""
-        SELECT question_id, domain, text, norm_hash, content_key FROM questions
+        SELECT question_id, origin, domain, text, norm_hash, content_key, structure FROM questions
         WHERE origin = 'seed' OR (origin = 'generated' AND run_id = ? AND admitted)
         ORDER BY question_id""", [run_id])
 

@@ -6,6 +6,9 @@ wrote for it (stages/challenge.py grounds a label with these) and between questi
 - `arithmetic_mismatch`: where the question writes its arithmetic out (`What is 7 * 8?`, `y + 1 = 3`), the
   program's result is that arithmetic's value.
 - `content_key`: what a question asks whatever its words (`x+8=15`, `gcd 11 12`), for duplicates in other words.
+- `program_structure`, `question_structure`: which operations a problem composes, in which nesting, numbers
+  abstracted (`gcd(mul(n,n),n)`), from a Challenger's program or a question's own arithmetic: a new structure is a
+  new kind of problem, not new numbers in an old one.
 
 Pure functions of text: no sandbox, no model. The program is read as a syntax tree, never run. The question and the
 program are model output: each function returns a reason or None, and never raises on what it is given.
@@ -221,3 +224,154 @@ def arithmetic_mismatch(question: str, result: str) -> str | None:
         return None
     shown = str(value.numerator) if value.denominator == 1 else str(value)
     return f"the question's own arithmetic `{stretch[:60]}` gives {shown}; the program returns {result[:60]}"
+
+
+#: Bounds on what the structure of a program or question is read from, and on the structure itself.
+_MAX_PROGRAM, _MAX_NODES, _MAX_STRUCTURE = 4000, 400, 160
+_BINARY = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "floordiv",
+           ast.Mod: "mod", ast.Pow: "pow"}
+_COMPARE = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
+#: Operations whose arguments may come in any order and group (`add(n,add(n,n))` is `add(n,n,n)`).
+_FLAT = frozenset({"add", "mul", "gcd", "lcm", "min", "max"})
+#: Calls kept by name; `int`, `float` and `Fraction` of one value are that value; any other call is `call`.
+_CALLS = frozenset({"gcd", "lcm", "abs", "round", "min", "max", "pow", "sqrt", "isqrt", "factorial", "comb", "perm",
+                    "floor", "ceil", "prod", "sum"})
+_TRANSPARENT = frozenset({"int", "float", "Fraction"})
+
+
+class _NoStructure(Exception):
+    """The tree holds something the structure does not describe (a loop, a branch, text), or too much."""
+
+
+def _op(name: str, args: list[str]) -> str:
+    if name in _FLAT:   # associative and commutative: flatten and sort
+        args = sorted(a for arg in args for a in (_split(arg[len(name) + 1:-1]) if arg.startswith(name + "(")
+                                                  else [arg]))
+    out = f"{name}({','.join(args)})"
+    if len(out) > _MAX_STRUCTURE:
+        raise _NoStructure
+    return out
+
+
+def _split(inner: str) -> list[str]:
+    """The top-level arguments of `inner`, the text between an operation's brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(inner):
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(inner[start:i])
+            start = i + 1
+    return parts + [inner[start:]]
+
+
+def _shape(node: ast.AST, env: dict[str, str]) -> str:
+    """The structure of expression `node`, names read from `env` (a name not in it, like an unknown, is `v`)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return "n"
+    if isinstance(node, ast.Name):
+        return env.get(node.id, "v")
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = _shape(node.operand, env)
+        return inner if inner == "n" or isinstance(node.op, ast.UAdd) else _op("neg", [inner])
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        return _op(_BINARY[type(node.op)], [_shape(node.left, env), _shape(node.right, env)])
+    if isinstance(node, ast.Compare) and all(type(o) in _COMPARE for o in node.ops):
+        name = "_".join(_COMPARE[type(o)] for o in node.ops)
+        return _op(name, [_shape(n, env) for n in [node.left, *node.comparators]])
+    if isinstance(node, ast.Call) and not node.keywords:
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if name == "sum" and len(node.args) == 1 and isinstance(node.args[0], (ast.List, ast.Tuple)):
+            return _op("add", [_shape(e, env) for e in node.args[0].elts])
+        args = [_shape(a, env) for a in node.args]
+        if name in _TRANSPARENT and len(args) == 1:
+            return args[0]
+        return _op(name if name in _CALLS else "call", args)
+    raise _NoStructure
+
+
+def _statements(body: list[ast.stmt], env: dict[str, str]) -> str | None:
+    """The structure of what `body` returns, assignments inlined in order; None when it returns nothing."""
+    for stmt in body:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)) or (
+                isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):   # a docstring
+            continue
+        if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
+            value = _shape(stmt.value, env)
+            env.update({t.id: value for t in stmt.targets if isinstance(t, ast.Name)})
+        elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name) and type(stmt.op) in _BINARY:
+            env[stmt.target.id] = _op(_BINARY[type(stmt.op)], [env.get(stmt.target.id, "v"),
+                                                                _shape(stmt.value, env)])
+        elif isinstance(stmt, ast.Return) and stmt.value is not None:
+            return _shape(stmt.value, env)
+        else:
+            raise _NoStructure
+    return None
+
+
+def program_structure(program: str) -> str | None:
+    """Which operations the Challenger's `program` composes to its result, in which nesting, every number written
+    `n` (`return math.gcd(12 * 4, 18)` is `gcd(mul(n,n),n)`), its variables inlined, `+`, `*`, gcd, lcm, min and max
+    flattened and sorted; None when it does not parse, is too large, or holds what the structure does not describe
+    (a loop, a branch, a helper function, text). The program is model output: read as a syntax tree, never run."""
+    if len(program) > _MAX_PROGRAM:
+        return None
+    try:
+        tree = ast.parse(program)
+        if sum(1 for _ in ast.walk(tree)) > _MAX_NODES:
+            return None
+        env: dict[str, str] = {}
+        solve = [s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "solve"]
+        rest = [s for s in tree.body if not (isinstance(s, ast.FunctionDef) and s.name == "solve")]
+        if len(solve) != 1 or solve[0].args.args or _statements(rest, env) is not None:
+            return None
+        return _statements(solve[0].body, env)
+    except (_NoStructure, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _solved(side: ast.AST, other: ast.AST, unknown: str) -> ast.AST | None:
+    """`unknown` alone: `other` with the operations around the unknown in `side` undone in turn (`2*x + 8 = 15`
+    gives `(15 - 8) / 2`, the program that solves it); None unless the unknown stands once, under + - * / only."""
+    while not (isinstance(side, ast.Name) and side.id == unknown):
+        if not isinstance(side, ast.BinOp) or type(side.op) not in (ast.Add, ast.Sub, ast.Mult, ast.Div):
+            return None
+        holds = [any(isinstance(n, ast.Name) and n.id == unknown for n in ast.walk(s)) for s in (side.left, side.right)]
+        if holds.count(True) != 1:
+            return None
+        inner, rest = (side.left, side.right) if holds[0] else (side.right, side.left)
+        inverse = {ast.Add: ast.Sub(), ast.Sub: ast.Add(), ast.Mult: ast.Div(), ast.Div: ast.Mult()}[type(side.op)]
+        if not holds[0] and isinstance(side.op, (ast.Sub, ast.Div)):   # b - x = c: x = b - c; b / x = c: x = b / c
+            other = ast.BinOp(rest, side.op, other)
+        else:
+            other = ast.BinOp(other, inverse, rest)
+        side = inner
+    return other
+
+
+def question_structure(question: str) -> str | None:
+    """The structure of the problem `question` states in its own words, for a question without a program (a seed):
+    a GCD or LCM of k numbers (`gcd(n,n)`), an expression it writes out (`mul(n,n)` for "What is 7 * 8?"), or a
+    linear equation in one unknown as the program that solves it (`div(sub(n,n),n)` for `2x + 8 = 15`), so a
+    question and a program that state the same problem share a structure; None for anything else (a word problem)."""
+    kinds = [k for k, pattern in _DIVISOR_OR_MULTIPLE.items() if pattern.search(question)]
+    if len(kinds) == 1:
+        count = len(_NUMBER.findall(question[:2000]))
+        return _op(kinds[0], ["n"] * count) if 2 <= count <= 8 else None
+    if kinds or (stretch := own_arithmetic(question)) is None:
+        return None
+    unknowns = set(re.findall(r"[A-Za-z]", stretch))
+    if len(unknowns) > 1 or stretch.count("=") > 1 or len(stretch) > 120:
+        return None
+    text = re.sub(r"(?<=[\d)])\s*(?=[A-Za-z(])|(?<=[A-Za-z)])\s*(?=\()", "*", stretch)   # 2x, 2(x+1), x(3)
+    try:
+        sides = [ast.parse(side.strip(), mode="eval").body for side in text.split("=") if side.strip()]
+        if len(sides) == 1 and not unknowns:
+            return _shape(sides[0], {})
+        if len(sides) != 2 or not unknowns:
+            return None
+        unknown = unknowns.pop()
+        left = any(isinstance(n, ast.Name) and n.id == unknown for n in ast.walk(sides[0]))
+        solved = _solved(sides[0], sides[1], unknown) if left else _solved(sides[1], sides[0], unknown)
+        return None if solved is None else _shape(solved, {})
+    except (_NoStructure, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None

@@ -20,7 +20,10 @@ little or no reasoning, what the 135M model finishes within a few hundred tokens
 (`REASONING_TEMPLATES`; paper-7b.yaml) has each role reason step by step first and then write the same tags, for
 a 7B-class model with thousands of tokens, its worked examples showing reasoning before the tags. Text outside
 the tags is allowed by the parsers and the format reward (engines/text/tags.py), so rewards and verifiers are
-the same under either set; a kind's version differs between the sets, so their rows never share ids.
+the same under either set; a kind's version differs between the sets, so their rows never share ids. A third set,
+`compose`, is `short` with the grounded math Challenger asked to compose operations of its reference's kind into one
+computation (`gcd(6 * 4, 18)`, `x + 12 = 5 * 6`) rather than reword it with new numbers; only that kind's version
+differs from `short`'s.
 
 Inserted fields are cut (marked with "...") so a runaway generated question cannot overflow the context:
 with a `FieldLimit` (what the stages pass: the model's tokenizer and the tokens left once the template and
@@ -127,6 +130,40 @@ _GROUNDED_EXAMPLES: dict[str, tuple[dict[str, str], str]] = {
     f"{_RG}lcm": ({"question": "Find the Least Common Multiple (LCM) of these numbers: 2, 3"},
                   _grounded_reply("Find the Least Common Multiple (LCM) of these numbers: 4, 10",
                                   "    import math\n    return math.lcm(4, 10)", "20")),
+}
+
+# Composite math (`roles.prompts: compose`): the grounded Challenger composes operations of the reference's kind
+# into one computation, as AZR builds questions from composite programs, instead of rewording the reference with new
+# numbers (every question admitted under `short` did). The question states every number the program uses, so the
+# number check (engines/text/arithmetic.py) holds, and the program's result is the label.
+_CHALLENGER_COMPOSE = """Reference problem:
+{{question}}
+
+Write ONE new math problem that composes two or three operations of the kind the reference uses into one \
+computation: a chain of sums and products, an equation whose right side is itself a computation, the GCD of a \
+product, ... It must have a single exact answer and state in digits every number the computation uses. Put the \
+new problem in <question></question>, a Python function `solve()` that computes the answer from exactly the \
+problem's numbers (standard library only; `fractions.Fraction` for exact fractions) in <solution></solution>, \
+and the final answer in <answer></answer>. Write nothing else."""
+
+_COMPOSE_EXAMPLES: dict[str, tuple[dict[str, str], str]] = {
+    f"{_RG}basic_arithmetic": (_GROUNDED_EXAMPLES[f"{_RG}basic_arithmetic"][0],
+                               _grounded_reply("Calculate (12 + 7) * 3.", "    return (12 + 7) * 3", "57")),
+    f"{_RG}products": (_GROUNDED_EXAMPLES[f"{_RG}products"][0],
+                       _grounded_reply("Calculate 6 * 13 + 4 * 5. Give only the result as your final answer.",
+                                       "    return 6 * 13 + 4 * 5", "98")),
+    f"{_RG}chain_sum": (_GROUNDED_EXAMPLES[f"{_RG}chain_sum"][0],
+                        _grounded_reply("State the final answer to the following arithmetic problem: 5 + 3 * 8 - 2 =",
+                                        "    return 5 + 3 * 8 - 2", "27")),
+    f"{_RG}simple_equations": (_GROUNDED_EXAMPLES[f"{_RG}simple_equations"][0],
+                               _grounded_reply("Find the value of x in the equation: x + 12 = 5 * 6",
+                                               "    return 5 * 6 - 12", "18")),
+    f"{_RG}gcd": (_GROUNDED_EXAMPLES[f"{_RG}gcd"][0],
+                  _grounded_reply("Find the Greatest Common Divisor (GCD) of 6 * 4 and 18. Give only the GCD as your "
+                                  "final answer.", "    import math\n    return math.gcd(6 * 4, 18)", "6")),
+    f"{_RG}lcm": (_GROUNDED_EXAMPLES[f"{_RG}lcm"][0],
+                  _grounded_reply("Find the Least Common Multiple (LCM) of 4 * 3 and 10",
+                                  "    import math\n    return math.lcm(4 * 3, 10)", "60")),
 }
 
 _CHALLENGER_CODE = """Reference task:
@@ -369,8 +406,19 @@ REASONING_TEMPLATES: dict[str, Template] = {
     "solver_code_plan": _reasoning_solver("solver_code_plan", code=True, plan=True),
 }
 
+#: The short set with the grounded math Challenger asked for a composite problem (`_CHALLENGER_COMPOSE`).
+COMPOSE_TEMPLATES: dict[str, Template] = {
+    **TEMPLATES,
+    "challenger_math": Template("challenger_math", SYSTEM, _CHALLENGER_COMPOSE, ("question",), (), _MATH,
+                                _grounded_reply("A cyclist rides at 15 km per hour for 4 hours, then at 12 km per "
+                                                "hour for 2 hours. How many kilometres does she ride in total?",
+                                                "    return 15 * 4 + 12 * 2", "84"),
+                                _COMPOSE_EXAMPLES),
+}
+
 #: `roles.prompts` -> its templates, one per kind.
-PROMPT_SETS: dict[str, dict[str, Template]] = {"short": TEMPLATES, "reasoning": REASONING_TEMPLATES}
+PROMPT_SETS: dict[str, dict[str, Template]] = {"short": TEMPLATES, "reasoning": REASONING_TEMPLATES,
+                                               "compose": COMPOSE_TEMPLATES}
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _OPTIONAL_LINES = {"signature": "\nFunction: {}"}

@@ -62,7 +62,7 @@ def test_contaminated_rejected_and_near_duplicates_measured(setup):
         "ok": None, "copy_val": "contaminated", "copy_bench": "contaminated", "low": "low_quality",
         "invalid": "invalid_verifier", "dup_seed": "duplicate", "near_seed": None}
     assert report.info == {"admitted": 2, "rejected": 5, "contaminated": 2, "low_quality": 1,
-                           "invalid_verifier": 1, "duplicate": 1}
+                           "invalid_verifier": 1, "duplicate": 1, "novel_structures": 0}
     assert got["copy_val"]["near_dup_of"] == "val" and got["copy_val"]["near_dup_similarity"] == 1.0
     assert got["dup_seed"]["near_dup_of"] == "seed" and got["dup_seed"]["near_dup_similarity"] == 1.0
     # "... divisor of 12 and 20?" shares 7 of its 8 word trigrams with the seed: Jaccard 7/9 = 0.78
@@ -150,7 +150,7 @@ def test_an_ungrounded_math_label_keeps_its_reason(tmp_path):
     assert set(UNGROUNDED) == admit.LABEL_FAILURES and len(UNGROUNDED) == len(admit.LABEL_FAILURES)
     n = len(UNGROUNDED)
     assert report.info == {"admitted": 0, "rejected": n + 4, "invalid_verifier": 4,
-                           **{label: 1 for label in UNGROUNDED}}
+                           **{label: 1 for label in UNGROUNDED}, "novel_structures": 0}
     drift = wh.rows("SELECT rejected, rejected_invalid_verifier, rejected_ungrounded FROM curriculum_drift "
                     "WHERE run_id = 'r' AND iteration = 1")
     assert drift == [{"rejected": n + 4, "rejected_invalid_verifier": 4, "rejected_ungrounded": n}]
@@ -317,3 +317,32 @@ def test_a_test_problem_is_guarded_like_validation_and_a_leak_into_the_pool_is_r
     # without test problems the line has no such count
     _, plain = _admit(tmp_path, [_generated("fine", _TEXTS[1])])
     assert "test_in_pool" not in plain.info
+
+
+def _program(name: str, text: str, program: str) -> dict:
+    return _generated(name, text, verifier={"answer": "1", "label": "grounded", "program": program})
+
+
+def test_admit_stores_structures_and_counts_those_no_seed_has(tmp_path):
+    """The structure of each decided math question (its program's, else its text's) and of each seed is stored;
+    the line and `curriculum_structures` count admitted questions of a structure no seed has: the seed asks a GCD
+    of two numbers, so a GCD of a product is new, a GCD of two other numbers (program or text) is not."""
+    rows = [_program("gcd_of_product", "Find the GCD of 12 * 4 and 18.",
+                     "import math\ndef solve():\n    return math.gcd(12 * 4, 18)"),
+            _program("gcd_again", "What is the greatest common divisor of 21 and 14?",
+                     "import math\ndef solve():\n    return math.gcd(21, 14)"),
+            _generated("text_only", "Find the highest common factor of 8 and 20."),
+            _program("rejected_new", "Compute 3 * 4 + 5.", "def solve():\n    return 3 * 4 + 5") | {"s_q": 0.1},
+            _generated("word", _TEXTS[2]),
+            _generated("code", "Write a function that adds two numbers.", domain="code",
+                       verifier={"entry_point": "f", "inputs": [[1, 2]], "outputs": ["3"]})]
+    wh, report = _admit(tmp_path, rows)
+    got = dict(wh.execute("SELECT question_id, structure FROM questions"))
+    assert got == {"seed": "gcd(n,n)", "val": None, "gcd_of_product": "gcd(mul(n,n),n)", "gcd_again": "gcd(n,n)",
+                   "text_only": "gcd(n,n)", "rejected_new": "add(mul(n,n),n)", "word": None, "code": None}
+    assert report.info["novel_structures"] == 1 and report.info["admitted"] == 5
+    row = wh.rows("SELECT * FROM curriculum_structures")
+    assert len(row) == 1 and row[0]["trigram_novelty_vs_seeds"] > 0
+    assert {k: v for k, v in row[0].items() if k != "trigram_novelty_vs_seeds"} == {
+        "run_id": "r", "iteration": 1, "admitted": 5, "with_structure": 3, "structures": 2, "novel_structures": 1,
+        "novel_share": 0.2}

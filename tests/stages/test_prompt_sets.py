@@ -134,3 +134,41 @@ def test_reasoning_prompts_with_a_grammar_that_forbids_reasoning_are_refused():
         load_config("cpu", ["roles.prompts=reasoning"])
     assert load_config("cpu", ["roles.prompts=reasoning", "roles.challenger.constrain=false",
                                "roles.planner.constrain=false"]).roles.solver.constrain   # their regexes allow it
+
+
+def _replies(template) -> list[tuple[str | None, str, str]]:
+    """(family, reference question, worked reply) of a template's default example and each family example."""
+    return [(None, template.example["question"], template.reply)] + [
+        (family, fields["question"], reply) for family, (fields, reply) in template.examples.items()]
+
+
+def test_the_compose_set_asks_the_math_challenger_for_a_composite_problem_that_is_grounded():
+    """`compose` is `short` but for the grounded math Challenger, whose every worked example is a problem that
+    composes operations (a structure its reference lacks), states every number its program uses and names every
+    operation, so it passes the challenge stage's checks and grounds its label."""
+    from sage.engines.text.arithmetic import (
+        arithmetic_mismatch,
+        number_mismatch,
+        operation_mismatch,
+        program_structure,
+        question_structure,
+    )
+    from sage.engines.text.grammar import role_regex
+
+    short, compose = PROMPT_SETS["short"], PROMPT_SETS["compose"]
+    assert [k for k in KINDS if version(k, "compose") != version(k, "short")] == ["challenger_math"]
+    assert "composes two or three operations" in render("challenger_math", prompt_set="compose", question="Q")[-1][
+        "content"]
+    assert set(compose["challenger_math"].examples) == set(short["challenger_math"].examples)
+    for family, reference, reply in _replies(compose["challenger_math"]):
+        parsed = parse_challenger(reply, "math", "challenger_math")
+        assert parsed.format_reward == 1.0 and re.fullmatch(role_regex("challenger_math"), reply), family
+        question, program, answer = (parsed.fields[k] for k in ("question", "program", "answer"))
+        assert number_mismatch(program, question) is None and operation_mismatch(program, question) is None, family
+        namespace: dict = {}
+        exec(program, namespace)     # the examples' own fixed text, not model output
+        assert str(namespace["solve"]()) == answer and arithmetic_mismatch(question, answer) is None, family
+        structure = program_structure(program)
+        assert structure is not None and structure.count("(") >= 2, (family, structure)   # operations nested
+        assert structure != question_structure(reference), family
+    assert load_config("cpu", ["roles.prompts=compose"]).roles.prompts == "compose"

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from sage.engines.text.arithmetic import arithmetic_mismatch, content_key, number_mismatch, operation_mismatch
+from sage.engines.text.arithmetic import (
+    arithmetic_mismatch,
+    content_key,
+    number_mismatch,
+    operation_mismatch,
+    program_structure,
+    question_structure,
+)
 
 pytestmark = pytest.mark.fast
 
@@ -128,3 +135,46 @@ def test_hostile_text_gets_an_answer_not_an_exception(text):
     for got in (content_key(text), arithmetic_mismatch(text, "1"), number_mismatch(text, text),
                 operation_mismatch(text, text)):
         assert got is None or isinstance(got, str)
+
+
+@pytest.mark.parametrize("program,structure", [
+    ("import math\ndef solve():\n    return math.gcd(12 * 4, 18)", "gcd(mul(n,n),n)"),
+    ("from math import gcd\ndef solve():\n    return gcd(18, 4 * 12)", "gcd(mul(n,n),n)"),      # any order
+    ("def solve():\n    return 2 + (3 + 4)", "add(n,n,n)"),                                     # any grouping
+    ("def solve():\n    a = 3\n    b = a * a + 2\n    b += 1\n    return gcd(b, a)", "gcd(add(mul(n,n),n,n),n)"),
+    ("def solve():\n    return (15 - 8) / 2", "div(sub(n,n),n)"),
+    ("def solve():\n    return 8 - 15", "sub(n,n)"),
+    ("def solve():\n    return int(sum([1, 2, 3]))", "add(n,n,n)"),
+    ("def solve():\n    return 7 > 2 * 3", "gt(n,mul(n,n))"),
+    ("def solve():\n    return helper(2)", "call(n)"),                                         # any name: `call`
+    ("def solve():\n    return 12 +", None),                                                   # does not parse
+    ("def solve():\n    t = 0\n    for i in range(3):\n        t += i\n    return t", None),  # a loop
+    ("def solve():\n    return '3' + '4'", None),                                              # text
+    ("def other():\n    return 3", None),                                                      # no solve()
+    ("def solve():\n    a = 2\n" + "    a = a * a\n" * 30 + "    return a", None),             # grows too large
+    ("def solve():\n    return " + "(" * 3000 + "1" + ")" * 3000, None),                       # nests too deep
+    ("def solve():\n    return 1" + " + 1" * 2000, None),                                      # too long
+])
+def test_program_structure(program, structure):
+    assert program_structure(program) == structure
+
+
+@pytest.mark.parametrize("question,structure", [
+    ("Find the GCD of these numbers: 32, 48", "gcd(n,n)"),
+    ("What is the least common multiple of 4, 6 and 10?", "lcm(n,n,n)"),
+    ("What is 7 * 8?", "mul(n,n)"),
+    ("Calculate 16 + 2 * 3.", "add(mul(n,n),n)"),
+    ("Solve for x: 2x + 8 = 15", "div(sub(n,n),n)"),      # as the program that solves it
+    ("Find y: 10 - y = 3", "sub(n,n)"),
+    ("Janet has 3 apples and buys 4 more. How many now?", None),   # a word problem
+    ("Solve x * x = 9", None),                                      # not linear
+    ("", None),
+])
+def test_question_structure(question, structure):
+    assert question_structure(question) == structure
+
+
+def test_a_question_and_its_program_share_a_structure():
+    assert question_structure("Solve for x: 2x + 8 = 15") == program_structure("def solve():\n    return (15 - 8) / 2")
+    assert question_structure("Find the GCD of 12 and 18.") == program_structure(
+        "import math\ndef solve():\n    return math.gcd(12, 18)")
