@@ -39,6 +39,10 @@ from pathlib import Path
 from experiments.learning import mcnemar_exact, wilson
 
 #: `hints`' overrides, which the curriculum rows build on
+#: `cpu.yaml`'s loop before it took plans as hints, the one every row was measured against: each row's overrides go on
+#: top of these, so `full` stays the full loop of the stored entries (and their run ids) whatever `cpu.yaml` says now
+BASELINE = ["iteration.hints=always", "train.hinted_prompt=shown", "rewards.solver_plan=0.2", "rewards.solver_gt=0.6",
+            "train.loss_weighting=role_mean"]
 HINTS = ["iteration.hints=mixed", "iteration.hint_share=0.5", "train.hinted_prompt=plain", "rewards.solver_plan=0",
          "rewards.solver_gt=0.8", "train.loss_weighting=role_share"]
 #: the out-of-distribution set as test problems no run may train on (`seeds.heldout`; a path from the repository root,
@@ -116,7 +120,7 @@ def plan(seeds: list[int], rows: list[str], seeded: list[str]) -> list[tuple[int
 
 
 def learning_command(args, seed: int, row: str) -> list[str]:
-    sets = [f"run.seed={seed}", *ROWS[row][1]]
+    sets = [f"run.seed={seed}", *(BASELINE if args.config == "cpu" else []), *ROWS[row][1]]
     return [sys.executable, "-m", "experiments.learning", "--iterations", str(args.iterations), "--config",
             args.config, "--model", args.model, "--kl-sequences", str(args.kl_sequences), "--run", f"ablation-s{seed}",
             "--out", str(row_dir(args.out, seed, row)), *[a for s in sets for a in ("--set", s)]]

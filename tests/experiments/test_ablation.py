@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.ablation import ABLATIONS, ROWS, plan
+from experiments.ablation import ABLATIONS, BASELINE, ROWS, plan
 from sage.configs import load_config
 from sage.warehouse import Warehouse
 
@@ -26,10 +26,14 @@ def test_every_row_for_the_first_seed_then_the_seeded_rows_for_the_others():
 
 @pytest.mark.parametrize("row", list(ROWS))
 def test_every_row_is_a_valid_config_that_differs_from_the_full_loop(row):
-    """A row's overrides load (the Solver's reward weights still sum to one, say), and all but the full loop's
-    change what they name."""
-    full, changed = load_config("cpu"), load_config("cpu", ROWS[row][1])
+    """A row's overrides load on the baseline (the Solver's reward weights still sum to one, say), and all but the
+    full loop's change what they name. The baseline is the loop the stored rows ran, plans always shown, whatever
+    `cpu.yaml` became (it took `hints`, which is a row here, not the full loop)."""
+    full, changed = load_config("cpu", BASELINE), load_config("cpu", [*BASELINE, *ROWS[row][1]])
     assert (changed == full) == (row == "full")
+    assert (full.iteration.hints, full.train.hinted_prompt, full.train.loss_weighting) == ("always", "shown",
+                                                                                          "role_mean")
+    assert (full.rewards.solver_plan, full.rewards.solver_gt) == (0.2, 0.6)
 
 
 def _ablation(out: Path) -> subprocess.CompletedProcess:
