@@ -83,7 +83,11 @@ def _fast_tests_start_no_process(request, monkeypatch):
 # bytes, not a model's vocabulary).
 SCRIPTED_OVERRIDES = ["iteration.n_challenge=4", "iteration.n_probe=2", "iteration.n_plan=4", "iteration.n_solve=2",
                       "roles.challenger.constrain=false", "roles.planner.constrain=false",
-                      "roles.critic.constrain=false", "roles.solver.constrain=false"]
+                      "roles.critic.constrain=false", "roles.solver.constrain=false",
+                      # plans shown to every answer whose plan passed, as SAGE.md has it (the stage tests check that
+                      # loop's gate and reward terms); `cpu.yaml` takes plans as hints, which tests of their own set
+                      "iteration.hints=always", "train.hinted_prompt=shown", "rewards.solver_plan=0.2",
+                      "rewards.solver_gt=0.6"]
 
 
 @pytest.fixture

@@ -29,7 +29,8 @@ def _reply(req) -> str:
 @pytest.fixture
 def ctx(tmp_path):
     cfg = load_config("cpu", [f"run.dir={tmp_path}", "iteration.domains=[code]", "iteration.n_plan=1",
-                              "iteration.n_solve=1", "iteration.n_probe=1"])
+                              "iteration.n_solve=1", "iteration.n_probe=1", "iteration.hints=always",
+                              "train.hinted_prompt=shown"])
     wh = Warehouse.open(tmp_path / "w.duckdb")
     wh.insert_batch("questions", [
         dict(question_id="seed", origin="seed", domain="code", text=SEED_CODE, norm_hash=norm_hash(SEED_CODE),

@@ -74,7 +74,7 @@ def test_hinted_prompt_plain_trains_a_shown_answer_on_its_questions_plain_prompt
         wh.insert_batch("scores", [_score(r, "planner" if r == "plan" else "solver", 0.5)
                                    for r in ("hinted", "plain", "other", "plan")])
         plain = stored_rows(wh, load_config(overrides=[*mixed, "train.hinted_prompt=plain"]), "r", 1)
-        shown = stored_rows(wh, load_config(overrides=mixed), "r", 1)
+        shown = stored_rows(wh, load_config(overrides=[*mixed, "train.hinted_prompt=shown"]), "r", 1)
         assert [(r.role, r.prompt_ids, r.logprobs) for r in plain] == [
             ("solver", [1, 2], [-0.5]), ("solver", [4, 5], [-0.5]), ("solver", [1, 2], [-0.5]),
             ("planner", [6, 7], [-0.5])]                          # ordered by rollout id: hinted, other, plain, plan
@@ -90,7 +90,7 @@ def test_hinted_prompt_plain_needs_mixed_hints_and_the_samplers_logprobs():
     from sage.configs import ConfigError
 
     with pytest.raises(ConfigError, match="iteration.hints always does not write"):
-        load_config(overrides=["train.hinted_prompt=plain"])
+        load_config(overrides=["train.hinted_prompt=plain", "iteration.hints=always"])
     with pytest.raises(ConfigError, match="use train.hinted_prompt=shown"):
         load_config(overrides=["train.hinted_prompt=plain", "iteration.hints=mixed", "train.old_policy=recompute"])
     assert load_config("cpu", ["train.hinted_prompt=plain", "iteration.hints=mixed"]).train.hinted_prompt == "plain"
