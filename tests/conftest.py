@@ -85,7 +85,7 @@ SCRIPTED_OVERRIDES = ["iteration.n_challenge=4", "iteration.n_probe=2", "iterati
                       "roles.challenger.constrain=false", "roles.planner.constrain=false",
                       "roles.critic.constrain=false", "roles.solver.constrain=false",
                       # plans shown to every answer whose plan passed, as SAGE.md has it (the stage tests check that
-                      # loop's gate and reward terms); `cpu.yaml` takes plans as hints, which tests of their own set
+                      # loop's gate and reward terms), whatever loop `cpu.yaml` runs; the hints tests set theirs
                       "iteration.hints=always", "train.hinted_prompt=shown", "rewards.solver_plan=0.2",
                       "rewards.solver_gt=0.6"]
 

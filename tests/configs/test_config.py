@@ -71,9 +71,9 @@ def test_vllm_trains_in_a_process_of_its_own_or_not_at_all():
     that names vllm sets it."""
     with pytest.raises(ConfigError, match=r"model.backend vllm with train.isolate false trains in the flow process.*"
                                           r"set train.isolate=true \(or train.accelerate_config"):
-        load_config("cpu", ["model.backend=vllm", "train.hinted_prompt=shown"])  # cpu.yaml's plain needs hf's pi_old
+        load_config("cpu", ["model.backend=vllm"])
     for fine in (["train.isolate=true"], ["train.accelerate_config=ddp"], ["train.enabled=false"]):
-        assert load_config("cpu", ["model.backend=vllm", "train.hinted_prompt=shown", *fine]).model.backend == "vllm"
+        assert load_config("cpu", ["model.backend=vllm", *fine]).model.backend == "vllm"
     from sage.configs import PROFILES_DIR
 
     for profile in sorted(PROFILES_DIR.glob("*.yaml")):

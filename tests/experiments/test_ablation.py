@@ -28,7 +28,7 @@ def test_every_row_for_the_first_seed_then_the_seeded_rows_for_the_others():
 def test_every_row_is_a_valid_config_that_differs_from_the_full_loop(row):
     """A row's overrides load on the baseline (the Solver's reward weights still sum to one, say), and all but the
     full loop's change what they name. The baseline is the loop the stored rows ran, plans always shown, whatever
-    `cpu.yaml` became (it took `hints`, which is a row here, not the full loop)."""
+    loop `cpu.yaml` runs."""
     full, changed = load_config("cpu", BASELINE), load_config("cpu", [*BASELINE, *ROWS[row][1]])
     assert (changed == full) == (row == "full")
     assert (full.iteration.hints, full.train.hinted_prompt, full.train.loss_weighting) == ("always", "shown",

@@ -85,7 +85,7 @@ OVERRIDES = ["iteration.n_challenge=5", "iteration.n_probe=2", "iteration.n_plan
              "roles.critic.constrain=false", "roles.solver.constrain=false", "seeds.source=unused.jsonl",
              "train.enabled=false",  # scripted token ids are bytes, not a model's vocabulary
              # the loop these tests check (the plan gate, every reward term): plans shown to every answer whose plan
-             # passed, as SAGE.md has it; `cpu.yaml` takes plans as hints, which tests of its own check
+             # passed, as SAGE.md has it, whatever loop `cpu.yaml` runs
              "iteration.hints=always", "train.hinted_prompt=shown", "rewards.solver_plan=0.2", "rewards.solver_gt=0.6"]
 
 

@@ -44,7 +44,8 @@ def test_cli_export_reads_back_equal(project, tmp_path):
     result = CliRunner().invoke(app, ["export-parquet", "--run", RUN, str(dest), "--dir", str(project)])
     assert result.exit_code == 0, result.output
     manifest = json.loads((dest / MANIFEST).read_text())
-    assert manifest["run_id"] == RUN and manifest["rows"]["rollouts"] == 9
+    assert manifest["run_id"] == RUN and manifest["rows"]["rollouts"] == 9 + 14  # 14 probe answers (two each)
+    assert manifest["rows"]["verdicts"] == 14
     with Warehouse.open(project / "warehouse.duckdb", read_only=True) as wh:
         for table, (_, partition) in TABLES.items():
             expected = _warehouse_frame(wh, table)

@@ -362,7 +362,7 @@ def _vllm_config(tiny_model, *overrides: str):
     from sage.configs import load_config
 
     return load_config("cpu", [f"model.name={tiny_model}", "model.backend=vllm", "train.isolate=true",
-                               "train.hinted_prompt=shown", "roles.solver.constrain=false", *overrides])
+                               "roles.solver.constrain=false", *overrides])
 
 
 def test_two_iterations_on_one_engine_that_sleeps_through_training(fake_vllm, tiny_model):

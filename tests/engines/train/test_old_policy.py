@@ -260,7 +260,5 @@ def test_sampler_old_policy_takes_the_stored_logprobs_and_skips_the_recompute(ti
                 assert torch.allclose(after[b, :n], before[b] * expected, atol=1e-4)
 
     assert train_config(load_config("cpu")).old_policy == "sampler"
-    shown = "train.hinted_prompt=shown"  # cpu.yaml's plain takes pi_old from hf's sampler
-    assert train_config(load_config("cpu", ["model.backend=vllm", "train.isolate=true", shown])).old_policy == \
-        "recompute"
-    assert train_config(load_config("cpu", ["train.old_policy=recompute", shown])).old_policy == "recompute"
+    assert train_config(load_config("cpu", ["model.backend=vllm", "train.isolate=true"])).old_policy == "recompute"
+    assert train_config(load_config("cpu", ["train.old_policy=recompute"])).old_policy == "recompute"
